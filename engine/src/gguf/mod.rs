@@ -1,0 +1,1 @@
+//! GGUF reader: header, metadata, tensor infos and tensor data.

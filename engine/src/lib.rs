@@ -1,0 +1,9 @@
+//! Cairn's portable inference engine.
+//!
+//! The same crate builds natively and for `wasm32-unknown-unknown`: device discovery, the
+//! backend abstraction with its `wgpu` and `cpu` backends, GGML block formats, the GGUF
+//! reader, the tokenizer, and Llama-architecture model shards over a layer range.
+
+pub mod gguf;
+pub mod quant;
+pub mod tokenizer;

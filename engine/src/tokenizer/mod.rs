@@ -1,0 +1,5 @@
+//! Tokenizer built from model metadata, and chat-template rendering.
+
+mod spec;
+
+pub use spec::TokenizerSpec;

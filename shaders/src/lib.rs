@@ -1,0 +1,1 @@
+//! Cairn's WGSL compute kernels, one kernel per file in this crate's root folder.

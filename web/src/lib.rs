@@ -1,0 +1,1 @@
+//! Browser worker (filled by the browser-worker issue).
