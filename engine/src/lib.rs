@@ -4,6 +4,14 @@
 //! backend abstraction with its `wgpu` and `cpu` backends, GGML block formats, the GGUF
 //! reader, the tokenizer, and Llama-architecture model shards over a layer range.
 
+pub mod backend;
+pub mod device;
 pub mod gguf;
+pub mod kernels;
+pub mod model;
 pub mod quant;
 pub mod tokenizer;
+
+pub use backend::{BackendError, BackendKind, Buffer, Device};
+pub use device::{DeviceInfo, Selection, Support, discover};
+pub use kernels::Op;

@@ -1,1 +1,63 @@
-//! Cairn's WGSL compute kernels, one kernel per file in this crate's root folder.
+//! Cairn's WGSL compute kernels, one kernel per file in this crate's folder.
+//!
+//! Kernels that read weights (`linear_*`, `embed`) are written against two functions,
+//! `w_load1` and `w_load4`, that each weight format in `formats/` defines; [`source`] joins a
+//! kernel with its format so one kernel body serves F32, F16, Q8_0, Q4_0 and Q4_1.
+
+/// A compute kernel: its name and WGSL source. Every kernel's entry point is `main`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub name: &'static str,
+    pub wgsl: &'static str,
+    /// Whether the kernel needs a weight format prepended.
+    pub formatted: bool,
+}
+
+macro_rules! kernels {
+    ($($ident:ident = $file:literal, $formatted:expr;)*) => {
+        $(pub const $ident: Kernel = Kernel {
+            name: $file,
+            wgsl: include_str!(concat!("../", $file, ".wgsl")),
+            formatted: $formatted,
+        };)*
+        /// Every kernel, for validation and listing.
+        pub const ALL: &[Kernel] = &[$($ident),*];
+    };
+}
+
+kernels! {
+    MATMUL = "matmul", false;
+    LINEAR_MATVEC = "linear_matvec", true;
+    LINEAR_MATMAT = "linear_matmat", true;
+    RMSNORM = "rmsnorm", false;
+    ROPE = "rope", false;
+    SOFTMAX = "softmax", false;
+    SILU_MUL = "silu_mul", false;
+    ADD = "add", false;
+    ADD_INPLACE = "add_inplace", false;
+    EMBED = "embed", true;
+    ATTENTION = "attention", false;
+    ARGMAX = "argmax", false;
+    SAMPLE = "sample", false;
+}
+
+/// Weight formats, by GGML type name.
+pub const FORMATS: &[(&str, &str)] = &[
+    ("F32", include_str!("../formats/f32.wgsl")),
+    ("F16", include_str!("../formats/f16.wgsl")),
+    ("Q8_0", include_str!("../formats/q8_0.wgsl")),
+    ("Q4_0", include_str!("../formats/q4_0.wgsl")),
+    ("Q4_1", include_str!("../formats/q4_1.wgsl")),
+];
+
+const COMMON: &str = include_str!("../formats/common.wgsl");
+
+/// The complete WGSL for `kernel`, with the weight `format` (a GGML type name such as
+/// `Q4_1`) where the kernel needs one. `None` when the format is unknown.
+pub fn source(kernel: Kernel, format: Option<&str>) -> Option<String> {
+    if !kernel.formatted {
+        return Some(kernel.wgsl.to_string());
+    }
+    let fmt = FORMATS.iter().find(|(n, _)| Some(*n) == format)?.1;
+    Some(format!("{COMMON}\n{fmt}\n{}", kernel.wgsl))
+}

@@ -1,0 +1,307 @@
+//! The backend abstraction: a [`Device`] owns buffers and runs [`Op`]s.
+//!
+//! Backends form a closed enum (`wgpu`, `cpu`, and behind cargo features `cuda` and `vulkan`)
+//! so callers never need `#[cfg]`. Buffers are owned handles freed on drop, with live bytes
+//! accounted per device. The API is async because a browser maps GPU buffers asynchronously;
+//! native callers can block with the `*_blocking` helpers.
+
+pub mod cpu;
+mod validate;
+pub mod wgpu;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::device::DeviceInfo;
+use crate::kernels::Op;
+
+pub use validate::validate_op;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{device}: out of memory allocating {bytes} bytes for {label}: {reason}")]
+    OutOfMemory { device: String, label: String, bytes: u64, reason: String },
+    #[error("{label}: {bytes} bytes exceeds the device's largest buffer ({max} bytes)")]
+    BufferTooLarge { label: String, bytes: u64, max: u64 },
+    #[error("{op}: {reason}")]
+    InvalidOp { op: &'static str, reason: String },
+    #[error("buffer {label} belongs to another device")]
+    ForeignBuffer { label: String },
+    #[error("{what}: range {offset}..{end} is outside the {size}-byte buffer {label}")]
+    OutOfRange { what: &'static str, label: String, offset: u64, end: u64, size: u64 },
+    #[error("device lost: {0}")]
+    DeviceLost(String),
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// Which engine backend a device runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Wgpu,
+    Cpu,
+    Cuda,
+    Vulkan,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Wgpu => "wgpu",
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Vulkan => "vulkan",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Per-device counters shared by the device and its buffers.
+#[derive(Debug, Default)]
+pub(crate) struct Accounting {
+    live_bytes: AtomicU64,
+    peak_bytes: AtomicU64,
+    next_id: AtomicU64,
+}
+
+impl Accounting {
+    fn add(&self, bytes: u64) -> u64 {
+        let now = self.live_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_bytes.fetch_max(now, Ordering::Relaxed);
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+pub(crate) enum Storage {
+    Cpu(cpu::CpuStorage),
+    Wgpu(::wgpu::Buffer),
+}
+
+/// Memory on one device. Dropping it frees the memory (GPU memory once queued work using it
+/// has finished).
+pub struct Buffer {
+    id: u64,
+    size: u64,
+    label: String,
+    pub(crate) storage: Storage,
+    accounting: Arc<Accounting>,
+}
+
+impl Buffer {
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+    /// Unique among the live buffers of the device that made it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    fn same_device(&self, acc: &Arc<Accounting>) -> bool {
+        Arc::ptr_eq(&self.accounting, acc)
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({} #{}, {} B)", self.label, self.id, self.size)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        self.accounting.live_bytes.fetch_sub(self.size, Ordering::Relaxed);
+    }
+}
+
+enum Inner {
+    Cpu(cpu::CpuBackend),
+    Wgpu(wgpu::WgpuBackend),
+}
+
+/// One compute device with its backend.
+pub struct Device {
+    inner: Inner,
+    info: DeviceInfo,
+    accounting: Arc<Accounting>,
+}
+
+impl Device {
+    pub(crate) fn new_cpu(info: DeviceInfo) -> Device {
+        Device { inner: Inner::Cpu(cpu::CpuBackend::new()), info, accounting: Default::default() }
+    }
+
+    pub(crate) fn new_wgpu(info: DeviceInfo, backend: wgpu::WgpuBackend) -> Device {
+        Device { inner: Inner::Wgpu(backend), info, accounting: Default::default() }
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        match self.inner {
+            Inner::Cpu(_) => BackendKind::Cpu,
+            Inner::Wgpu(_) => BackendKind::Wgpu,
+        }
+    }
+
+    /// Bytes held by this device's live buffers.
+    pub fn live_bytes(&self) -> u64 {
+        self.accounting.live_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes ever live at once on this device.
+    pub fn peak_bytes(&self) -> u64 {
+        self.accounting.peak_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The largest single buffer this device accepts.
+    pub fn max_buffer_bytes(&self) -> u64 {
+        match &self.inner {
+            Inner::Cpu(_) => u64::MAX >> 1,
+            Inner::Wgpu(b) => b.max_binding_bytes(),
+        }
+    }
+
+    /// A zero-filled buffer of `bytes` bytes.
+    pub fn alloc(&self, label: &str, bytes: u64) -> Result<Buffer> {
+        let max = self.max_buffer_bytes();
+        if bytes > max {
+            return Err(BackendError::BufferTooLarge { label: label.into(), bytes, max });
+        }
+        let storage = match &self.inner {
+            Inner::Cpu(b) => Storage::Cpu(b.alloc(label, bytes)?),
+            Inner::Wgpu(b) => Storage::Wgpu(b.alloc(label, bytes)?),
+        };
+        let id = self.accounting.add(bytes);
+        Ok(Buffer {
+            id,
+            size: bytes,
+            label: label.to_string(),
+            storage,
+            accounting: self.accounting.clone(),
+        })
+    }
+
+    /// A buffer holding `data`.
+    pub fn upload(&self, label: &str, data: &[u8]) -> Result<Buffer> {
+        let buf = self.alloc(label, data.len() as u64)?;
+        self.write(&buf, 0, data)?;
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset`; ordered after every op already run and before later ones.
+    pub fn write(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_range("write", buf, offset, data.len() as u64)?;
+        match (&self.inner, &buf.storage) {
+            (Inner::Cpu(_), Storage::Cpu(s)) => {
+                s.write(offset, data);
+                Ok(())
+            }
+            (Inner::Wgpu(b), Storage::Wgpu(s)) => b.write(s, offset, data),
+            _ => Err(BackendError::ForeignBuffer { label: buf.label.clone() }),
+        }
+    }
+
+    /// Queues `ops` as one submission. Every op is validated (shapes against buffer sizes,
+    /// buffers of this device) before anything is queued.
+    pub fn run(&self, ops: &[Op<'_>]) -> Result<()> {
+        for op in ops {
+            validate_op(op)?;
+            for buf in op_buffers(op) {
+                if !buf.same_device(&self.accounting) {
+                    return Err(BackendError::ForeignBuffer { label: buf.label.clone() });
+                }
+            }
+        }
+        match &self.inner {
+            Inner::Cpu(b) => b.run(ops),
+            Inner::Wgpu(b) => b.run(ops),
+        }
+    }
+
+    /// Reads `len` bytes at `offset` once all earlier work has finished.
+    pub async fn read(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.check_range("read", buf, offset, len)?;
+        match (&self.inner, &buf.storage) {
+            (Inner::Cpu(_), Storage::Cpu(s)) => Ok(s.read(offset, len)),
+            (Inner::Wgpu(b), Storage::Wgpu(s)) => b.read(s, offset, len).await,
+            _ => Err(BackendError::ForeignBuffer { label: buf.label.clone() }),
+        }
+    }
+
+    /// Reads a whole buffer as f32 values.
+    pub async fn read_f32(&self, buf: &Buffer) -> Result<Vec<f32>> {
+        let bytes = self.read(buf, 0, buf.size() / 4 * 4).await?;
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// Waits until all queued work has finished.
+    pub async fn sync(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Cpu(_) => Ok(()),
+            Inner::Wgpu(b) => b.sync().await,
+        }
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_blocking(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+        pollster::block_on(self.read(buf, offset, len))
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_f32_blocking(&self, buf: &Buffer) -> Result<Vec<f32>> {
+        pollster::block_on(self.read_f32(buf))
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn sync_blocking(&self) -> Result<()> {
+        pollster::block_on(self.sync())
+    }
+
+    fn check_range(&self, what: &'static str, buf: &Buffer, offset: u64, len: u64) -> Result<()> {
+        if !buf.same_device(&self.accounting) {
+            return Err(BackendError::ForeignBuffer { label: buf.label.clone() });
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= buf.size => Ok(()),
+            end => Err(BackendError::OutOfRange {
+                what,
+                label: buf.label.clone(),
+                offset,
+                end: end.unwrap_or(u64::MAX),
+                size: buf.size,
+            }),
+        }
+    }
+}
+
+/// Every buffer an op touches.
+pub(crate) fn op_buffers<'a>(op: &Op<'a>) -> Vec<&'a Buffer> {
+    match *op {
+        Op::MatMul { a, b, c, .. } => vec![a, b, c],
+        Op::Linear { w, x, y, .. } => vec![w, x, y],
+        Op::RmsNorm { x, weight, y, .. } => vec![x, weight, y],
+        Op::Rope { x, .. } => vec![x],
+        Op::Softmax { x, .. } => vec![x],
+        Op::SiluMul { gate, up, out, .. } => vec![gate, up, out],
+        Op::Add { a, b, out, .. } => vec![a, b, out],
+        Op::Embed { table, ids, out, .. } => vec![table, ids, out],
+        Op::Attention { q, k_cache, v_cache, out, .. } => vec![q, k_cache, v_cache, out],
+        Op::Argmax { x, out, .. } => vec![x, out],
+        Op::Sample { logits, out, .. } => vec![logits, out],
+        Op::Copy { src, dst, .. } => vec![src, dst],
+    }
+}

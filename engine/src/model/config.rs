@@ -1,0 +1,145 @@
+//! A Llama-architecture model's shape, read from GGUF metadata.
+
+use serde::{Deserialize, Serialize};
+
+use super::ModelError;
+use crate::gguf::GgufFile;
+use crate::quant::GgmlType;
+
+/// Architectures whose tensors and metadata follow llama's layout.
+const LLAMA_LIKE: &[&str] = &["llama", "mistral"];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub architecture: String,
+    pub n_layers: usize,
+    pub dim: usize,
+    pub ffn_dim: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub rope_base: f32,
+    pub norm_eps: f32,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    /// The output head reuses the token embedding (no `output.weight`).
+    pub tied_output: bool,
+}
+
+impl ModelConfig {
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
+        let arch = file.architecture()?.to_string();
+        if !LLAMA_LIKE.contains(&arch.as_str()) {
+            return Err(ModelError::UnsupportedArchitecture(arch));
+        }
+        let m = &file.metadata;
+        let key = |k: &str| format!("{arch}.{k}");
+        let n_layers = m.get_u32(&key("block_count"))? as usize;
+        let dim = m.get_u32(&key("embedding_length"))? as usize;
+        let ffn_dim = m.get_u32(&key("feed_forward_length"))? as usize;
+        let n_heads = m.get_u32(&key("attention.head_count"))? as usize;
+        let n_kv_heads = m.opt_u32(&key("attention.head_count_kv"))?.map_or(n_heads, |v| v as usize);
+        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 || dim % n_heads != 0 {
+            return Err(ModelError::BadShape(format!(
+                "{n_heads} heads, {n_kv_heads} kv heads and width {dim} do not divide evenly"
+            )));
+        }
+        let head_dim = m.opt_u32(&key("attention.key_length"))?.map_or(dim / n_heads, |v| v as usize);
+        let rope_dim = m.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
+        let rope_base = m.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let norm_eps = m.opt_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
+        let context_length = m.opt_u32(&key("context_length"))?.map_or(2048, |v| v as usize);
+        let embd = file.require_tensor("token_embd.weight")?;
+        if embd.dims.len() != 2 || embd.dims[0] as usize != dim {
+            return Err(ModelError::BadShape(format!(
+                "token_embd.weight has dims {:?}, expected [{dim}, vocab]",
+                embd.dims
+            )));
+        }
+        let vocab_size = usize::try_from(embd.dims[1])
+            .map_err(|_| ModelError::BadShape("vocabulary too large".into()))?;
+        let tied_output = file.tensor("output.weight").is_none();
+        let cfg = ModelConfig {
+            architecture: arch,
+            n_layers,
+            dim,
+            ffn_dim,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rope_dim,
+            rope_base,
+            norm_eps,
+            context_length,
+            vocab_size,
+            tied_output,
+        };
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<(), ModelError> {
+        let bad = |s: String| Err(ModelError::BadShape(s));
+        if self.n_layers == 0 || self.n_layers > 4096 {
+            return bad(format!("{} layers", self.n_layers));
+        }
+        if self.head_dim == 0 || self.head_dim > 256 {
+            return bad(format!("head dimension {} (Cairn supports 1..=256)", self.head_dim));
+        }
+        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+            return bad(format!("rope dimension {} with head dimension {}", self.rope_dim, self.head_dim));
+        }
+        if self.dim == 0 || self.ffn_dim == 0 || self.vocab_size == 0 {
+            return bad("zero-sized width, FFN or vocabulary".into());
+        }
+        Ok(())
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Bytes of KV cache one position costs in one layer (f32 keys and values).
+    pub fn kv_bytes_per_token_layer(&self) -> u64 {
+        2 * 4 * self.kv_dim() as u64
+    }
+
+    /// The shape of a synthetic model, for benchmarks without downloading weights.
+    pub fn synthetic(name: &str) -> Option<ModelConfig> {
+        let mk = |n_layers, dim, ffn_dim, n_heads, n_kv_heads, vocab_size, rope_base| ModelConfig {
+            architecture: "llama".into(),
+            n_layers,
+            dim,
+            ffn_dim,
+            n_heads,
+            n_kv_heads,
+            head_dim: dim / n_heads,
+            rope_dim: dim / n_heads,
+            rope_base,
+            norm_eps: 1e-5,
+            context_length: 8192,
+            vocab_size,
+            tied_output: true,
+        };
+        match name {
+            "smollm2-135m" | "135m" => Some(mk(30, 576, 1536, 9, 3, 49152, 100_000.0)),
+            "llama-1b" | "1b" => Some(mk(16, 2048, 8192, 32, 8, 128_256, 500_000.0)),
+            "llama-8b" | "8b" => Some(mk(32, 4096, 14336, 32, 8, 128_256, 500_000.0)),
+            _ => None,
+        }
+    }
+}
+
+/// Tensor names of one block.
+pub(crate) fn block_tensor(layer: usize, part: &str) -> String {
+    format!("blk.{layer}.{part}.weight")
+}
+
+/// The weight types a synthetic model uses: Q4_1 matrices, a Q8_0 embedding, like the
+/// default model.
+pub const SYNTHETIC_WEIGHT_TYPE: GgmlType = GgmlType::Q4_1;

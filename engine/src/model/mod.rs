@@ -1,0 +1,39 @@
+//! Llama-architecture models over a layer range: config, weights, KV cache, forward pass and
+//! generation.
+
+pub mod cache;
+pub mod config;
+pub mod generate;
+pub mod shard;
+pub mod synthetic;
+pub mod weights;
+
+pub use cache::KvCache;
+pub use config::ModelConfig;
+pub use shard::{Shard, ShardInput, ShardOutput, Want};
+
+use crate::backend::BackendError;
+use crate::gguf::GgufError;
+use crate::tokenizer::TokenizerError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model file: {0}")]
+    Gguf(#[from] GgufError),
+    #[error("device: {0}")]
+    Backend(#[from] BackendError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error("architecture '{0}' is not supported (Cairn runs llama-architecture models)")]
+    UnsupportedArchitecture(String),
+    #[error("model shape: {0}")]
+    BadShape(String),
+    #[error("layer range {start}..{end} is not within the model's {n_layers} blocks")]
+    BadRange { start: usize, end: usize, n_layers: usize },
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadToken { id: u32, vocab: usize },
+    #[error("context full: {needed} positions needed, the cache holds {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("{0}")]
+    WrongInput(&'static str),
+}

@@ -1,0 +1,317 @@
+//! A model shard: the blocks `[start, end)` of a Llama-architecture model on one device, with
+//! the embedding when it starts at 0 and the output head when it ends at the last block.
+
+use futures::lock::Mutex;
+
+use super::cache::KvCache;
+use super::config::ModelConfig;
+use super::weights::{self, Matrix, ShardWeights};
+use super::ModelError;
+use crate::backend::{Buffer, Device};
+use crate::gguf::TensorSource;
+use crate::kernels::{Op, SampleParams};
+
+/// What a shard is fed.
+#[derive(Debug, Clone, Copy)]
+pub enum ShardInput<'a> {
+    /// Token ids (first shard only).
+    Tokens(&'a [u32]),
+    /// Hidden states from the previous shard, `tokens × dim`, row-major.
+    Hidden(&'a [f32]),
+}
+
+/// What a shard should produce.
+#[derive(Debug, Clone, Copy)]
+pub enum Want {
+    /// Hidden states for every input token (any shard but the last).
+    Hidden,
+    /// The last token's logits (last shard only).
+    Logits,
+    /// A token drawn on the device from the last token's logits (last shard only).
+    Sample(SampleParams),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ShardOutput {
+    Hidden(Vec<f32>),
+    Logits(Vec<f32>),
+    Token(u32),
+}
+
+/// Working memory for one forward pass of up to `max_batch` tokens.
+struct Scratch {
+    h: Buffer,
+    xn: Buffer,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    att: Buffer,
+    o: Buffer,
+    g: Buffer,
+    u: Buffer,
+    a: Buffer,
+    ids: Buffer,
+    last: Buffer,
+    last_norm: Buffer,
+    logits: Buffer,
+    token: Buffer,
+}
+
+pub struct Shard {
+    cfg: ModelConfig,
+    start: usize,
+    end: usize,
+    max_batch: usize,
+    dev: std::sync::Arc<Device>,
+    weights: ShardWeights,
+    scratch: Mutex<Scratch>,
+}
+
+/// Largest number of prompt tokens run in one submission; longer prompts are split.
+pub const DEFAULT_MAX_BATCH: usize = 256;
+
+impl Shard {
+    /// Loads blocks `[start, end)` from `src` onto `dev`; `progress(done, total)` reports bytes.
+    pub fn load(
+        dev: std::sync::Arc<Device>,
+        src: &dyn TensorSource,
+        start: usize,
+        end: usize,
+        max_batch: usize,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Shard, ModelError> {
+        let cfg = ModelConfig::from_gguf(src.gguf())?;
+        if start >= end || end > cfg.n_layers {
+            return Err(ModelError::BadRange { start, end, n_layers: cfg.n_layers });
+        }
+        let max_batch = max_batch.clamp(1, 4096);
+        let weights = weights::load(&dev, src, &cfg, start, end, progress)?;
+        let scratch = Scratch::new(&dev, &cfg, max_batch)?;
+        Ok(Shard { cfg, start, end, max_batch, dev, weights, scratch: Mutex::new(scratch) })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+    pub fn range(&self) -> (usize, usize) {
+        (self.start, self.end)
+    }
+    pub fn is_first(&self) -> bool {
+        self.start == 0
+    }
+    pub fn is_last(&self) -> bool {
+        self.end == self.cfg.n_layers
+    }
+    pub fn device(&self) -> &std::sync::Arc<Device> {
+        &self.dev
+    }
+
+    /// A KV cache for one sequence of up to `capacity` positions.
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        KvCache::new(&self.dev, self.end - self.start, self.cfg.kv_dim(), capacity.max(1))
+    }
+
+    /// Runs the shard over `input` at the cache's next positions and appends them to it.
+    pub async fn forward(
+        &self,
+        cache: &mut KvCache,
+        input: ShardInput<'_>,
+        want: Want,
+    ) -> Result<ShardOutput, ModelError> {
+        let dim = self.cfg.dim;
+        let n = match input {
+            ShardInput::Tokens(t) => {
+                if !self.is_first() {
+                    return Err(ModelError::WrongInput("token ids go to the first shard only"));
+                }
+                if let Some(bad) = t.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
+                    return Err(ModelError::BadToken { id: *bad, vocab: self.cfg.vocab_size });
+                }
+                t.len()
+            }
+            ShardInput::Hidden(h) => {
+                if self.is_first() {
+                    return Err(ModelError::WrongInput("the first shard takes token ids"));
+                }
+                if h.len() % dim != 0 {
+                    return Err(ModelError::BadShape(format!(
+                        "{} hidden values is not a whole number of rows of {dim}",
+                        h.len()
+                    )));
+                }
+                h.len() / dim
+            }
+        };
+        if n == 0 {
+            return Err(ModelError::WrongInput("no tokens"));
+        }
+        if !self.is_last() && !matches!(want, Want::Hidden) {
+            return Err(ModelError::WrongInput("only the last shard produces logits"));
+        }
+        if self.is_last() && matches!(want, Want::Hidden) {
+            return Err(ModelError::WrongInput("the last shard produces logits or tokens"));
+        }
+        if cache.len() + n > cache.capacity() {
+            return Err(ModelError::ContextFull { needed: cache.len() + n, capacity: cache.capacity() });
+        }
+        let s = self.scratch.lock().await;
+        let mut hidden_out = Vec::new();
+        let mut done = 0;
+        while done < n {
+            let t = (n - done).min(self.max_batch);
+            match input {
+                ShardInput::Tokens(ids) => {
+                    self.dev.write(&s.ids, 0, bytemuck::cast_slice(&ids[done..done + t]))?
+                }
+                ShardInput::Hidden(h) => self.dev.write(
+                    &s.h,
+                    0,
+                    bytemuck::cast_slice(&h[done * dim..(done + t) * dim]),
+                )?,
+            }
+            let pos0 = cache.len();
+            let is_final = done + t == n;
+            let mut ops = Vec::with_capacity(16 * (self.end - self.start) + 8);
+            self.encode_blocks(&s, cache, pos0, t, &mut ops);
+            if is_final && self.is_last() {
+                self.encode_head(&s, t, want, &mut ops)?;
+            }
+            self.dev.run(&ops)?;
+            cache.advance(t);
+            if !self.is_last() {
+                let bytes = self.dev.read(&s.h, 0, (t * dim * 4) as u64).await?;
+                hidden_out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            }
+            done += t;
+        }
+        Ok(match want {
+            Want::Hidden => ShardOutput::Hidden(hidden_out),
+            Want::Logits => ShardOutput::Logits(self.dev.read_f32(&s.logits).await?),
+            Want::Sample(_) => {
+                let b = self.dev.read(&s.token, 0, 4).await?;
+                ShardOutput::Token(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            }
+        })
+    }
+
+    fn encode_blocks<'a>(&'a self, s: &'a Scratch, cache: &'a KvCache, pos0: usize, t: usize, ops: &mut Vec<Op<'a>>) {
+        let c = &self.cfg;
+        let tk = t as u32;
+        let lin = |m: &'a Matrix, x: &'a Buffer, y: &'a Buffer| Op::Linear {
+            w: &m.buf,
+            wtype: m.ty,
+            x,
+            y,
+            rows: m.rows as u32,
+            cols: m.cols as u32,
+            tokens: tk,
+        };
+        if let Some(e) = &self.weights.embed {
+            ops.push(Op::Embed {
+                table: &e.buf,
+                ttype: e.ty,
+                ids: &s.ids,
+                out: &s.h,
+                dim: c.dim as u32,
+                vocab: e.rows as u32,
+                tokens: tk,
+            });
+        }
+        let kv_row = (c.kv_dim() * 4) as u64;
+        for (i, w) in self.weights.layers.iter().enumerate() {
+            let norm = |weight: &'a Buffer| Op::RmsNorm {
+                x: &s.h,
+                weight,
+                y: &s.xn,
+                dim: c.dim as u32,
+                tokens: tk,
+                eps: c.norm_eps,
+            };
+            let rope = |x: &'a Buffer, heads: usize| Op::Rope {
+                x,
+                heads: heads as u32,
+                head_dim: c.head_dim as u32,
+                rope_dim: c.rope_dim as u32,
+                tokens: tk,
+                pos0: pos0 as u32,
+                freq_base: c.rope_base,
+                neox: false,
+            };
+            ops.push(norm(&w.attn_norm));
+            ops.push(lin(&w.wq, &s.xn, &s.q));
+            ops.push(lin(&w.wk, &s.xn, &s.k));
+            ops.push(lin(&w.wv, &s.xn, &s.v));
+            ops.push(rope(&s.q, c.n_heads));
+            ops.push(rope(&s.k, c.n_kv_heads));
+            let off = pos0 as u64 * kv_row;
+            let bytes = t as u64 * kv_row;
+            ops.push(Op::Copy { src: &s.k, src_offset: 0, dst: &cache.k[i], dst_offset: off, bytes });
+            ops.push(Op::Copy { src: &s.v, src_offset: 0, dst: &cache.v[i], dst_offset: off, bytes });
+            ops.push(Op::Attention {
+                q: &s.q,
+                k_cache: &cache.k[i],
+                v_cache: &cache.v[i],
+                out: &s.att,
+                heads: c.n_heads as u32,
+                kv_heads: c.n_kv_heads as u32,
+                head_dim: c.head_dim as u32,
+                tokens: tk,
+                pos0: pos0 as u32,
+                scale: 1.0 / (c.head_dim as f32).sqrt(),
+            });
+            ops.push(lin(&w.wo, &s.att, &s.o));
+            ops.push(Op::Add { a: &s.h, b: &s.o, out: &s.h, n: (t * c.dim) as u32 });
+            ops.push(norm(&w.ffn_norm));
+            ops.push(lin(&w.w_gate, &s.xn, &s.g));
+            ops.push(lin(&w.w_up, &s.xn, &s.u));
+            ops.push(Op::SiluMul { gate: &s.g, up: &s.u, out: &s.a, n: (t * c.ffn_dim) as u32 });
+            ops.push(lin(&w.w_down, &s.a, &s.o));
+            ops.push(Op::Add { a: &s.h, b: &s.o, out: &s.h, n: (t * c.dim) as u32 });
+        }
+    }
+
+    fn encode_head<'a>(&'a self, s: &'a Scratch, t: usize, want: Want, ops: &mut Vec<Op<'a>>) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let (norm, _) = self.weights.head.as_ref().ok_or(ModelError::WrongInput("no output head"))?;
+        let out = self.weights.output().ok_or(ModelError::WrongInput("no output head"))?;
+        let row = (c.dim * 4) as u64;
+        ops.push(Op::Copy { src: &s.h, src_offset: (t as u64 - 1) * row, dst: &s.last, dst_offset: 0, bytes: row });
+        ops.push(Op::RmsNorm { x: &s.last, weight: norm, y: &s.last_norm, dim: c.dim as u32, tokens: 1, eps: c.norm_eps });
+        ops.push(Op::Linear {
+            w: &out.buf,
+            wtype: out.ty,
+            x: &s.last_norm,
+            y: &s.logits,
+            rows: out.rows as u32,
+            cols: out.cols as u32,
+            tokens: 1,
+        });
+        if let Want::Sample(params) = want {
+            ops.push(Op::Sample { logits: &s.logits, n: out.rows as u32, out: &s.token, params });
+        }
+        Ok(())
+    }
+}
+
+impl Scratch {
+    fn new(dev: &Device, c: &ModelConfig, b: usize) -> Result<Scratch, ModelError> {
+        let f = |label: &str, n: usize| dev.alloc(label, (n * 4) as u64);
+        Ok(Scratch {
+            h: f("h", b * c.dim)?,
+            xn: f("xn", b * c.dim)?,
+            q: f("q", b * c.q_dim())?,
+            k: f("k", b * c.kv_dim())?,
+            v: f("v", b * c.kv_dim())?,
+            att: f("att", b * c.q_dim())?,
+            o: f("o", b * c.dim)?,
+            g: f("gate", b * c.ffn_dim)?,
+            u: f("up", b * c.ffn_dim)?,
+            a: f("act", b * c.ffn_dim)?,
+            ids: f("ids", b)?,
+            last: f("last", c.dim)?,
+            last_norm: f("last_norm", c.dim)?,
+            logits: f("logits", c.vocab_size)?,
+            token: f("token", 1)?,
+        })
+    }
+}

@@ -1,0 +1,21 @@
+// acc += b, elementwise: the residual connection. A separate kernel because a buffer cannot be
+// bound both read-only and read-write in one dispatch.
+
+struct Params {
+    n: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> acc: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    if (i < p.n) {
+        acc[i] = acc[i] + b[i];
+    }
+}

@@ -1,0 +1,17 @@
+// Byte-addressed reads from the packed weight array `w` (declared by the kernel). GGUF blocks
+// are 18 or 34 bytes for Q4_0 and Q8_0, so loads may straddle 32-bit words.
+
+fn load_u32_at(byte: u32) -> u32 {
+    let i = byte >> 2u;
+    let sh = (byte & 3u) * 8u;
+    if (sh == 0u) {
+        return w[i];
+    }
+    return (w[i] >> sh) | (w[i + 1u] << (32u - sh));
+}
+
+fn load_f16_at(byte: u32) -> f32 {
+    let word = w[byte >> 2u];
+    let bits = select(word & 0xffffu, word >> 16u, (byte & 2u) != 0u);
+    return unpack2x16float(bits).x;
+}

@@ -1,0 +1,320 @@
+//! Every kernel on every usable adapter (lavapipe in CI) and on the CPU backend, against the
+//! CPU reference functions, on random inputs of awkward sizes (not multiples of tile sizes).
+//!
+//! Tolerances: results agree when `|gpu - ref| <= tol * (1 + max|ref|)` elementwise, with
+//! `tol` stated per test. Float sums are reordered across invocations, so exact equality is
+//! only required for integer results (argmax, ids).
+
+use cairn_engine::backend::BackendKind;
+use cairn_engine::kernels::{self as k, Op, SampleParams};
+use cairn_engine::quant::{GgmlType, quantize_row};
+use cairn_engine::{Buffer, Device};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn devices() -> Vec<Device> {
+    let found = cairn_engine::device::discover_blocking();
+    let mut out = Vec::new();
+    for info in &found.devices {
+        if info.support == cairn_engine::Support::Unsupported || info.api == "gl" {
+            continue;
+        }
+        match pollster::block_on(found.open_info(info.clone())) {
+            Ok(d) => out.push(d),
+            Err(e) => panic!("discovered device {} failed to open: {e}", info.id),
+        }
+    }
+    if std::env::var_os("CAIRN_TEST_REQUIRE_GPU").is_some() {
+        assert!(
+            out.iter().any(|d| d.kind() == BackendKind::Wgpu),
+            "CAIRN_TEST_REQUIRE_GPU is set but no wgpu adapter was found (install mesa-vulkan-drivers)"
+        );
+    }
+    out
+}
+
+fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0..1.0) * scale).collect()
+}
+
+fn upload_f32(d: &Device, label: &str, v: &[f32]) -> Buffer {
+    d.upload(label, bytemuck::cast_slice(v)).expect("upload")
+}
+
+fn assert_close(what: &str, dev: &Device, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what} on {}: length", dev.info().id);
+    let scale = 1.0 + want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        assert!(
+            err <= tol * scale,
+            "{what} on {} ({}): element {i}: got {g}, want {w} (err {err}, allowed {})",
+            dev.info().id,
+            dev.info().name,
+            tol * scale
+        );
+    }
+}
+
+fn read(d: &Device, b: &Buffer, n: usize) -> Vec<f32> {
+    let v = d.read_f32_blocking(b).expect("read");
+    v[..n].to_vec()
+}
+
+#[test]
+fn matmul_f32() {
+    let mut rng = StdRng::seed_from_u64(1);
+    for (m, n, kk) in [(37, 29, 41), (1, 67, 5), (64, 64, 64)] {
+        let a = rand_vec(&mut rng, m * kk, 1.0);
+        let b = rand_vec(&mut rng, kk * n, 1.0);
+        let mut want = vec![0f32; m * n];
+        k::linear::matmul(&a, &b, &mut want, m, n, kk);
+        for d in devices() {
+            let (ba, bb) = (upload_f32(&d, "a", &a), upload_f32(&d, "b", &b));
+            let bc = d.alloc("c", (m * n * 4) as u64).unwrap();
+            d.run(&[Op::MatMul { a: &ba, b: &bb, c: &bc, m: m as u32, n: n as u32, k: kk as u32 }])
+                .unwrap();
+            // fp32 accumulation in another order: relative error ~ k * eps.
+            assert_close(&format!("matmul {m}x{n}x{kk}"), &d, &read(&d, &bc, m * n), &want, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn linear_every_format_matvec_and_matmat() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let cases = [
+        (GgmlType::F32, 37, 45),
+        (GgmlType::F16, 37, 45),
+        (GgmlType::Q8_0, 37, 96),
+        (GgmlType::Q4_0, 37, 96),
+        (GgmlType::Q4_1, 37, 96),
+        (GgmlType::Q4_1, 70, 160),
+    ];
+    for (ty, rows, cols) in cases {
+        let wf = rand_vec(&mut rng, rows * cols, 1.0);
+        let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
+        for tokens in [1usize, 5, 33] {
+            let x = rand_vec(&mut rng, tokens * cols, 1.0);
+            let mut want = vec![0f32; tokens * rows];
+            k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
+            for d in devices() {
+                let bw = d.upload("w", &wq).unwrap();
+                let bx = upload_f32(&d, "x", &x);
+                let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
+                d.run(&[Op::Linear {
+                    w: &bw,
+                    wtype: ty,
+                    x: &bx,
+                    y: &by,
+                    rows: rows as u32,
+                    cols: cols as u32,
+                    tokens: tokens as u32,
+                }])
+                .unwrap();
+                // Same dequantized weights, different summation order: 2e-6 per element of
+                // the row, relative to the largest output.
+                assert_close(
+                    &format!("linear {ty:?} {rows}x{cols} tokens={tokens}"),
+                    &d,
+                    &read(&d, &by, tokens * rows),
+                    &want,
+                    2e-6 * cols as f32,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_softmax_silu_add() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let (dim, tokens) = (300usize, 3usize);
+    let x = rand_vec(&mut rng, dim * tokens, 3.0);
+    let w = rand_vec(&mut rng, dim, 1.0);
+    let mut norm_want = vec![0f32; dim * tokens];
+    k::norm::rms_norm(&x, &w, &mut norm_want, dim, 1e-5);
+    let mut soft_want = x.clone();
+    k::softmax::softmax(&mut soft_want, 1000.min(dim));
+    let n = 1001usize;
+    let g = rand_vec(&mut rng, n, 4.0);
+    let u = rand_vec(&mut rng, n, 2.0);
+    let mut silu_want = vec![0f32; n];
+    k::elementwise::silu_mul(&g, &u, &mut silu_want);
+    let mut add_want = vec![0f32; n];
+    k::elementwise::add(&g, &u, &mut add_want);
+    for d in devices() {
+        let bx = upload_f32(&d, "x", &x);
+        let bw = upload_f32(&d, "w", &w);
+        let by = d.alloc("y", (dim * tokens * 4) as u64).unwrap();
+        let bs = upload_f32(&d, "s", &x);
+        let (bg, bu) = (upload_f32(&d, "g", &g), upload_f32(&d, "u", &u));
+        let bo = d.alloc("o", (n * 4) as u64).unwrap();
+        let ba = d.alloc("a", (n * 4) as u64).unwrap();
+        let bacc = upload_f32(&d, "acc", &g);
+        d.run(&[
+            Op::RmsNorm { x: &bx, weight: &bw, y: &by, dim: dim as u32, tokens: tokens as u32, eps: 1e-5 },
+            Op::Softmax { x: &bs, rows: tokens as u32, cols: dim as u32 },
+            Op::SiluMul { gate: &bg, up: &bu, out: &bo, n: n as u32 },
+            Op::Add { a: &bg, b: &bu, out: &ba, n: n as u32 },
+            Op::Add { a: &bacc, b: &bu, out: &bacc, n: n as u32 },
+        ])
+        .unwrap();
+        // Single reductions of a few hundred terms: 1e-5 relative.
+        assert_close("rmsnorm", &d, &read(&d, &by, dim * tokens), &norm_want, 1e-5);
+        assert_close("softmax", &d, &read(&d, &bs, dim * tokens), &soft_want, 1e-5);
+        // exp differs by a few ulps between implementations.
+        assert_close("silu_mul", &d, &read(&d, &bo, n), &silu_want, 1e-5);
+        assert_close("add", &d, &read(&d, &ba, n), &add_want, 1e-6);
+        assert_close("add in place", &d, &read(&d, &bacc, n), &add_want, 1e-6);
+    }
+}
+
+#[test]
+fn rope_both_variants() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let (heads, head_dim, rope_dim, tokens, pos0) = (3usize, 40usize, 32usize, 4usize, 1000u32);
+    let x = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
+    for neox in [false, true] {
+        let mut want = x.clone();
+        k::rope::rope(&mut want, heads, head_dim, rope_dim, pos0, 100_000.0, neox);
+        for d in devices() {
+            let bx = upload_f32(&d, "x", &x);
+            d.run(&[Op::Rope {
+                x: &bx,
+                heads: heads as u32,
+                head_dim: head_dim as u32,
+                rope_dim: rope_dim as u32,
+                tokens: tokens as u32,
+                pos0,
+                freq_base: 100_000.0,
+                neox,
+            }])
+            .unwrap();
+            // Angles up to ~1000 rad: f32 argument reduction costs ~1e-4 absolute.
+            assert_close(&format!("rope neox={neox}"), &d, &read(&d, &bx, x.len()), &want, 2e-4);
+        }
+    }
+}
+
+#[test]
+fn embed_every_table_format() {
+    let mut rng = StdRng::seed_from_u64(5);
+    for (ty, dim) in [
+        (GgmlType::F32, 37usize),
+        (GgmlType::F16, 37),
+        (GgmlType::Q8_0, 64),
+        (GgmlType::Q4_0, 64),
+        (GgmlType::Q4_1, 96),
+    ] {
+        let vocab = 50usize;
+        let tf = rand_vec(&mut rng, vocab * dim, 1.0);
+        let table: Vec<u8> = tf.chunks(dim).flat_map(|r| quantize_row(ty, r)).collect();
+        // An id past the vocabulary must give a zero row, not a read past the table.
+        let ids = [3u32, 49, 0, 3, 53];
+        let mut want = vec![0f32; ids.len() * dim];
+        k::embed::embed(&table, ty, &ids, &mut want, dim, vocab);
+        assert!(want[4 * dim..].iter().all(|v| *v == 0.0));
+        for d in devices() {
+            let bt = d.upload("table", &table).unwrap();
+            let bi = d.upload("ids", bytemuck::cast_slice(&ids)).unwrap();
+            let bo = d.alloc("out", (ids.len() * dim * 4) as u64).unwrap();
+            d.run(&[Op::Embed {
+                table: &bt,
+                ttype: ty,
+                ids: &bi,
+                out: &bo,
+                dim: dim as u32,
+                vocab: vocab as u32,
+                tokens: ids.len() as u32,
+            }])
+            .unwrap();
+            // Dequantization is exact arithmetic on both sides.
+            assert_close(&format!("embed {ty:?}"), &d, &read(&d, &bo, want.len()), &want, 1e-6);
+        }
+    }
+}
+
+#[test]
+fn attention_decode_and_causal_prefill() {
+    let mut rng = StdRng::seed_from_u64(6);
+    let (heads, kv_heads, head_dim) = (6usize, 2usize, 40usize);
+    // pos0 + tokens > 256 exercises the chunked online softmax.
+    for (tokens, pos0) in [(1usize, 0usize), (1, 300), (7, 0), (5, 290)] {
+        let n_pos = pos0 + tokens;
+        let q = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
+        let kc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
+        let vc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut want = vec![0f32; q.len()];
+        k::attention::attention(&q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale);
+        for d in devices() {
+            let (bq, bk, bv) = (upload_f32(&d, "q", &q), upload_f32(&d, "k", &kc), upload_f32(&d, "v", &vc));
+            let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
+            d.run(&[Op::Attention {
+                q: &bq,
+                k_cache: &bk,
+                v_cache: &bv,
+                out: &bo,
+                heads: heads as u32,
+                kv_heads: kv_heads as u32,
+                head_dim: head_dim as u32,
+                tokens: tokens as u32,
+                pos0: pos0 as u32,
+                scale,
+            }])
+            .unwrap();
+            // Online softmax rescales partial sums: 1e-5 relative.
+            assert_close(
+                &format!("attention tokens={tokens} pos0={pos0}"),
+                &d,
+                &read(&d, &bo, q.len()),
+                &want,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn argmax_and_sampling_pick_what_the_reference_picks() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let n = 5003usize;
+    let mut x = rand_vec(&mut rng, n, 10.0);
+    x[4000] = 50.0;
+    x[1234] = 50.0; // a tie: the first index wins
+    let want = k::sample::argmax(&x);
+    assert_eq!(want, 1234);
+    // Distinct, well-separated logits so float differences in exp/log cannot flip a draw.
+    let logits: Vec<f32> = (0..n).map(|i| ((i * 7919) % n) as f32 * 0.002).collect();
+    for d in devices() {
+        let bx = upload_f32(&d, "x", &x);
+        let bo = d.alloc("out", 4).unwrap();
+        d.run(&[Op::Argmax { x: &bx, n: n as u32, out: &bo }]).unwrap();
+        let got = u32::from_le_bytes(d.read_blocking(&bo, 0, 4).unwrap().try_into().unwrap());
+        assert_eq!(got, want, "argmax on {}", d.info().id);
+
+        let bl = upload_f32(&d, "logits", &logits);
+        let mut agree = 0;
+        let total = 24;
+        for step in 0..total {
+            let params = SampleParams {
+                temperature: [0.0, 0.7, 1.0, 1.3][step as usize % 4],
+                top_k: [0, 40, 0, 5][step as usize % 4],
+                top_p: [1.0, 1.0, 0.9, 0.5][step as usize % 4],
+                seed: 42,
+                step,
+            };
+            let want = k::sample::sample(&logits, &params);
+            d.run(&[Op::Sample { logits: &bl, n: n as u32, out: &bo, params }]).unwrap();
+            let got = u32::from_le_bytes(d.read_blocking(&bo, 0, 4).unwrap().try_into().unwrap());
+            if params.top_k > 0 {
+                let rank = logits.iter().filter(|v| **v > logits[got as usize]).count();
+                assert!(rank < params.top_k as usize, "draw outside top-k on {}", d.info().id);
+            }
+            agree += u32::from(got == want);
+        }
+        // Same hash and thresholds; only exp/log rounding may differ.
+        assert!(agree >= total - 1, "sampling agreed on {agree}/{total} draws on {}", d.info().id);
+    }
+}
