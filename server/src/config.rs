@@ -1,0 +1,68 @@
+//! What an embedder (the coordinator) or the `serve` command configures.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use crate::limits::Limits;
+use crate::token::Secret;
+
+/// Where the server's TLS certificate comes from.
+#[derive(Clone, Debug, Default)]
+pub enum TlsMode {
+    /// Plain `ws://` and `http://`: for loopback, or behind a reverse proxy
+    /// that terminates TLS.
+    #[default]
+    Off,
+    /// PEM files: a certificate chain and its private key.
+    Files { cert: PathBuf, key: PathBuf },
+    /// A certificate generated at start for this host's names and LAN
+    /// addresses; its SHA-256 fingerprint is printed and announced.
+    SelfSigned,
+}
+
+/// Whether and where the server announces itself over mDNS/DNS-SD.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MdnsMode {
+    Off,
+    /// On every interface, for the LAN.
+    #[default]
+    Lan,
+}
+
+/// Everything `Server::bind` needs.
+#[derive(Clone, Debug)]
+pub struct SignalConfig {
+    pub listen: SocketAddr,
+    /// Signs and checks join tokens. The default is a fresh random secret,
+    /// which the embedder reads back to issue tokens.
+    pub secret: Secret,
+    /// Served at `/` when set (the browser worker's page).
+    pub static_dir: Option<PathBuf>,
+    pub tls: TlsMode,
+    pub mdns: MdnsMode,
+    /// Revoked token ids are appended here and reloaded at start, so a
+    /// restart does not revive them. In memory only when `None`.
+    pub revocations_file: Option<PathBuf>,
+    pub limits: Limits,
+    /// Routes merged into the server's router (the coordinator's own
+    /// endpoints). They must not overlap `/healthz`, `/ws`, `/admin/*`.
+    pub extra_routes: Option<axum::Router>,
+}
+
+/// The port `cairn-signal serve` listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7777;
+
+impl Default for SignalConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, DEFAULT_PORT)),
+            secret: Secret::generate(),
+            static_dir: None,
+            tls: TlsMode::Off,
+            mdns: MdnsMode::Lan,
+            revocations_file: None,
+            limits: Limits::default(),
+            extra_routes: None,
+        }
+    }
+}

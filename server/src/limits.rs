@@ -1,0 +1,185 @@
+//! Per-server limits and the per-connection message rate limiter.
+
+use std::time::{Duration, Instant};
+
+/// Every bound the server enforces. The defaults suit a LAN cluster of a few
+/// hundred peers; each one is a CLI flag of `cairn-signal serve`.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest WebSocket message accepted from a client, in bytes.
+    pub max_frame_bytes: usize,
+    /// Largest `meta` object a peer may advertise, in bytes of JSON.
+    pub max_meta_bytes: usize,
+    /// Peers in one room, counting connections still being upgraded.
+    pub max_peers_per_room: usize,
+    /// WebSocket sessions across all rooms.
+    pub max_connections: usize,
+    /// Plain HTTP connections (health checks, static files, upgrades in
+    /// progress) served at once, on top of the WebSocket sessions.
+    pub max_http_connections: usize,
+    /// Sustained messages per second one connection may send.
+    pub messages_per_sec: u32,
+    /// Messages a connection may send in a burst above the sustained rate.
+    /// A client refused this many times in a row is disconnected.
+    pub message_burst: u32,
+    /// How often the server pings each client.
+    pub ping_interval: Duration,
+    /// A client that sends nothing (not even a pong) for this long is dropped.
+    pub idle_timeout: Duration,
+    /// A write to a client that does not complete in this time drops it.
+    pub write_timeout: Duration,
+    /// Messages queued towards one client before it counts as too slow and
+    /// is dropped.
+    pub send_queue: usize,
+    /// Bytes queued towards one client before it counts as too slow: with
+    /// `send_queue`, what bounds the server's memory per connection.
+    pub send_queue_bytes: usize,
+    /// Time allowed for the TLS handshake and the HTTP request head.
+    pub handshake_timeout: Duration,
+    /// Initial capacity of each connection's read buffer, in bytes.
+    pub read_buffer_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 64 * 1024,
+            max_meta_bytes: 4 * 1024,
+            max_peers_per_room: 256,
+            max_connections: 10_000,
+            max_http_connections: 1_024,
+            messages_per_sec: 200,
+            message_burst: 400,
+            ping_interval: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(45),
+            write_timeout: Duration::from_secs(10),
+            send_queue: 256,
+            send_queue_bytes: 1024 * 1024,
+            handshake_timeout: Duration::from_secs(10),
+            read_buffer_bytes: 4 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("max_frame_bytes", self.max_frame_bytes),
+            ("max_meta_bytes", self.max_meta_bytes),
+            ("max_peers_per_room", self.max_peers_per_room),
+            ("max_connections", self.max_connections),
+            ("max_http_connections", self.max_http_connections),
+            ("messages_per_sec", self.messages_per_sec as usize),
+            ("message_burst", self.message_burst as usize),
+            ("send_queue", self.send_queue),
+            ("read_buffer_bytes", self.read_buffer_bytes),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        let durations = [
+            ("ping_interval", self.ping_interval),
+            ("idle_timeout", self.idle_timeout),
+            ("write_timeout", self.write_timeout),
+            ("handshake_timeout", self.handshake_timeout),
+        ];
+        for (name, value) in durations {
+            if value.is_zero() {
+                return Err(format!("{name} must be longer than zero"));
+            }
+        }
+        if self.send_queue_bytes < self.max_frame_bytes + 1024 {
+            return Err("send_queue_bytes must exceed max_frame_bytes by at least 1024".into());
+        }
+        if self.ping_interval >= self.idle_timeout {
+            return Err("ping_interval must be shorter than idle_timeout".into());
+        }
+        Ok(())
+    }
+}
+
+/// What to do with one incoming message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Allow,
+    /// Over the rate: drop it and tell the client.
+    Refuse,
+    /// Still sending after `burst` refusals in a row: disconnect.
+    Disconnect,
+}
+
+/// Token bucket: `burst` tokens, refilled at `per_sec`.
+pub(crate) struct RateLimiter {
+    per_sec: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+    refusals: u32,
+    max_refusals: u32,
+}
+
+impl RateLimiter {
+    pub(crate) fn new(per_sec: u32, burst: u32, now: Instant) -> Self {
+        let burst = burst.max(1);
+        Self {
+            per_sec: f64::from(per_sec.max(1)),
+            burst: f64::from(burst),
+            tokens: f64::from(burst),
+            last: now,
+            refusals: 0,
+            max_refusals: burst,
+        }
+    }
+
+    pub(crate) fn check(&mut self, now: Instant) -> Verdict {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.per_sec).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            self.refusals = 0;
+            return Verdict::Allow;
+        }
+        self.refusals = self.refusals.saturating_add(1);
+        if self.refusals > self.max_refusals {
+            Verdict::Disconnect
+        } else {
+            Verdict::Refuse
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_allows_burst_then_refuses_then_disconnects() {
+        let t0 = Instant::now();
+        let mut limiter = RateLimiter::new(10, 3, t0);
+        for _ in 0..3 {
+            assert_eq!(limiter.check(t0), Verdict::Allow);
+        }
+        for _ in 0..3 {
+            assert_eq!(limiter.check(t0), Verdict::Refuse);
+        }
+        assert_eq!(limiter.check(t0), Verdict::Disconnect);
+    }
+
+    #[test]
+    fn bucket_refills_over_time() {
+        let t0 = Instant::now();
+        let mut limiter = RateLimiter::new(10, 1, t0);
+        assert_eq!(limiter.check(t0), Verdict::Allow);
+        assert_eq!(limiter.check(t0), Verdict::Refuse);
+        let later = t0 + Duration::from_millis(150);
+        assert_eq!(limiter.check(later), Verdict::Allow);
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert!(Limits::default().validate().is_ok());
+    }
+}
