@@ -1,6 +1,8 @@
 //! `cairn`: pool the GPUs at hand into one inference cluster.
 
 mod cmd;
+mod loading;
+mod model_path;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -16,6 +18,10 @@ struct Cli {
 enum Command {
     /// List every device the engine can use.
     Devices(cmd::devices::Args),
+    /// Generate text from a prompt on one device.
+    Run(cmd::run::Args),
+    /// Teacher-forced top-1 predictions and logits for a given continuation.
+    Score(cmd::score::Args),
 }
 
 fn main() -> Result<()> {
@@ -28,5 +34,7 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Devices(a) => cmd::devices::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Score(a) => cmd::score::run(a),
     }
 }

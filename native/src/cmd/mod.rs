@@ -1,3 +1,5 @@
 //! One module per subcommand.
 
 pub mod devices;
+pub mod run;
+pub mod score;

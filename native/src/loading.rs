@@ -1,0 +1,68 @@
+//! Opening a device and loading a whole model onto it, with a progress bar.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use cairn_engine::gguf::MappedGguf;
+use cairn_engine::model::Shard;
+use cairn_engine::model::shard::DEFAULT_MAX_BATCH;
+use cairn_engine::tokenizer::Tokenizer;
+use cairn_engine::{Device, Selection};
+
+pub struct Loaded {
+    pub device: Arc<Device>,
+    pub shard: Shard,
+    pub tokenizer: Tokenizer,
+    pub load_s: f64,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Backend: wgpu or cpu (automatic when omitted: best GPU, else cpu).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Device id from `cairn devices`.
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+impl DeviceArgs {
+    pub fn selection(&self) -> Selection {
+        Selection { backend: self.backend.clone(), device: self.device.clone() }
+    }
+}
+
+pub fn open_device(args: &DeviceArgs) -> Result<Arc<Device>> {
+    let found = cairn_engine::device::discover_blocking();
+    let dev = found.open_blocking(&args.selection())?;
+    tracing::info!(device = %dev.info().id, name = %dev.info().name, backend = %dev.kind(), "device");
+    Ok(Arc::new(dev))
+}
+
+pub fn load(path: &Path, args: &DeviceArgs) -> Result<Loaded> {
+    let t0 = Instant::now();
+    let device = open_device(args)?;
+    let file = MappedGguf::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let tokenizer = Tokenizer::from_spec(&file.file.tokenizer_spec()?)
+        .with_context(|| format!("building the tokenizer of {}", path.display()))?;
+    let n_layers = cairn_engine::model::ModelConfig::from_gguf(&file.file)?.n_layers;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "loading {msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(device.info().name.clone());
+    let shard = Shard::load(device.clone(), &file, 0, n_layers, DEFAULT_MAX_BATCH, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    // Weights are queued; wait so load time covers the upload.
+    device.sync_blocking()?;
+    bar.finish_and_clear();
+    Ok(Loaded { device, shard, tokenizer, load_s: t0.elapsed().as_secs_f64() })
+}
