@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian/Ubuntu machine with only Rust present: installs what
+# the tests need (lavapipe for wgpu on the CPU, Chromium, the wasm32 target, wasm-bindgen-cli at
+# the version in Cargo.lock), fetches the default model, then runs formatting, lints, the wasm32
+# build and every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+need=()
+dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers libvulkan1)
+dpkg -s chromium >/dev/null 2>&1 || need+=(chromium chromium-driver)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "== apt-get install ${need[*]}"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+echo "== rust components and targets"
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+rustup target add wasm32-unknown-unknown >/dev/null
+
+wbg=$(awk '/^name = "wasm-bindgen"$/ {getline; gsub(/"/, "", $3); print $3; exit}' Cargo.lock)
+if [ -n "$wbg" ] && [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$wbg" ]; then
+    echo "== cargo install wasm-bindgen-cli $wbg"
+    cargo install --quiet --locked wasm-bindgen-cli --version "$wbg"
+fi
+
+scripts/fetch-model.sh
+
+# Mesa warns without a private runtime directory.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+chmod 700 "$XDG_RUNTIME_DIR" 2>/dev/null || true
+export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cairn-engine for wasm32"
+cargo build -p cairn-engine --target wasm32-unknown-unknown
+echo "== tests"
+# Kernel and model tests must also run on a wgpu adapter (lavapipe here), not only the CPU.
+CAIRN_TEST_REQUIRE_GPU=1 cargo test --workspace
