@@ -107,7 +107,9 @@ impl GgufFile {
     /// Parses the header from the first bytes of a file.
     ///
     /// When the header goes on past `bytes`, returns [`GgufError::NeedMoreBytes`] with a
-    /// lower bound on the prefix length needed; fetch more and call again. With `file_len`
+    /// lower bound on the prefix length needed; fetch more and call again. The bound only
+    /// covers the item being read, so grow the prefix geometrically (at least double it)
+    /// to keep round trips few: a 50k-token vocabulary is 50k strings. With `file_len`
     /// given, reads past the end of the file are [`GgufError::Truncated`] instead, and
     /// tensors are checked to lie inside the file; bytes beyond `file_len` are ignored.
     pub fn parse_prefix(bytes: &[u8], file_len: Option<u64>) -> Result<GgufFile, GgufError> {
