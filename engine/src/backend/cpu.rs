@@ -31,7 +31,9 @@ pub struct CpuBackend;
 fn storage(b: &Buffer) -> Result<&CpuStorage> {
     match &b.storage {
         Storage::Cpu(s) => Ok(s),
-        _ => Err(BackendError::ForeignBuffer { label: b.label().to_string() }),
+        _ => Err(BackendError::ForeignBuffer {
+            label: b.label().to_string(),
+        }),
     }
 }
 
@@ -67,14 +69,17 @@ impl CpuBackend {
             reason: "larger than the address space".into(),
         })?;
         let mut v = Vec::new();
-        v.try_reserve_exact(words).map_err(|e| BackendError::OutOfMemory {
-            device: "cpu".into(),
-            label: label.into(),
-            bytes,
-            reason: e.to_string(),
-        })?;
+        v.try_reserve_exact(words)
+            .map_err(|e| BackendError::OutOfMemory {
+                device: "cpu".into(),
+                label: label.into(),
+                bytes,
+                reason: e.to_string(),
+            })?;
         v.resize(words, 0);
-        Ok(CpuStorage { words: RwLock::new(v) })
+        Ok(CpuStorage {
+            words: RwLock::new(v),
+        })
     }
 
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
@@ -91,7 +96,15 @@ impl CpuBackend {
                 let (a, b, mut c) = (rd(a)?, rd(b)?, wr(c)?);
                 linear::matmul(f(&a), f(&b), fm(&mut c), m as usize, n as usize, k as usize);
             }
-            Op::Linear { w, wtype, x, y, rows, cols, tokens } => {
+            Op::Linear {
+                w,
+                wtype,
+                x,
+                y,
+                rows,
+                cols,
+                tokens,
+            } => {
                 let (w, x, mut y) = (rd(w)?, rd(x)?, wr(y)?);
                 let (rows, cols, tokens) = (rows as usize, cols as usize, tokens as usize);
                 linear::linear(
@@ -104,7 +117,14 @@ impl CpuBackend {
                     tokens,
                 );
             }
-            Op::RmsNorm { x, weight, y, dim, tokens, eps } => {
+            Op::RmsNorm {
+                x,
+                weight,
+                y,
+                dim,
+                tokens,
+                eps,
+            } => {
                 let n = (dim * tokens) as usize;
                 let wv = rd(weight)?.clone();
                 if std::ptr::eq(x, y) {
@@ -116,7 +136,16 @@ impl CpuBackend {
                     norm::rms_norm(&f(&x)[..n], f(&wv), &mut fm(&mut y)[..n], dim as usize, eps);
                 }
             }
-            Op::Rope { x, heads, head_dim, rope_dim, tokens, pos0, freq_base, neox } => {
+            Op::Rope {
+                x,
+                heads,
+                head_dim,
+                rope_dim,
+                tokens,
+                pos0,
+                freq_base,
+                neox,
+            } => {
                 let mut g = wr(x)?;
                 let n = (tokens * heads * head_dim) as usize;
                 rope::rope(
@@ -159,7 +188,15 @@ impl CpuBackend {
                     }
                 }
             }
-            Op::Embed { table, ttype, ids, out, dim, vocab, tokens } => {
+            Op::Embed {
+                table,
+                ttype,
+                ids,
+                out,
+                dim,
+                vocab,
+                tokens,
+            } => {
                 let (t, i, mut o) = (rd(table)?, rd(ids)?, wr(out)?);
                 let n = (dim * tokens) as usize;
                 embed::embed(
@@ -201,11 +238,22 @@ impl CpuBackend {
                 let (x, mut o) = (rd(x)?, wr(out)?);
                 o[0] = sample::argmax(&f(&x)[..n as usize]);
             }
-            Op::Sample { logits, n, out, params } => {
+            Op::Sample {
+                logits,
+                n,
+                out,
+                params,
+            } => {
                 let (x, mut o) = (rd(logits)?, wr(out)?);
                 o[0] = sample::sample(&f(&x)[..n as usize], &params);
             }
-            Op::Copy { src, src_offset, dst, dst_offset, bytes: len } => {
+            Op::Copy {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                bytes: len,
+            } => {
                 let data = storage(src)?.read(src_offset, len);
                 storage(dst)?.write(dst_offset, &data);
             }

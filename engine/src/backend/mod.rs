@@ -20,7 +20,12 @@ pub use validate::validate_op;
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("{device}: out of memory allocating {bytes} bytes for {label}: {reason}")]
-    OutOfMemory { device: String, label: String, bytes: u64, reason: String },
+    OutOfMemory {
+        device: String,
+        label: String,
+        bytes: u64,
+        reason: String,
+    },
     #[error("{label}: {bytes} bytes exceeds the device's largest buffer ({max} bytes)")]
     BufferTooLarge { label: String, bytes: u64, max: u64 },
     #[error("{op}: {reason}")]
@@ -28,7 +33,13 @@ pub enum BackendError {
     #[error("buffer {label} belongs to another device")]
     ForeignBuffer { label: String },
     #[error("{what}: range {offset}..{end} is outside the {size}-byte buffer {label}")]
-    OutOfRange { what: &'static str, label: String, offset: u64, end: u64, size: u64 },
+    OutOfRange {
+        what: &'static str,
+        label: String,
+        offset: u64,
+        end: u64,
+        size: u64,
+    },
     #[error("device lost: {0}")]
     DeviceLost(String),
     #[error("GPU error: {0}")]
@@ -121,13 +132,15 @@ impl std::fmt::Debug for Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        self.accounting.live_bytes.fetch_sub(self.size, Ordering::Relaxed);
+        self.accounting
+            .live_bytes
+            .fetch_sub(self.size, Ordering::Relaxed);
     }
 }
 
 enum Inner {
     Cpu(cpu::CpuBackend),
-    Wgpu(wgpu::WgpuBackend),
+    Wgpu(Box<wgpu::WgpuBackend>),
 }
 
 /// One compute device with its backend.
@@ -139,11 +152,19 @@ pub struct Device {
 
 impl Device {
     pub(crate) fn new_cpu(info: DeviceInfo) -> Device {
-        Device { inner: Inner::Cpu(cpu::CpuBackend::new()), info, accounting: Default::default() }
+        Device {
+            inner: Inner::Cpu(cpu::CpuBackend::new()),
+            info,
+            accounting: Default::default(),
+        }
     }
 
     pub(crate) fn new_wgpu(info: DeviceInfo, backend: wgpu::WgpuBackend) -> Device {
-        Device { inner: Inner::Wgpu(backend), info, accounting: Default::default() }
+        Device {
+            inner: Inner::Wgpu(Box::new(backend)),
+            info,
+            accounting: Default::default(),
+        }
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -179,7 +200,11 @@ impl Device {
     pub fn alloc(&self, label: &str, bytes: u64) -> Result<Buffer> {
         let max = self.max_buffer_bytes();
         if bytes > max {
-            return Err(BackendError::BufferTooLarge { label: label.into(), bytes, max });
+            return Err(BackendError::BufferTooLarge {
+                label: label.into(),
+                bytes,
+                max,
+            });
         }
         let storage = match &self.inner {
             Inner::Cpu(b) => Storage::Cpu(b.alloc(label, bytes)?),
@@ -211,7 +236,9 @@ impl Device {
                 Ok(())
             }
             (Inner::Wgpu(b), Storage::Wgpu(s)) => b.write(s, offset, data),
-            _ => Err(BackendError::ForeignBuffer { label: buf.label.clone() }),
+            _ => Err(BackendError::ForeignBuffer {
+                label: buf.label.clone(),
+            }),
         }
     }
 
@@ -222,7 +249,9 @@ impl Device {
             validate_op(op)?;
             for buf in op_buffers(op) {
                 if !buf.same_device(&self.accounting) {
-                    return Err(BackendError::ForeignBuffer { label: buf.label.clone() });
+                    return Err(BackendError::ForeignBuffer {
+                        label: buf.label.clone(),
+                    });
                 }
             }
         }
@@ -238,14 +267,19 @@ impl Device {
         match (&self.inner, &buf.storage) {
             (Inner::Cpu(_), Storage::Cpu(s)) => Ok(s.read(offset, len)),
             (Inner::Wgpu(b), Storage::Wgpu(s)) => b.read(s, offset, len).await,
-            _ => Err(BackendError::ForeignBuffer { label: buf.label.clone() }),
+            _ => Err(BackendError::ForeignBuffer {
+                label: buf.label.clone(),
+            }),
         }
     }
 
     /// Reads a whole buffer as f32 values.
     pub async fn read_f32(&self, buf: &Buffer) -> Result<Vec<f32>> {
         let bytes = self.read(buf, 0, buf.size() / 4 * 4).await?;
-        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// Waits until all queued work has finished.
@@ -273,7 +307,9 @@ impl Device {
 
     fn check_range(&self, what: &'static str, buf: &Buffer, offset: u64, len: u64) -> Result<()> {
         if !buf.same_device(&self.accounting) {
-            return Err(BackendError::ForeignBuffer { label: buf.label.clone() });
+            return Err(BackendError::ForeignBuffer {
+                label: buf.label.clone(),
+            });
         }
         match offset.checked_add(len) {
             Some(end) if end <= buf.size => Ok(()),
@@ -298,8 +334,16 @@ pub(crate) fn op_buffers<'a>(op: &Op<'a>) -> Vec<&'a Buffer> {
         Op::Softmax { x, .. } => vec![x],
         Op::SiluMul { gate, up, out, .. } => vec![gate, up, out],
         Op::Add { a, b, out, .. } => vec![a, b, out],
-        Op::Embed { table, ids, out, .. } => vec![table, ids, out],
-        Op::Attention { q, k_cache, v_cache, out, .. } => vec![q, k_cache, v_cache, out],
+        Op::Embed {
+            table, ids, out, ..
+        } => vec![table, ids, out],
+        Op::Attention {
+            q,
+            k_cache,
+            v_cache,
+            out,
+            ..
+        } => vec![q, k_cache, v_cache, out],
         Op::Argmax { x, out, .. } => vec![x, out],
         Op::Sample { logits, out, .. } => vec![logits, out],
         Op::Copy { src, dst, .. } => vec![src, dst],

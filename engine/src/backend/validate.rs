@@ -15,12 +15,16 @@ fn need(op: &'static str, what: &str, buf: &Buffer, bytes: Option<u64>) -> Resul
                 buf.size()
             ),
         }),
-        None => Err(BackendError::InvalidOp { op, reason: format!("{what}: size overflows") }),
+        None => Err(BackendError::InvalidOp {
+            op,
+            reason: format!("{what}: size overflows"),
+        }),
     }
 }
 
 fn f32s(n: &[u32]) -> Option<u64> {
-    n.iter().try_fold(4u64, |acc, &v| acc.checked_mul(u64::from(v)))
+    n.iter()
+        .try_fold(4u64, |acc, &v| acc.checked_mul(u64::from(v)))
 }
 
 fn distinct(op: &'static str, out: &Buffer, inputs: &[&Buffer]) -> Result<()> {
@@ -34,7 +38,10 @@ fn distinct(op: &'static str, out: &Buffer, inputs: &[&Buffer]) -> Result<()> {
 }
 
 fn invalid(op: &'static str, reason: impl Into<String>) -> BackendError {
-    BackendError::InvalidOp { op, reason: reason.into() }
+    BackendError::InvalidOp {
+        op,
+        reason: reason.into(),
+    }
 }
 
 /// Checks an op's shapes against its buffers.
@@ -47,25 +54,53 @@ pub fn validate_op(op: &Op<'_>) -> Result<()> {
             need(name, "c", c, f32s(&[m, n]))?;
             distinct(name, c, &[a, b])
         }
-        Op::Linear { w, wtype, x, y, rows, cols, tokens } => {
+        Op::Linear {
+            w,
+            wtype,
+            x,
+            y,
+            rows,
+            cols,
+            tokens,
+        } => {
             let row = wtype.row_bytes(cols as usize).ok_or_else(|| {
-                invalid(name, format!("{cols} columns is not a whole number of {} blocks", wtype.name()))
+                invalid(
+                    name,
+                    format!(
+                        "{cols} columns is not a whole number of {} blocks",
+                        wtype.name()
+                    ),
+                )
             })?;
             need(name, "w", w, (row as u64).checked_mul(u64::from(rows)))?;
             need(name, "x", x, f32s(&[tokens, cols]))?;
             need(name, "y", y, f32s(&[tokens, rows]))?;
             distinct(name, y, &[w, x])
         }
-        Op::RmsNorm { x, weight, y, dim, tokens, eps } => {
-            if !(eps >= 0.0) {
+        Op::RmsNorm {
+            x,
+            weight,
+            y,
+            dim,
+            tokens,
+            eps,
+        } => {
+            if eps.is_nan() || eps < 0.0 {
                 return Err(invalid(name, format!("eps must be >= 0, got {eps}")));
             }
             need(name, "x", x, f32s(&[tokens, dim]))?;
             need(name, "weight", weight, f32s(&[dim]))?;
             need(name, "y", y, f32s(&[tokens, dim]))
         }
-        Op::Rope { x, heads, head_dim, rope_dim, tokens, .. } => {
-            if rope_dim > head_dim || rope_dim % 2 != 0 {
+        Op::Rope {
+            x,
+            heads,
+            head_dim,
+            rope_dim,
+            tokens,
+            ..
+        } => {
+            if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
                 return Err(invalid(
                     name,
                     format!("rope_dim {rope_dim} must be even and at most head_dim {head_dim}"),
@@ -89,17 +124,44 @@ pub fn validate_op(op: &Op<'_>) -> Result<()> {
             }
             Ok(())
         }
-        Op::Embed { table, ttype, ids, out, dim, vocab, tokens } => {
+        Op::Embed {
+            table,
+            ttype,
+            ids,
+            out,
+            dim,
+            vocab,
+            tokens,
+        } => {
             let row = ttype.row_bytes(dim as usize).ok_or_else(|| {
-                invalid(name, format!("dim {dim} is not a whole number of {} blocks", ttype.name()))
+                invalid(
+                    name,
+                    format!("dim {dim} is not a whole number of {} blocks", ttype.name()),
+                )
             })?;
-            need(name, "table", table, (row as u64).checked_mul(u64::from(vocab)))?;
+            need(
+                name,
+                "table",
+                table,
+                (row as u64).checked_mul(u64::from(vocab)),
+            )?;
             need(name, "ids", ids, f32s(&[tokens]))?;
             need(name, "out", out, f32s(&[tokens, dim]))?;
             distinct(name, out, &[table, ids])
         }
-        Op::Attention { q, k_cache, v_cache, out, heads, kv_heads, head_dim, tokens, pos0, .. } => {
-            if kv_heads == 0 || heads % kv_heads != 0 {
+        Op::Attention {
+            q,
+            k_cache,
+            v_cache,
+            out,
+            heads,
+            kv_heads,
+            head_dim,
+            tokens,
+            pos0,
+            ..
+        } => {
+            if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
                 return Err(invalid(
                     name,
                     format!("{heads} query heads is not a multiple of {kv_heads} kv heads"),
@@ -125,7 +187,12 @@ pub fn validate_op(op: &Op<'_>) -> Result<()> {
             need(name, "out", out, Some(4))?;
             distinct(name, out, &[x])
         }
-        Op::Sample { logits, n, out, params } => {
+        Op::Sample {
+            logits,
+            n,
+            out,
+            params,
+        } => {
             if n == 0 {
                 return Err(invalid(name, "no logits"));
             }
@@ -136,8 +203,17 @@ pub fn validate_op(op: &Op<'_>) -> Result<()> {
             need(name, "out", out, Some(4))?;
             distinct(name, out, &[logits])
         }
-        Op::Copy { src, src_offset, dst, dst_offset, bytes } => {
-            if src_offset % 4 != 0 || dst_offset % 4 != 0 || bytes % 4 != 0 {
+        Op::Copy {
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            bytes,
+        } => {
+            if !src_offset.is_multiple_of(4)
+                || !dst_offset.is_multiple_of(4)
+                || !bytes.is_multiple_of(4)
+            {
                 return Err(invalid(name, "offsets and length must be multiples of 4"));
             }
             need(name, "src", src, src_offset.checked_add(bytes))?;

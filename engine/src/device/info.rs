@@ -162,7 +162,7 @@ pub(crate) fn describe_adapter(
 
     let dl = DeviceLimits {
         max_buffer_size: limits.max_buffer_size,
-        max_storage_buffer_binding_size: u64::from(limits.max_storage_buffer_binding_size),
+        max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
         max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
         max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
         max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
@@ -207,7 +207,10 @@ pub(crate) fn describe_adapter(
             ),
         )
     } else {
-        (Support::Full, format!("{api} compute with all required limits"))
+        (
+            Support::Full,
+            format!("{api} compute with all required limits"),
+        )
     };
 
     // The bus id pins a physical slot; name and driver tell apart what shares it (the GL and
@@ -274,7 +277,9 @@ fn memory_of(adapter: &wgpu::Adapter, limits: &DeviceLimits, device_type: &str) 
     let system = system_memory().map(|(b, _)| b).unwrap_or(0);
     let est = match device_type {
         "integrated" | "cpu" if system > 0 => system / 2,
-        _ => limits.max_buffer_size.min(system.max(limits.max_buffer_size)),
+        _ => limits
+            .max_buffer_size
+            .min(system.max(limits.max_buffer_size)),
     };
     (est, false)
 }

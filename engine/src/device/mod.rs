@@ -24,13 +24,25 @@ pub enum SelectError {
     #[error("backend '{backend}' was not compiled in; rebuild with `--features {backend}`")]
     NotCompiled { backend: String },
     #[error("no device with id '{asked}'{within}; available: {available}")]
-    UnknownDevice { asked: String, within: String, available: String },
+    UnknownDevice {
+        asked: String,
+        within: String,
+        available: String,
+    },
     #[error("backend '{backend}' has no usable device; available: {available}")]
     NoDevice { backend: String, available: String },
     #[error("device {id} ({name}) is unsupported: {reason}")]
-    Unsupported { id: String, name: String, reason: String },
+    Unsupported {
+        id: String,
+        name: String,
+        reason: String,
+    },
     #[error("opening {id} ({name}): {source}")]
-    Open { id: String, name: String, source: BackendError },
+    Open {
+        id: String,
+        name: String,
+        source: Box<BackendError>,
+    },
 }
 
 /// Everything discovery found, with how long it took.
@@ -75,7 +87,11 @@ pub async fn discover() -> Discovery {
         devices.push(info);
     }
     devices.push(info::describe_cpu());
-    Discovery { devices, elapsed: web_time_now().saturating_sub(start), adapters: kept }
+    Discovery {
+        devices,
+        elapsed: web_time_now().saturating_sub(start),
+        adapters: kept,
+    }
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -137,14 +153,20 @@ impl Discovery {
                 Some(d) => Ok(d),
                 None => Err(SelectError::UnknownDevice {
                     asked: id.clone(),
-                    within: backend.map(|b| format!(" on backend {b}")).unwrap_or_default(),
+                    within: backend
+                        .map(|b| format!(" on backend {b}"))
+                        .unwrap_or_default(),
                     available: self.available(),
                 }),
             };
         }
         let usable = |d: &&DeviceInfo| d.support != Support::Unsupported;
         let pick = match backend {
-            Some(b) => self.ranked().into_iter().filter(usable).find(|d| d.backend == b),
+            Some(b) => self
+                .ranked()
+                .into_iter()
+                .filter(usable)
+                .find(|d| d.backend == b),
             None => self
                 .ranked()
                 .into_iter()
@@ -178,7 +200,11 @@ impl Discovery {
                         available: self.available(),
                     })?;
                 let backend = WgpuBackend::open(adapter, &info).await.map_err(|source| {
-                    SelectError::Open { id: info.id.clone(), name: info.name.clone(), source }
+                    SelectError::Open {
+                        id: info.id.clone(),
+                        name: info.name.clone(),
+                        source: Box::new(source),
+                    }
                 })?;
                 Ok(Device::new_wgpu(info, backend))
             }

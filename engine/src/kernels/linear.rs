@@ -69,7 +69,9 @@ where
     }
     let threads = worker_threads();
     if threads <= 1 || flops < 1 << 18 {
-        out.chunks_exact_mut(row_len).enumerate().for_each(|(i, r)| f(i, r));
+        out.chunks_exact_mut(row_len)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
         return;
     }
     #[cfg(not(target_arch = "wasm32"))]

@@ -18,7 +18,11 @@ pub fn rope(
             for i in 0..half {
                 let theta = pos * freq_base.powf(-2.0 * i as f32 / rope_dim as f32);
                 let (s, c) = theta.sin_cos();
-                let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (a, b) = if neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * c - x1 * s;
                 head[b] = x0 * s + x1 * c;

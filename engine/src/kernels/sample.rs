@@ -21,7 +21,13 @@ pub struct SampleParams {
 
 impl Default for SampleParams {
     fn default() -> Self {
-        SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, step: 0 }
+        SampleParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            step: 0,
+        }
     }
 }
 
@@ -38,7 +44,11 @@ pub fn argmax(x: &[f32]) -> u32 {
 /// A monotonic map from f32 to u32 (NaNs sort beyond the infinities).
 pub fn order_key(v: f32) -> u32 {
     let b = v.to_bits();
-    if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 }
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
 }
 
 pub fn pcg(v: u32) -> u32 {
@@ -114,7 +124,16 @@ mod tests {
 
     #[test]
     fn order_key_is_monotonic() {
-        let vals = [f32::NEG_INFINITY, -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, f32::INFINITY];
+        let vals = [
+            f32::NEG_INFINITY,
+            -3.5,
+            -1e-30,
+            -0.0,
+            0.0,
+            1e-30,
+            2.0,
+            f32::INFINITY,
+        ];
         for w in vals.windows(2) {
             assert!(order_key(w[0]) <= order_key(w[1]), "{} {}", w[0], w[1]);
         }
@@ -125,7 +144,13 @@ mod tests {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 7919) % 101) as f32 * 0.1).collect();
         let best = argmax(&logits);
         for step in 0..20 {
-            let mut p = SampleParams { temperature: 1.5, top_k: 1, top_p: 1.0, seed: 9, step };
+            let mut p = SampleParams {
+                temperature: 1.5,
+                top_k: 1,
+                top_p: 1.0,
+                seed: 9,
+                step,
+            };
             assert_eq!(sample(&logits, &p), best);
             p.top_k = 0;
             p.top_p = 1e-6;
@@ -139,7 +164,13 @@ mod tests {
         let mut counts = [0u32; 4];
         let n = 20000;
         for step in 0..n {
-            let p = SampleParams { temperature: 1.0, top_k: 3, top_p: 1.0, seed: 1, step };
+            let p = SampleParams {
+                temperature: 1.0,
+                top_k: 3,
+                top_p: 1.0,
+                seed: 1,
+                step,
+            };
             counts[sample(&logits, &p) as usize] += 1;
         }
         assert_eq!(counts[3], 0, "entry outside top-k was drawn");
@@ -147,7 +178,10 @@ mod tests {
         for i in 0..3 {
             let expected = logits[i].exp() / z;
             let got = counts[i] as f32 / n as f32;
-            assert!((expected - got).abs() < 0.02, "entry {i}: {got} vs {expected}");
+            assert!(
+                (expected - got).abs() < 0.02,
+                "entry {i}: {got} vs {expected}"
+            );
         }
     }
 }

@@ -11,7 +11,12 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub(crate) fn new(dev: &Device, layers: usize, kv_dim: usize, capacity: usize) -> Result<KvCache, ModelError> {
+    pub(crate) fn new(
+        dev: &Device,
+        layers: usize,
+        kv_dim: usize,
+        capacity: usize,
+    ) -> Result<KvCache, ModelError> {
         let bytes = (capacity * kv_dim * 4) as u64;
         let mut k = Vec::with_capacity(layers);
         let mut v = Vec::with_capacity(layers);
@@ -19,7 +24,12 @@ impl KvCache {
             k.push(dev.alloc(&format!("k cache {l}"), bytes)?);
             v.push(dev.alloc(&format!("v cache {l}"), bytes)?);
         }
-        Ok(KvCache { k, v, capacity, len: 0 })
+        Ok(KvCache {
+            k,
+            v,
+            capacity,
+            len: 0,
+        })
     }
 
     /// Positions filled so far.

@@ -39,17 +39,31 @@ impl ModelConfig {
         let dim = m.get_u32(&key("embedding_length"))? as usize;
         let ffn_dim = m.get_u32(&key("feed_forward_length"))? as usize;
         let n_heads = m.get_u32(&key("attention.head_count"))? as usize;
-        let n_kv_heads = m.opt_u32(&key("attention.head_count_kv"))?.map_or(n_heads, |v| v as usize);
-        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 || dim % n_heads != 0 {
+        let n_kv_heads = m
+            .opt_u32(&key("attention.head_count_kv"))?
+            .map_or(n_heads, |v| v as usize);
+        if n_heads == 0
+            || n_kv_heads == 0
+            || !n_heads.is_multiple_of(n_kv_heads)
+            || !dim.is_multiple_of(n_heads)
+        {
             return Err(ModelError::BadShape(format!(
                 "{n_heads} heads, {n_kv_heads} kv heads and width {dim} do not divide evenly"
             )));
         }
-        let head_dim = m.opt_u32(&key("attention.key_length"))?.map_or(dim / n_heads, |v| v as usize);
-        let rope_dim = m.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
+        let head_dim = m
+            .opt_u32(&key("attention.key_length"))?
+            .map_or(dim / n_heads, |v| v as usize);
+        let rope_dim = m
+            .opt_u32(&key("rope.dimension_count"))?
+            .map_or(head_dim, |v| v as usize);
         let rope_base = m.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
-        let norm_eps = m.opt_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
-        let context_length = m.opt_u32(&key("context_length"))?.map_or(2048, |v| v as usize);
+        let norm_eps = m
+            .opt_f32(&key("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5);
+        let context_length = m
+            .opt_u32(&key("context_length"))?
+            .map_or(2048, |v| v as usize);
         let embd = file.require_tensor("token_embd.weight")?;
         if embd.dims.len() != 2 || embd.dims[0] as usize != dim {
             return Err(ModelError::BadShape(format!(
@@ -85,10 +99,16 @@ impl ModelConfig {
             return bad(format!("{} layers", self.n_layers));
         }
         if self.head_dim == 0 || self.head_dim > 256 {
-            return bad(format!("head dimension {} (Cairn supports 1..=256)", self.head_dim));
+            return bad(format!(
+                "head dimension {} (Cairn supports 1..=256)",
+                self.head_dim
+            ));
         }
-        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
-            return bad(format!("rope dimension {} with head dimension {}", self.rope_dim, self.head_dim));
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
+            return bad(format!(
+                "rope dimension {} with head dimension {}",
+                self.rope_dim, self.head_dim
+            ));
         }
         if self.dim == 0 || self.ffn_dim == 0 || self.vocab_size == 0 {
             return bad("zero-sized width, FFN or vocabulary".into());

@@ -40,7 +40,9 @@ fn need_whole(shard: &Shard) -> Result<(), ModelError> {
     if shard.is_first() && shard.is_last() {
         Ok(())
     } else {
-        Err(ModelError::WrongInput("this needs a shard holding the whole model"))
+        Err(ModelError::WrongInput(
+            "this needs a shard holding the whole model",
+        ))
     }
 }
 
@@ -55,7 +57,10 @@ pub async fn generate(
 ) -> Result<(Vec<u32>, GenerateStats), ModelError> {
     need_whole(shard)?;
     let mut cache = shard.new_cache(prompt.len() + opts.max_tokens)?;
-    let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = GenerateStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     let mut out = Vec::new();
     if opts.max_tokens == 0 {
         return Ok((out, stats));
@@ -69,7 +74,9 @@ pub async fn generate(
     loop {
         out.push(next);
         on_token(next);
-        if out.len() >= opts.max_tokens || (opts.stop_at_eog && tokenizer.is_end_of_generation(next)) {
+        if out.len() >= opts.max_tokens
+            || (opts.stop_at_eog && tokenizer.is_end_of_generation(next))
+        {
             break;
         }
         params.step = out.len() as u32;
@@ -100,20 +107,27 @@ pub struct Score {
     pub top2_logits: Vec<[f32; 2]>,
 }
 
-pub async fn score(shard: &Shard, prompt: &[u32], continuation: &[u32]) -> Result<Score, ModelError> {
+pub async fn score(
+    shard: &Shard,
+    prompt: &[u32],
+    continuation: &[u32],
+) -> Result<Score, ModelError> {
     need_whole(shard)?;
     let mut cache = shard.new_cache(prompt.len() + continuation.len())?;
     let mut out = Score::default();
     let mut input = prompt.to_vec();
-    for i in 0..continuation.len() {
-        let logits = match shard.forward(&mut cache, ShardInput::Tokens(&input), Want::Logits).await? {
+    for next in continuation {
+        let logits = match shard
+            .forward(&mut cache, ShardInput::Tokens(&input), Want::Logits)
+            .await?
+        {
             ShardOutput::Logits(l) => l,
             _ => return Err(ModelError::WrongInput("shard did not return logits")),
         };
         let (a, b) = top2(&logits);
         out.top1.push(a.0);
         out.top2_logits.push([a.1, b.1]);
-        input = vec![continuation[i]];
+        input = vec![*next];
     }
     Ok(out)
 }

@@ -29,7 +29,11 @@ pub enum ModelError {
     #[error("model shape: {0}")]
     BadShape(String),
     #[error("layer range {start}..{end} is not within the model's {n_layers} blocks")]
-    BadRange { start: usize, end: usize, n_layers: usize },
+    BadRange {
+        start: usize,
+        end: usize,
+        n_layers: usize,
+    },
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
     #[error("context full: {needed} positions needed, the cache holds {capacity}")]

@@ -3,10 +3,10 @@
 
 use futures::lock::Mutex;
 
+use super::ModelError;
 use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::weights::{self, Matrix, ShardWeights};
-use super::ModelError;
 use crate::backend::{Buffer, Device};
 use crate::gguf::TensorSource;
 use crate::kernels::{Op, SampleParams};
@@ -82,12 +82,24 @@ impl Shard {
     ) -> Result<Shard, ModelError> {
         let cfg = ModelConfig::from_gguf(src.gguf())?;
         if start >= end || end > cfg.n_layers {
-            return Err(ModelError::BadRange { start, end, n_layers: cfg.n_layers });
+            return Err(ModelError::BadRange {
+                start,
+                end,
+                n_layers: cfg.n_layers,
+            });
         }
         let max_batch = max_batch.clamp(1, 4096);
         let weights = weights::load(&dev, src, &cfg, start, end, progress)?;
         let scratch = Scratch::new(&dev, &cfg, max_batch)?;
-        Ok(Shard { cfg, start, end, max_batch, dev, weights, scratch: Mutex::new(scratch) })
+        Ok(Shard {
+            cfg,
+            start,
+            end,
+            max_batch,
+            dev,
+            weights,
+            scratch: Mutex::new(scratch),
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -108,7 +120,12 @@ impl Shard {
 
     /// A KV cache for one sequence of up to `capacity` positions.
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
-        KvCache::new(&self.dev, self.end - self.start, self.cfg.kv_dim(), capacity.max(1))
+        KvCache::new(
+            &self.dev,
+            self.end - self.start,
+            self.cfg.kv_dim(),
+            capacity.max(1),
+        )
     }
 
     /// Runs the shard over `input` at the cache's next positions and appends them to it.
@@ -122,10 +139,15 @@ impl Shard {
         let n = match input {
             ShardInput::Tokens(t) => {
                 if !self.is_first() {
-                    return Err(ModelError::WrongInput("token ids go to the first shard only"));
+                    return Err(ModelError::WrongInput(
+                        "token ids go to the first shard only",
+                    ));
                 }
                 if let Some(bad) = t.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
-                    return Err(ModelError::BadToken { id: *bad, vocab: self.cfg.vocab_size });
+                    return Err(ModelError::BadToken {
+                        id: *bad,
+                        vocab: self.cfg.vocab_size,
+                    });
                 }
                 t.len()
             }
@@ -146,13 +168,20 @@ impl Shard {
             return Err(ModelError::WrongInput("no tokens"));
         }
         if !self.is_last() && !matches!(want, Want::Hidden) {
-            return Err(ModelError::WrongInput("only the last shard produces logits"));
+            return Err(ModelError::WrongInput(
+                "only the last shard produces logits",
+            ));
         }
         if self.is_last() && matches!(want, Want::Hidden) {
-            return Err(ModelError::WrongInput("the last shard produces logits or tokens"));
+            return Err(ModelError::WrongInput(
+                "the last shard produces logits or tokens",
+            ));
         }
         if cache.len() + n > cache.capacity() {
-            return Err(ModelError::ContextFull { needed: cache.len() + n, capacity: cache.capacity() });
+            return Err(ModelError::ContextFull {
+                needed: cache.len() + n,
+                capacity: cache.capacity(),
+            });
         }
         let s = self.scratch.lock().await;
         let mut hidden_out = Vec::new();
@@ -161,7 +190,8 @@ impl Shard {
             let t = (n - done).min(self.max_batch);
             match input {
                 ShardInput::Tokens(ids) => {
-                    self.dev.write(&s.ids, 0, bytemuck::cast_slice(&ids[done..done + t]))?
+                    self.dev
+                        .write(&s.ids, 0, bytemuck::cast_slice(&ids[done..done + t]))?
                 }
                 ShardInput::Hidden(h) => self.dev.write(
                     &s.h,
@@ -180,7 +210,11 @@ impl Shard {
             cache.advance(t);
             if !self.is_last() {
                 let bytes = self.dev.read(&s.h, 0, (t * dim * 4) as u64).await?;
-                hidden_out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+                hidden_out.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
             }
             done += t;
         }
@@ -194,7 +228,14 @@ impl Shard {
         })
     }
 
-    fn encode_blocks<'a>(&'a self, s: &'a Scratch, cache: &'a KvCache, pos0: usize, t: usize, ops: &mut Vec<Op<'a>>) {
+    fn encode_blocks<'a>(
+        &'a self,
+        s: &'a Scratch,
+        cache: &'a KvCache,
+        pos0: usize,
+        t: usize,
+        ops: &mut Vec<Op<'a>>,
+    ) {
         let c = &self.cfg;
         let tk = t as u32;
         let lin = |m: &'a Matrix, x: &'a Buffer, y: &'a Buffer| Op::Linear {
@@ -245,8 +286,20 @@ impl Shard {
             ops.push(rope(&s.k, c.n_kv_heads));
             let off = pos0 as u64 * kv_row;
             let bytes = t as u64 * kv_row;
-            ops.push(Op::Copy { src: &s.k, src_offset: 0, dst: &cache.k[i], dst_offset: off, bytes });
-            ops.push(Op::Copy { src: &s.v, src_offset: 0, dst: &cache.v[i], dst_offset: off, bytes });
+            ops.push(Op::Copy {
+                src: &s.k,
+                src_offset: 0,
+                dst: &cache.k[i],
+                dst_offset: off,
+                bytes,
+            });
+            ops.push(Op::Copy {
+                src: &s.v,
+                src_offset: 0,
+                dst: &cache.v[i],
+                dst_offset: off,
+                bytes,
+            });
             ops.push(Op::Attention {
                 q: &s.q,
                 k_cache: &cache.k[i],
@@ -260,23 +313,64 @@ impl Shard {
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
             });
             ops.push(lin(&w.wo, &s.att, &s.o));
-            ops.push(Op::Add { a: &s.h, b: &s.o, out: &s.h, n: (t * c.dim) as u32 });
+            ops.push(Op::Add {
+                a: &s.h,
+                b: &s.o,
+                out: &s.h,
+                n: (t * c.dim) as u32,
+            });
             ops.push(norm(&w.ffn_norm));
             ops.push(lin(&w.w_gate, &s.xn, &s.g));
             ops.push(lin(&w.w_up, &s.xn, &s.u));
-            ops.push(Op::SiluMul { gate: &s.g, up: &s.u, out: &s.a, n: (t * c.ffn_dim) as u32 });
+            ops.push(Op::SiluMul {
+                gate: &s.g,
+                up: &s.u,
+                out: &s.a,
+                n: (t * c.ffn_dim) as u32,
+            });
             ops.push(lin(&w.w_down, &s.a, &s.o));
-            ops.push(Op::Add { a: &s.h, b: &s.o, out: &s.h, n: (t * c.dim) as u32 });
+            ops.push(Op::Add {
+                a: &s.h,
+                b: &s.o,
+                out: &s.h,
+                n: (t * c.dim) as u32,
+            });
         }
     }
 
-    fn encode_head<'a>(&'a self, s: &'a Scratch, t: usize, want: Want, ops: &mut Vec<Op<'a>>) -> Result<(), ModelError> {
+    fn encode_head<'a>(
+        &'a self,
+        s: &'a Scratch,
+        t: usize,
+        want: Want,
+        ops: &mut Vec<Op<'a>>,
+    ) -> Result<(), ModelError> {
         let c = &self.cfg;
-        let (norm, _) = self.weights.head.as_ref().ok_or(ModelError::WrongInput("no output head"))?;
-        let out = self.weights.output().ok_or(ModelError::WrongInput("no output head"))?;
+        let (norm, _) = self
+            .weights
+            .head
+            .as_ref()
+            .ok_or(ModelError::WrongInput("no output head"))?;
+        let out = self
+            .weights
+            .output()
+            .ok_or(ModelError::WrongInput("no output head"))?;
         let row = (c.dim * 4) as u64;
-        ops.push(Op::Copy { src: &s.h, src_offset: (t as u64 - 1) * row, dst: &s.last, dst_offset: 0, bytes: row });
-        ops.push(Op::RmsNorm { x: &s.last, weight: norm, y: &s.last_norm, dim: c.dim as u32, tokens: 1, eps: c.norm_eps });
+        ops.push(Op::Copy {
+            src: &s.h,
+            src_offset: (t as u64 - 1) * row,
+            dst: &s.last,
+            dst_offset: 0,
+            bytes: row,
+        });
+        ops.push(Op::RmsNorm {
+            x: &s.last,
+            weight: norm,
+            y: &s.last_norm,
+            dim: c.dim as u32,
+            tokens: 1,
+            eps: c.norm_eps,
+        });
         ops.push(Op::Linear {
             w: &out.buf,
             wtype: out.ty,
@@ -287,7 +381,12 @@ impl Shard {
             tokens: 1,
         });
         if let Want::Sample(params) = want {
-            ops.push(Op::Sample { logits: &s.logits, n: out.rows as u32, out: &s.token, params });
+            ops.push(Op::Sample {
+                logits: &s.logits,
+                n: out.rows as u32,
+                out: &s.token,
+                params,
+            });
         }
         Ok(())
     }

@@ -24,13 +24,31 @@ impl SyntheticModel {
         md.insert("general.architecture", Value::String(a.clone()));
         md.insert(format!("{a}.block_count"), Value::U32(cfg.n_layers as u32));
         md.insert(format!("{a}.embedding_length"), Value::U32(cfg.dim as u32));
-        md.insert(format!("{a}.feed_forward_length"), Value::U32(cfg.ffn_dim as u32));
-        md.insert(format!("{a}.attention.head_count"), Value::U32(cfg.n_heads as u32));
-        md.insert(format!("{a}.attention.head_count_kv"), Value::U32(cfg.n_kv_heads as u32));
-        md.insert(format!("{a}.rope.dimension_count"), Value::U32(cfg.rope_dim as u32));
+        md.insert(
+            format!("{a}.feed_forward_length"),
+            Value::U32(cfg.ffn_dim as u32),
+        );
+        md.insert(
+            format!("{a}.attention.head_count"),
+            Value::U32(cfg.n_heads as u32),
+        );
+        md.insert(
+            format!("{a}.attention.head_count_kv"),
+            Value::U32(cfg.n_kv_heads as u32),
+        );
+        md.insert(
+            format!("{a}.rope.dimension_count"),
+            Value::U32(cfg.rope_dim as u32),
+        );
         md.insert(format!("{a}.rope.freq_base"), Value::F32(cfg.rope_base));
-        md.insert(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(cfg.norm_eps));
-        md.insert(format!("{a}.context_length"), Value::U32(cfg.context_length as u32));
+        md.insert(
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.norm_eps),
+        );
+        md.insert(
+            format!("{a}.context_length"),
+            Value::U32(cfg.context_length as u32),
+        );
         let mut tensors = Vec::new();
         let mut data = HashMap::new();
         let mut offset = 0u64;
@@ -57,7 +75,13 @@ impl SyntheticModel {
             });
             offset += n_bytes.div_ceil(32) * 32;
         }
-        let file = GgufFile { version: 3, alignment: 32, metadata: md, tensors, data_offset: 0 };
+        let file = GgufFile {
+            version: 3,
+            alignment: 32,
+            metadata: md,
+            tensors,
+            data_offset: 0,
+        };
         SyntheticModel { file, data }
     }
 }
@@ -73,7 +97,9 @@ impl TensorSource for SyntheticModel {
         self.data
             .get(&key)
             .map(Vec::as_slice)
-            .ok_or_else(|| GgufError::MissingTensor { name: name.to_string() })
+            .ok_or_else(|| GgufError::MissingTensor {
+                name: name.to_string(),
+            })
     }
 }
 

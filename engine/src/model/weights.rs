@@ -61,7 +61,11 @@ pub fn shard_tensors(cfg: &ModelConfig, start: usize, end: usize) -> Vec<(String
     }
     if end == cfg.n_layers {
         v.push(("output_norm.weight".to_string(), 1, cfg.dim));
-        let head = if cfg.tied_output { "token_embd.weight" } else { "output.weight" };
+        let head = if cfg.tied_output {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        };
         if start != 0 || !cfg.tied_output {
             v.push((head.to_string(), cfg.vocab_size, cfg.dim));
         }
@@ -70,7 +74,12 @@ pub fn shard_tensors(cfg: &ModelConfig, start: usize, end: usize) -> Vec<(String
 }
 
 /// Total bytes of the tensors a shard loads (weights only).
-pub fn shard_weight_bytes(src: &dyn TensorSource, cfg: &ModelConfig, start: usize, end: usize) -> u64 {
+pub fn shard_weight_bytes(
+    src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    start: usize,
+    end: usize,
+) -> u64 {
     shard_tensors(cfg, start, end)
         .iter()
         .filter_map(|(n, _, _)| src.gguf().tensor(n).map(|t| t.n_bytes))
@@ -88,7 +97,8 @@ pub(crate) struct Loader<'a> {
 impl Loader<'_> {
     pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
         let info = self.src.gguf().require_tensor(name)?.clone();
-        let dims_ok = info.dims.len() == 2 && info.dims[0] as usize == cols && info.dims[1] as usize == rows;
+        let dims_ok =
+            info.dims.len() == 2 && info.dims[0] as usize == cols && info.dims[1] as usize == rows;
         if !dims_ok {
             return Err(ModelError::BadShape(format!(
                 "{name} has dims {:?}, expected [{cols}, {rows}]",
@@ -96,7 +106,12 @@ impl Loader<'_> {
             )));
         }
         let buf = self.upload(name)?;
-        Ok(Matrix { buf, ty: info.ty, rows, cols })
+        Ok(Matrix {
+            buf,
+            ty: info.ty,
+            rows,
+            cols,
+        })
     }
 
     /// A norm weight vector, always loaded as f32.
@@ -137,7 +152,13 @@ pub(crate) fn load(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ShardWeights, ModelError> {
     let total = shard_weight_bytes(src, cfg, start, end);
-    let mut ld = Loader { dev, src, progress, done: 0, total };
+    let mut ld = Loader {
+        dev,
+        src,
+        progress,
+        done: 0,
+        total,
+    };
     let embed = if start == 0 {
         Some(ld.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)?)
     } else {
@@ -171,5 +192,9 @@ pub(crate) fn load(
     } else {
         None
     };
-    Ok(ShardWeights { embed, layers, head })
+    Ok(ShardWeights {
+        embed,
+        layers,
+        head,
+    })
 }

@@ -54,27 +54,39 @@ pub fn run(a: Args) -> Result<()> {
     });
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
-        sample: SampleParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed, step: 0 },
+        sample: SampleParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed,
+            step: 0,
+        },
         stop_at_eog: true,
     };
     let mut dec = m.tokenizer.decoder();
     let mut text = String::new();
     let mut stdout = std::io::stdout().lock();
     let mut err = None;
-    let (tokens, stats) = pollster::block_on(generate(&m.shard, &m.tokenizer, &prompt, &opts, &mut |id| {
-        if m.tokenizer.is_end_of_generation(id) {
-            return;
-        }
-        match dec.push(id) {
-            Ok(Some(piece)) => {
-                text.push_str(&piece);
-                let _ = stdout.write_all(piece.as_bytes());
-                let _ = stdout.flush();
+    let (tokens, stats) = pollster::block_on(generate(
+        &m.shard,
+        &m.tokenizer,
+        &prompt,
+        &opts,
+        &mut |id| {
+            if m.tokenizer.is_end_of_generation(id) {
+                return;
             }
-            Ok(None) => {}
-            Err(e) => err = Some(e),
-        }
-    }))?;
+            match dec.push(id) {
+                Ok(Some(piece)) => {
+                    text.push_str(&piece);
+                    let _ = stdout.write_all(piece.as_bytes());
+                    let _ = stdout.flush();
+                }
+                Ok(None) => {}
+                Err(e) => err = Some(e),
+            }
+        },
+    ))?;
     if let Some(e) = err {
         return Err(e.into());
     }

@@ -35,7 +35,10 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     s.split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .map(|t| t.parse::<u32>().with_context(|| format!("'{t}' is not a token id")))
+        .map(|t| {
+            t.parse::<u32>()
+                .with_context(|| format!("'{t}' is not a token id"))
+        })
         .collect()
 }
 

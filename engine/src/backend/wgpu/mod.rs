@@ -72,14 +72,19 @@ impl WgpuBackend {
     }
 
     pub(crate) fn max_binding_bytes(&self) -> u64 {
-        self.limits.max_buffer_size.min(u64::from(self.limits.max_storage_buffer_binding_size))
+        self.limits
+            .max_buffer_size
+            .min(self.limits.max_storage_buffer_binding_size)
     }
 
     fn check_errors(&self) -> Result<()> {
         if let Some(l) = self.lost.lock().ok().and_then(|l| l.clone()) {
             return Err(BackendError::DeviceLost(l));
         }
-        let mut errs = self.errors.lock().map_err(|_| BackendError::Gpu("poisoned".into()))?;
+        let mut errs = self
+            .errors
+            .lock()
+            .map_err(|_| BackendError::Gpu("poisoned".into()))?;
         if errs.is_empty() {
             return Ok(());
         }
@@ -111,7 +116,7 @@ impl WgpuBackend {
     }
 
     pub(crate) fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<()> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(BackendError::Unsupported(format!(
                 "GPU writes must start at a multiple of 4 bytes, not {offset}"
             )));
@@ -135,27 +140,38 @@ impl WgpuBackend {
         kernel: cairn_shaders::Kernel,
         format: Option<&'static str>,
     ) -> Result<wgpu::ComputePipeline> {
-        let mut cache = self.pipelines.lock().map_err(|_| BackendError::Gpu("poisoned".into()))?;
+        let mut cache = self
+            .pipelines
+            .lock()
+            .map_err(|_| BackendError::Gpu("poisoned".into()))?;
         if let Some(p) = cache.get(&(kernel.name, format)) {
             return Ok(p.clone());
         }
         let src = cairn_shaders::source(kernel, format).ok_or_else(|| {
             BackendError::Unsupported(format!("{}: no kernel for format {format:?}", kernel.name))
         })?;
-        let label = format!("{}{}", kernel.name, format.map(|f| format!("_{f}")).unwrap_or_default());
+        let label = format!(
+            "{}{}",
+            kernel.name,
+            format.map(|f| format!("_{f}")).unwrap_or_default()
+        );
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&label),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
         if let Some(e) = block_on_native(scope.pop()) {
             return Err(BackendError::Gpu(format!("compiling {label}: {e}")));
         }
@@ -164,7 +180,10 @@ impl WgpuBackend {
     }
 
     fn param_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
-        let mut slot = self.params.lock().map_err(|_| BackendError::Gpu("poisoned".into()))?;
+        let mut slot = self
+            .params
+            .lock()
+            .map_err(|_| BackendError::Gpu("poisoned".into()))?;
         match &*slot {
             Some(b) if b.size() >= bytes => Ok(b.clone()),
             _ => {
@@ -184,8 +203,14 @@ impl WgpuBackend {
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
         self.check_errors()?;
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
-        let steps = ops.iter().map(|op| plan::plan(op, max_dim)).collect::<Result<Vec<_>>>()?;
-        let n_dispatch = steps.iter().filter(|s| matches!(s, Step::Dispatch { .. })).count() as u64;
+        let steps = ops
+            .iter()
+            .map(|op| plan::plan(op, max_dim))
+            .collect::<Result<Vec<_>>>()?;
+        let n_dispatch = steps
+            .iter()
+            .filter(|s| matches!(s, Step::Dispatch { .. }))
+            .count() as u64;
         let slot = PARAM_SLOT.max(u64::from(self.limits.min_uniform_buffer_offset_alignment));
         let params_buf = self.param_buffer((n_dispatch.max(1)) * slot)?;
         let mut param_bytes = vec![0u8; (n_dispatch.max(1) * slot) as usize];
@@ -193,7 +218,14 @@ impl WgpuBackend {
         let mut bind_groups = Vec::with_capacity(steps.len());
         let mut di = 0u64;
         for step in &steps {
-            if let Step::Dispatch { kernel, format, buffers, params, .. } = step {
+            if let Step::Dispatch {
+                kernel,
+                format,
+                buffers,
+                params,
+                ..
+            } = step
+            {
                 let pipeline = self.pipeline(*kernel, *format)?;
                 let off = di * slot;
                 param_bytes[off as usize..][..32].copy_from_slice(bytemuck::cast_slice(params));
@@ -226,10 +258,19 @@ impl WgpuBackend {
 
         let mut enc = self
             .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cairn run") });
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("cairn run"),
+            });
         let mut i = 0;
         while i < steps.len() {
-            if let Step::Copy { src, src_offset, dst, dst_offset, bytes } = &steps[i] {
+            if let Step::Copy {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                bytes,
+            } = &steps[i]
+            {
                 enc.copy_buffer_to_buffer(raw(src)?, *src_offset, raw(dst)?, *dst_offset, *bytes);
                 i += 1;
                 continue;
@@ -239,7 +280,9 @@ impl WgpuBackend {
                 timestamp_writes: None,
             });
             while i < steps.len() {
-                let Step::Dispatch { groups, .. } = &steps[i] else { break };
+                let Step::Dispatch { groups, .. } = &steps[i] else {
+                    break;
+                };
                 if let Some((pipeline, bg)) = &bind_groups[i] {
                     pass.set_pipeline(pipeline);
                     pass.set_bind_group(0, bg, &[]);
@@ -265,7 +308,9 @@ impl WgpuBackend {
         });
         let mut enc = self
             .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cairn read") });
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("cairn read"),
+            });
         if end > start {
             enc.copy_buffer_to_buffer(buf, start, &staging, 0, end - start);
         }
@@ -295,7 +340,8 @@ impl WgpuBackend {
             let _ = tx.send(());
         });
         self.wait()?;
-        rx.await.map_err(|_| BackendError::DeviceLost("sync was cancelled".into()))?;
+        rx.await
+            .map_err(|_| BackendError::DeviceLost("sync was cancelled".into()))?;
         self.check_errors()
     }
 
@@ -312,7 +358,9 @@ impl WgpuBackend {
 fn raw(b: &Buffer) -> Result<&wgpu::Buffer> {
     match &b.storage {
         Storage::Wgpu(w) => Ok(w),
-        _ => Err(BackendError::ForeignBuffer { label: b.label().to_string() }),
+        _ => Err(BackendError::ForeignBuffer {
+            label: b.label().to_string(),
+        }),
     }
 }
 

@@ -15,7 +15,13 @@ pub(crate) enum Step<'a> {
         params: [u32; 8],
         groups: [u32; 3],
     },
-    Copy { src: &'a Buffer, src_offset: u64, dst: &'a Buffer, dst_offset: u64, bytes: u64 },
+    Copy {
+        src: &'a Buffer,
+        src_offset: u64,
+        dst: &'a Buffer,
+        dst_offset: u64,
+        bytes: u64,
+    },
 }
 
 /// Spreads `n` workgroups over x and y so neither passes the per-dimension limit; kernels
@@ -38,7 +44,13 @@ fn f(v: f32) -> u32 {
 
 pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32) -> Result<Step<'a>> {
     let dispatch = |kernel, format, buffers, params, groups| {
-        Ok(Step::Dispatch { kernel, format, buffers, params, groups })
+        Ok(Step::Dispatch {
+            kernel,
+            format,
+            buffers,
+            params,
+            groups,
+        })
     };
     match *op {
         Op::MatMul { a, b, c, m, n, k } => dispatch(
@@ -48,7 +60,15 @@ pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32) -> Result<Step<'a>> {
             [m, n, k, 0, 0, 0, 0, 0],
             [n.div_ceil(32).max(1), m.div_ceil(32).max(1), 1],
         ),
-        Op::Linear { w, wtype, x, y, rows, cols, tokens } => {
+        Op::Linear {
+            w,
+            wtype,
+            x,
+            y,
+            rows,
+            cols,
+            tokens,
+        } => {
             let row_bytes = wtype.row_bytes(cols as usize).unwrap_or(0) as u32;
             let params = [rows, cols, row_bytes, tokens, 0, 0, 0, 0];
             if tokens == 1 {
@@ -69,18 +89,43 @@ pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32) -> Result<Step<'a>> {
                 )
             }
         }
-        Op::RmsNorm { x, weight, y, dim, tokens, eps } => dispatch(
+        Op::RmsNorm {
+            x,
+            weight,
+            y,
+            dim,
+            tokens,
+            eps,
+        } => dispatch(
             shaders::RMSNORM,
             None,
             vec![x, weight, y],
             [dim, tokens, f(eps), 0, 0, 0, 0, 0],
             grid(tokens, max_dim)?,
         ),
-        Op::Rope { x, heads, head_dim, rope_dim, tokens, pos0, freq_base, neox } => dispatch(
+        Op::Rope {
+            x,
+            heads,
+            head_dim,
+            rope_dim,
+            tokens,
+            pos0,
+            freq_base,
+            neox,
+        } => dispatch(
             shaders::ROPE,
             None,
             vec![x],
-            [heads, head_dim, rope_dim, tokens, pos0, f(freq_base), u32::from(neox), 0],
+            [
+                heads,
+                head_dim,
+                rope_dim,
+                tokens,
+                pos0,
+                f(freq_base),
+                u32::from(neox),
+                0,
+            ],
             grid((tokens * heads * (rope_dim / 2)).div_ceil(256), max_dim)?,
         ),
         Op::Softmax { x, rows, cols } => dispatch(
@@ -108,7 +153,15 @@ pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32) -> Result<Step<'a>> {
                 dispatch(shaders::ADD, None, vec![a, b, out], params, groups)
             }
         }
-        Op::Embed { table, ttype, ids, out, dim, vocab, tokens } => {
+        Op::Embed {
+            table,
+            ttype,
+            ids,
+            out,
+            dim,
+            vocab,
+            tokens,
+        } => {
             let row_bytes = ttype.row_bytes(dim as usize).unwrap_or(0) as u32;
             dispatch(
                 shaders::EMBED,
@@ -118,19 +171,37 @@ pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32) -> Result<Step<'a>> {
                 grid((dim * tokens).div_ceil(256), max_dim)?,
             )
         }
-        Op::Attention { q, k_cache, v_cache, out, heads, kv_heads, head_dim, tokens, pos0, scale } => {
-            dispatch(
-                shaders::ATTENTION,
-                None,
-                vec![q, k_cache, v_cache, out],
-                [heads, kv_heads, head_dim, tokens, pos0, f(scale), 0, 0],
-                [heads, tokens, 1],
-            )
-        }
-        Op::Argmax { x, n, out } => {
-            dispatch(shaders::ARGMAX, None, vec![x, out], [n, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1])
-        }
-        Op::Sample { logits, n, out, params: s } => dispatch(
+        Op::Attention {
+            q,
+            k_cache,
+            v_cache,
+            out,
+            heads,
+            kv_heads,
+            head_dim,
+            tokens,
+            pos0,
+            scale,
+        } => dispatch(
+            shaders::ATTENTION,
+            None,
+            vec![q, k_cache, v_cache, out],
+            [heads, kv_heads, head_dim, tokens, pos0, f(scale), 0, 0],
+            [heads, tokens, 1],
+        ),
+        Op::Argmax { x, n, out } => dispatch(
+            shaders::ARGMAX,
+            None,
+            vec![x, out],
+            [n, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1],
+        ),
+        Op::Sample {
+            logits,
+            n,
+            out,
+            params: s,
+        } => dispatch(
             shaders::SAMPLE,
             None,
             vec![logits, out],
@@ -146,8 +217,18 @@ pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32) -> Result<Step<'a>> {
             ],
             [1, 1, 1],
         ),
-        Op::Copy { src, src_offset, dst, dst_offset, bytes } => {
-            Ok(Step::Copy { src, src_offset, dst, dst_offset, bytes })
-        }
+        Op::Copy {
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            bytes,
+        } => Ok(Step::Copy {
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            bytes,
+        }),
     }
 }
