@@ -1,0 +1,486 @@
+//! Messages and tensors, and how one message becomes bytes.
+//!
+//! An encoded message is `body ‖ head ‖ head_len`: the raw body (a tensor's
+//! little-endian bytes, a probe's padding; empty for control messages), then
+//! the postcard encoding of [`Head`], then the head's length as a `u32` LE.
+//! Putting the head last lets the receiver hand the body on without copying
+//! it: the reassembly buffer is truncated to the body.
+
+use serde::{Deserialize, Serialize};
+
+use super::ProtocolError;
+
+/// Error codes carried by [`Message::Error`].
+pub mod error_code {
+    /// A frame or message was refused; the sender closes next.
+    pub const PROTOCOL: u16 = 1;
+    /// The request names something this peer does not have or cannot do.
+    pub const UNSUPPORTED: u16 = 2;
+    /// The peer is out of memory, queue space or time.
+    pub const OVERLOADED: u16 = 3;
+    /// The request itself is wrong (bad layer range, unknown request id, …).
+    pub const BAD_REQUEST: u16 = 4;
+    /// Something failed inside the peer.
+    pub const INTERNAL: u16 = 5;
+}
+
+/// Most dimensions a tensor may have on the wire.
+pub const MAX_RANK: usize = 8;
+
+/// Element types a [`Tensor`] can carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I32,
+    U32,
+    I8,
+    U8,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I8 | DType::U8 => 1,
+        }
+    }
+}
+
+/// A dense tensor: element type, shape (outermost first) and its elements
+/// as little-endian bytes, row-major. The length always matches the shape.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<u64>,
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("bytes", &self.data.len())
+            .finish()
+    }
+}
+
+/// Bytes a tensor of this type and shape takes, or an error when the shape
+/// is too deep or overflows.
+fn tensor_bytes(dtype: DType, shape: &[u64]) -> Result<u64, ProtocolError> {
+    if shape.len() > MAX_RANK {
+        return Err(ProtocolError::Tensor(format!(
+            "rank {} is over {MAX_RANK}",
+            shape.len()
+        )));
+    }
+    shape
+        .iter()
+        .try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| ProtocolError::Tensor("shape overflows".into()))
+}
+
+impl Tensor {
+    /// A tensor from little-endian bytes; refuses a length that does not match the shape.
+    pub fn new(dtype: DType, shape: Vec<u64>, data: Vec<u8>) -> Result<Self, ProtocolError> {
+        let expected = tensor_bytes(dtype, &shape)?;
+        if expected != data.len() as u64 {
+            return Err(ProtocolError::Tensor(format!(
+                "{} bytes for shape {shape:?} of {dtype:?}, expected {expected}",
+                data.len()
+            )));
+        }
+        Ok(Self { dtype, shape, data })
+    }
+
+    /// A tensor from native values; `T` must be the element type `dtype`
+    /// stands for (checked by size), e.g. `f32` for `F32`, `half::f16` for `F16`.
+    pub fn from_values<T: bytemuck::Pod>(
+        dtype: DType,
+        shape: Vec<u64>,
+        values: &[T],
+    ) -> Result<Self, ProtocolError> {
+        if size_of::<T>() != dtype.size() {
+            return Err(ProtocolError::Tensor(format!(
+                "{}-byte values for {dtype:?}",
+                size_of::<T>()
+            )));
+        }
+        Self::new(dtype, shape, to_le_bytes(values))
+    }
+
+    pub fn from_f32(shape: Vec<u64>, values: &[f32]) -> Result<Self, ProtocolError> {
+        Self::from_values(DType::F32, shape, values)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len() / self.dtype.size()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The elements as little-endian bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.data
+    }
+
+    /// The elements as native values of `T` (checked against the dtype's size).
+    pub fn to_values<T: bytemuck::Pod>(&self) -> Result<Vec<T>, ProtocolError> {
+        if size_of::<T>() != self.dtype.size() {
+            return Err(ProtocolError::Tensor(format!(
+                "reading {:?} as {}-byte values",
+                self.dtype,
+                size_of::<T>()
+            )));
+        }
+        Ok(from_le_bytes(&self.data))
+    }
+
+    /// The elements as `f32`; only for `F32` tensors.
+    pub fn to_f32(&self) -> Result<Vec<f32>, ProtocolError> {
+        if self.dtype != DType::F32 {
+            return Err(ProtocolError::Tensor(format!(
+                "{:?} read as F32",
+                self.dtype
+            )));
+        }
+        self.to_values()
+    }
+}
+
+fn to_le_bytes<T: bytemuck::Pod>(values: &[T]) -> Vec<u8> {
+    #[allow(unused_mut)]
+    let mut bytes = bytemuck::cast_slice::<T, u8>(values).to_vec();
+    #[cfg(target_endian = "big")]
+    for element in bytes.chunks_exact_mut(size_of::<T>()) {
+        element.reverse();
+    }
+    bytes
+}
+
+fn from_le_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+    // Copies into a properly aligned vector whatever the source alignment.
+    let mut values = vec![T::zeroed(); bytes.len() / size_of::<T>()];
+    let n = values.len() * size_of::<T>();
+    bytemuck::cast_slice_mut::<T, u8>(&mut values).copy_from_slice(&bytes[..n]);
+    #[cfg(target_endian = "big")]
+    for element in bytemuck::cast_slice_mut::<T, u8>(&mut values).chunks_exact_mut(size_of::<T>()) {
+        element.reverse();
+    }
+    values
+}
+
+/// The first message each side sends on a new link.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Highest protocol version spoken.
+    pub protocol: u8,
+    /// Lowest protocol version still understood.
+    pub min_protocol: u8,
+    /// Largest message this peer reassembles; larger ones are refused.
+    pub max_message_bytes: u64,
+    /// The sender's id in the signaling room.
+    pub peer: String,
+    /// Capabilities and device info as a JSON object (postcard is not
+    /// self-describing, so JSON travels as text).
+    pub capabilities: String,
+}
+
+impl Hello {
+    pub fn new(peer: impl Into<String>, max_message_bytes: u64, capabilities: String) -> Self {
+        Self {
+            protocol: super::PROTOCOL_VERSION,
+            min_protocol: super::MIN_PROTOCOL_VERSION,
+            max_message_bytes,
+            peer: peer.into(),
+            capabilities,
+        }
+    }
+}
+
+/// A half-open range of transformer layers, `start..end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LayerRange {
+    pub start: u32,
+    pub end: u32,
+}
+
+/// What a worker reports about itself now and then.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Telemetry {
+    pub uptime_ms: u64,
+    pub queue_depth: u32,
+    pub tokens_per_s: f32,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// Anything else, as a JSON object.
+    pub extra: String,
+}
+
+/// Everything peers say to each other.
+///
+/// New variants are only ever appended (the wire names variants by index);
+/// a peer meets an unknown one only from a newer protocol version, which
+/// `Hello` negotiates away first.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Hello(Hello),
+    /// Round-trip probe; answered with `Pong` carrying the same fields.
+    Ping {
+        nonce: u64,
+        sent_us: u64,
+    },
+    Pong {
+        nonce: u64,
+        sent_us: u64,
+    },
+    /// Hidden states of positions `pos0..pos0 + tokens` of request `request`,
+    /// the `seq`th such message of that request.
+    Activations {
+        request: u64,
+        seq: u32,
+        pos0: u32,
+        tensor: Tensor,
+    },
+    /// A sampled token of request `request`.
+    Token {
+        request: u64,
+        seq: u32,
+        id: u32,
+    },
+    /// Load layers `layers` of the model whose content hash is `model_hash`.
+    LoadShard {
+        model_hash: String,
+        layers: LayerRange,
+    },
+    Telemetry(Telemetry),
+    /// Throughput probe: `payload` is padding the receiver counts and drops,
+    /// answering with `ProbeAck`.
+    Probe {
+        nonce: u64,
+        payload: Vec<u8>,
+    },
+    ProbeAck {
+        nonce: u64,
+        bytes: u64,
+    },
+    Error {
+        code: u16,
+        text: String,
+    },
+    /// The sender is closing the link on purpose.
+    Close {
+        reason: String,
+    },
+}
+
+impl Message {
+    /// A short name for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello(_) => "hello",
+            Message::Ping { .. } => "ping",
+            Message::Pong { .. } => "pong",
+            Message::Activations { .. } => "activations",
+            Message::Token { .. } => "token",
+            Message::LoadShard { .. } => "load-shard",
+            Message::Telemetry(_) => "telemetry",
+            Message::Probe { .. } => "probe",
+            Message::ProbeAck { .. } => "probe-ack",
+            Message::Error { .. } => "error",
+            Message::Close { .. } => "close",
+        }
+    }
+}
+
+/// The control part of a message, as postcard encodes it. Variant order is
+/// the wire format: append only.
+#[derive(Serialize, Deserialize)]
+enum Head {
+    Hello(Hello),
+    Ping {
+        nonce: u64,
+        sent_us: u64,
+    },
+    Pong {
+        nonce: u64,
+        sent_us: u64,
+    },
+    Activations {
+        request: u64,
+        seq: u32,
+        pos0: u32,
+        dtype: DType,
+        shape: Vec<u64>,
+    },
+    Token {
+        request: u64,
+        seq: u32,
+        id: u32,
+    },
+    LoadShard {
+        model_hash: String,
+        layers: LayerRange,
+    },
+    Telemetry(Telemetry),
+    Probe {
+        nonce: u64,
+    },
+    ProbeAck {
+        nonce: u64,
+        bytes: u64,
+    },
+    Error {
+        code: u16,
+        text: String,
+    },
+    Close {
+        reason: String,
+    },
+}
+
+/// The encoded head (with its length suffix) and the body it travels with.
+pub(crate) struct Encoded<'a> {
+    pub body: &'a [u8],
+    pub tail: Vec<u8>,
+}
+
+impl Encoded<'_> {
+    pub fn len(&self) -> u64 {
+        self.body.len() as u64 + self.tail.len() as u64
+    }
+}
+
+pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
+    let (head, body): (Head, &[u8]) = match message {
+        Message::Hello(h) => (Head::Hello(h.clone()), &[]),
+        &Message::Ping { nonce, sent_us } => (Head::Ping { nonce, sent_us }, &[]),
+        &Message::Pong { nonce, sent_us } => (Head::Pong { nonce, sent_us }, &[]),
+        Message::Activations {
+            request,
+            seq,
+            pos0,
+            tensor,
+        } => (
+            Head::Activations {
+                request: *request,
+                seq: *seq,
+                pos0: *pos0,
+                dtype: tensor.dtype,
+                shape: tensor.shape.clone(),
+            },
+            &tensor.data,
+        ),
+        &Message::Token { request, seq, id } => (Head::Token { request, seq, id }, &[]),
+        Message::LoadShard { model_hash, layers } => (
+            Head::LoadShard {
+                model_hash: model_hash.clone(),
+                layers: *layers,
+            },
+            &[],
+        ),
+        Message::Telemetry(t) => (Head::Telemetry(t.clone()), &[]),
+        Message::Probe { nonce, payload } => (Head::Probe { nonce: *nonce }, payload),
+        &Message::ProbeAck { nonce, bytes } => (Head::ProbeAck { nonce, bytes }, &[]),
+        Message::Error { code, text } => (
+            Head::Error {
+                code: *code,
+                text: text.clone(),
+            },
+            &[],
+        ),
+        Message::Close { reason } => (
+            Head::Close {
+                reason: reason.clone(),
+            },
+            &[],
+        ),
+    };
+    let mut tail =
+        postcard::to_allocvec(&head).map_err(|e| ProtocolError::Encode(e.to_string()))?;
+    let head_len = u32::try_from(tail.len())
+        .map_err(|_| ProtocolError::Encode("message head over 4 GiB".into()))?;
+    tail.extend_from_slice(&head_len.to_le_bytes());
+    Ok(Encoded { body, tail })
+}
+
+/// Decodes one reassembled message, taking its buffer so a tensor body is
+/// handed on without a copy.
+pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
+    let bad = |what: &str| ProtocolError::Decode(what.to_owned());
+    let n = bytes.len();
+    let suffix: [u8; 4] = bytes
+        .get(n.wrapping_sub(4)..)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| bad("shorter than its length suffix"))?;
+    let head_len = u32::from_le_bytes(suffix) as usize;
+    let body_len = (n - 4)
+        .checked_sub(head_len)
+        .ok_or_else(|| bad("head length past the start of the message"))?;
+    let (head, rest) = postcard::take_from_bytes::<Head>(&bytes[body_len..n - 4])
+        .map_err(|e| ProtocolError::Decode(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(bad("trailing bytes after the head"));
+    }
+    let no_body = |m: Message| {
+        if body_len == 0 {
+            Ok(m)
+        } else {
+            Err(bad("unexpected body"))
+        }
+    };
+    match head {
+        Head::Hello(h) => no_body(Message::Hello(h)),
+        Head::Ping { nonce, sent_us } => no_body(Message::Ping { nonce, sent_us }),
+        Head::Pong { nonce, sent_us } => no_body(Message::Pong { nonce, sent_us }),
+        Head::Activations {
+            request,
+            seq,
+            pos0,
+            dtype,
+            shape,
+        } => {
+            bytes.truncate(body_len);
+            Ok(Message::Activations {
+                request,
+                seq,
+                pos0,
+                tensor: Tensor::new(dtype, shape, bytes)?,
+            })
+        }
+        Head::Token { request, seq, id } => no_body(Message::Token { request, seq, id }),
+        Head::LoadShard { model_hash, layers } => {
+            no_body(Message::LoadShard { model_hash, layers })
+        }
+        Head::Telemetry(t) => no_body(Message::Telemetry(t)),
+        Head::Probe { nonce } => {
+            bytes.truncate(body_len);
+            Ok(Message::Probe {
+                nonce,
+                payload: bytes,
+            })
+        }
+        Head::ProbeAck { nonce, bytes } => no_body(Message::ProbeAck { nonce, bytes }),
+        Head::Error { code, text } => no_body(Message::Error { code, text }),
+        Head::Close { reason } => no_body(Message::Close { reason }),
+    }
+}

@@ -1,0 +1,378 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn roundtrip(message: &Message, max_frame_bytes: usize) -> Message {
+    let mut framer = Framer::new(max_frame_bytes);
+    let frames = framer.encode(message).unwrap();
+    assert!(frames.iter().all(|f| f.len() <= framer.max_frame_bytes()));
+    let mut deframer = Deframer::new(Limits {
+        max_frame_bytes: framer.max_frame_bytes(),
+        ..Limits::default()
+    });
+    let mut out = Vec::new();
+    for frame in &frames {
+        out.extend(deframer.push(frame).unwrap());
+    }
+    assert_eq!(out.len(), 1);
+    assert_eq!(deframer.buffered_bytes(), 0);
+    out.pop().unwrap()
+}
+
+#[test]
+fn tensor_roundtrip_is_bit_exact() {
+    let values: Vec<f32> = (0..300_000).map(|i| (i as f32).sin() * 1e3).collect();
+    let tensor = Tensor::from_f32(vec![3, 100_000], &values).unwrap();
+    let message = Message::Activations {
+        request: 7,
+        seq: 1,
+        pos0: 42,
+        tensor,
+    };
+    let back = roundtrip(&message, 256 * 1024);
+    assert_eq!(back, message);
+    let Message::Activations { tensor, .. } = back else {
+        unreachable!()
+    };
+    let got = tensor.to_f32().unwrap();
+    assert!(
+        got.iter()
+            .zip(&values)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
+}
+
+#[test]
+fn tensors_check_their_shape() {
+    assert!(Tensor::new(DType::F32, vec![2, 3], vec![0; 24]).is_ok());
+    assert!(Tensor::new(DType::F32, vec![2, 3], vec![0; 23]).is_err());
+    assert!(Tensor::new(DType::U8, vec![u64::MAX, 2], vec![]).is_err());
+    assert!(Tensor::new(DType::U8, vec![1; 9], vec![0]).is_err());
+    assert!(Tensor::from_values(DType::F16, vec![1], &[0f32]).is_err());
+    let t = Tensor::from_values(DType::F16, vec![2], &[half::f16::ONE, half::f16::MAX]).unwrap();
+    assert_eq!(t.bytes(), &[0x00, 0x3c, 0xff, 0x7b]);
+    assert_eq!(
+        t.to_values::<half::f16>().unwrap(),
+        vec![half::f16::ONE, half::f16::MAX]
+    );
+    assert!(t.to_f32().is_err());
+}
+
+#[test]
+fn frames_are_bounded_and_ordered() {
+    let mut framer = Framer::new(1024);
+    let mut deframer = Deframer::new(Limits {
+        max_frame_bytes: 1024,
+        ..Limits::default()
+    });
+    let messages: Vec<Message> = (0..50u32)
+        .map(|i| match i % 3 {
+            0 => Message::Token {
+                request: 1,
+                seq: i,
+                id: i * 3,
+            },
+            1 => Message::Probe {
+                nonce: u64::from(i),
+                payload: vec![i as u8; 5000 + i as usize],
+            },
+            _ => Message::Ping {
+                nonce: u64::from(i),
+                sent_us: 99,
+            },
+        })
+        .collect();
+    let mut got = Vec::new();
+    for m in &messages {
+        for frame in framer.encode(m).unwrap() {
+            got.extend(deframer.push(&frame).unwrap());
+        }
+    }
+    assert_eq!(got, messages);
+}
+
+#[test]
+fn a_stream_split_anywhere_reassembles() {
+    let mut framer = Framer::new(300);
+    let messages = vec![
+        Message::Hello(Hello::new("abc", 1 << 20, r#"{"gpu":"x"}"#.into())),
+        Message::Probe {
+            nonce: 1,
+            payload: (0..2000).map(|i| i as u8).collect(),
+        },
+        Message::Close {
+            reason: "bye".into(),
+        },
+    ];
+    let stream: Vec<u8> = messages
+        .iter()
+        .flat_map(|m| framer.encode(m).unwrap())
+        .flatten()
+        .collect();
+    for step in [1, 7, 28, 29, 300, 301, 5000] {
+        let mut deframer = Deframer::new(Limits {
+            max_frame_bytes: 300,
+            ..Limits::default()
+        });
+        let mut got = Vec::new();
+        for piece in stream.chunks(step) {
+            got.extend(deframer.push(piece).unwrap());
+        }
+        assert_eq!(got, messages, "step {step}");
+    }
+}
+
+fn frames_of(message: &Message) -> Vec<Vec<u8>> {
+    Framer::new(256).encode(message).unwrap()
+}
+
+fn small_limits() -> Limits {
+    Limits {
+        max_frame_bytes: 256,
+        max_message_bytes: 4096,
+    }
+}
+
+#[test]
+fn corruption_is_refused_and_sticks() {
+    let frames = frames_of(&Message::Probe {
+        nonce: 1,
+        payload: vec![7; 1000],
+    });
+    // A flipped payload bit.
+    let mut d = Deframer::new(small_limits());
+    let mut bad = frames[0].clone();
+    bad[100] ^= 1;
+    assert_eq!(d.push(&bad), Err(ProtocolError::Checksum));
+    assert_eq!(d.push(&frames[0]), Err(ProtocolError::Failed));
+    assert!(d.is_failed());
+    // A skipped chunk.
+    let mut d = Deframer::new(small_limits());
+    d.push(&frames[0]).unwrap();
+    assert!(matches!(
+        d.push(&frames[2]),
+        Err(ProtocolError::OutOfOrder { .. })
+    ));
+    // A replayed message.
+    let ping = frames_of(&Message::Ping {
+        nonce: 1,
+        sent_us: 2,
+    });
+    let mut d = Deframer::new(small_limits());
+    assert_eq!(d.push(&ping[0]).unwrap().len(), 1);
+    assert!(matches!(
+        d.push(&ping[0]),
+        Err(ProtocolError::OutOfOrder { .. })
+    ));
+    // Unknown version.
+    let mut d = Deframer::new(small_limits());
+    let mut bad = ping[0].clone();
+    bad[0] = 99;
+    assert_eq!(d.push(&bad), Err(ProtocolError::Version(99)));
+}
+
+#[test]
+fn oversized_claims_are_refused_before_buffering() {
+    let big = Message::Probe {
+        nonce: 1,
+        payload: vec![0; 10_000],
+    };
+    let frames = frames_of(&big);
+    let mut d = Deframer::new(small_limits());
+    assert!(matches!(
+        d.push(&frames[0]),
+        Err(ProtocolError::MessageTooLarge { .. })
+    ));
+    assert_eq!(d.buffered_bytes(), 0);
+    let frames = Framer::new(1024).encode(&big).unwrap();
+    let mut d = Deframer::new(small_limits());
+    assert!(matches!(
+        d.push(&frames[0]),
+        Err(ProtocolError::FrameTooLarge { .. })
+    ));
+    let mut framer = Framer::new(256);
+    framer.set_peer_max_message_bytes(4096);
+    assert!(matches!(
+        framer.encode(&big),
+        Err(ProtocolError::MessageTooLarge { .. })
+    ));
+}
+
+#[test]
+fn versions_negotiate() {
+    let a = Hello::new("a", 1, String::new());
+    let mut b = a.clone();
+    assert_eq!(negotiate(&a, &b), Ok(PROTOCOL_VERSION));
+    b.protocol = 9;
+    b.min_protocol = 9;
+    assert!(negotiate(&a, &b).is_err());
+}
+
+fn arb_dtype() -> impl Strategy<Value = DType> {
+    prop_oneof![
+        Just(DType::F32),
+        Just(DType::F16),
+        Just(DType::BF16),
+        Just(DType::I32),
+        Just(DType::U32),
+        Just(DType::I8),
+        Just(DType::U8),
+    ]
+}
+
+fn arb_tensor() -> impl Strategy<Value = Tensor> {
+    (arb_dtype(), prop::collection::vec(0u64..6, 0..4)).prop_flat_map(|(dtype, shape)| {
+        let n: u64 = shape.iter().product::<u64>() * dtype.size() as u64;
+        prop::collection::vec(any::<u8>(), n as usize)
+            .prop_map(move |data| Tensor::new(dtype, shape.clone(), data).unwrap())
+    })
+}
+
+fn arb_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        (any::<u8>(), any::<u8>(), any::<u64>(), ".{0,20}", ".{0,40}").prop_map(
+            |(protocol, min_protocol, max_message_bytes, peer, capabilities)| {
+                Message::Hello(Hello {
+                    protocol,
+                    min_protocol,
+                    max_message_bytes,
+                    peer,
+                    capabilities,
+                })
+            }
+        ),
+        (any::<u64>(), any::<u64>()).prop_map(|(nonce, sent_us)| Message::Ping { nonce, sent_us }),
+        (any::<u64>(), any::<u64>()).prop_map(|(nonce, sent_us)| Message::Pong { nonce, sent_us }),
+        (any::<u64>(), any::<u32>(), any::<u32>(), arb_tensor()).prop_map(
+            |(request, seq, pos0, tensor)| Message::Activations {
+                request,
+                seq,
+                pos0,
+                tensor
+            }
+        ),
+        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(request, seq, id)| Message::Token {
+            request,
+            seq,
+            id
+        }),
+        (".{0,64}", any::<u32>(), any::<u32>()).prop_map(|(model_hash, start, end)| {
+            Message::LoadShard {
+                model_hash,
+                layers: LayerRange { start, end },
+            }
+        }),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            -1e9f32..1e9,
+            any::<u64>(),
+            any::<u64>(),
+            ".{0,30}"
+        )
+            .prop_map(
+                |(uptime_ms, queue_depth, tokens_per_s, used, total, extra)| {
+                    Message::Telemetry(Telemetry {
+                        uptime_ms,
+                        queue_depth,
+                        tokens_per_s,
+                        memory_used_bytes: used,
+                        memory_total_bytes: total,
+                        extra,
+                    })
+                }
+            ),
+        (any::<u64>(), prop::collection::vec(any::<u8>(), 0..3000))
+            .prop_map(|(nonce, payload)| Message::Probe { nonce, payload }),
+        (any::<u64>(), any::<u64>()).prop_map(|(nonce, bytes)| Message::ProbeAck { nonce, bytes }),
+        (any::<u16>(), ".{0,40}").prop_map(|(code, text)| Message::Error { code, text }),
+        ".{0,40}".prop_map(|reason| Message::Close { reason }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn encode_decode_roundtrips(
+        messages in prop::collection::vec(arb_message(), 1..6),
+        frame in 64usize..2048,
+        split in 1usize..4000,
+    ) {
+        let mut framer = Framer::new(frame);
+        let limits = Limits { max_frame_bytes: framer.max_frame_bytes(), ..Limits::default() };
+        // Frame by frame, as a data channel delivers them.
+        let mut d = Deframer::new(limits);
+        let mut got = Vec::new();
+        let mut stream = Vec::new();
+        for m in &messages {
+            for f in framer.encode(m).unwrap() {
+                prop_assert!(f.len() <= framer.max_frame_bytes());
+                got.extend(d.push(&f).unwrap());
+                stream.extend_from_slice(&f);
+            }
+        }
+        prop_assert_eq!(&got, &messages);
+        // The same frames as a byte stream cut at arbitrary points.
+        let mut d = Deframer::new(limits);
+        let mut got = Vec::new();
+        for piece in stream.chunks(split) {
+            got.extend(d.push(piece).unwrap());
+        }
+        prop_assert_eq!(&got, &messages);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        pushes in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..600), 0..8),
+    ) {
+        let mut d = Deframer::new(small_limits());
+        for p in &pushes {
+            let _ = d.push(p);
+            prop_assert!(d.buffered_bytes() as u64 <= small_limits().max_buffered_bytes());
+        }
+    }
+
+    #[test]
+    fn mutated_frames_never_panic(
+        message in arb_message(),
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+    ) {
+        let mut frames = Framer::new(256).encode(&message).unwrap();
+        for (at, value) in &flips {
+            let frame = at.index(frames.len());
+            let f = &mut frames[frame];
+            let i = at.index(f.len());
+            f[i] = *value;
+        }
+        let mut d = Deframer::new(small_limits());
+        for f in &frames {
+            if d.push(f).is_err() {
+                break;
+            }
+        }
+    }
+
+    #[test]
+    fn messages_with_valid_checksums_but_garbage_heads_never_panic(
+        body in prop::collection::vec(any::<u8>(), 0..200),
+        head in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        // Builds a well-formed frame around an arbitrary encoded message.
+        let mut msg = body;
+        msg.extend_from_slice(&head);
+        msg.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        let mut frame = vec![0u8; FRAME_HEADER_BYTES];
+        frame.extend_from_slice(&msg);
+        frame[0] = PROTOCOL_VERSION;
+        frame[1] = 3;
+        frame[12..16].copy_from_slice(&(msg.len() as u32).to_le_bytes());
+        frame[16..24].copy_from_slice(&(msg.len() as u64).to_le_bytes());
+        let mut h = crc32fast::Hasher::new();
+        h.update(&frame[..24]);
+        h.update(&msg);
+        let crc = h.finalize();
+        frame[24..28].copy_from_slice(&crc.to_le_bytes());
+        let _ = Deframer::new(small_limits()).push(&frame);
+    }
+}
