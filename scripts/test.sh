@@ -22,10 +22,11 @@ echo "== rust components and targets"
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add wasm32-unknown-unknown >/dev/null
 
+# Its own lock file pins a yanked dependency, so it is installed unlocked.
 wbg=$(awk '/^name = "wasm-bindgen"$/ {getline; gsub(/"/, "", $3); print $3; exit}' Cargo.lock)
 if [ -n "$wbg" ] && [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$wbg" ]; then
     echo "== cargo install wasm-bindgen-cli $wbg"
-    cargo install --quiet --locked wasm-bindgen-cli --version "$wbg"
+    cargo install --quiet wasm-bindgen-cli --version "$wbg"
 fi
 
 scripts/fetch-model.sh

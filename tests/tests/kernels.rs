@@ -408,3 +408,131 @@ fn argmax_and_sampling_pick_what_the_reference_picks() {
         );
     }
 }
+
+#[test]
+fn buffers_are_accounted_and_bad_requests_are_refused() {
+    for d in devices() {
+        let base = d.live_bytes();
+        let a = d.alloc("a", 1000).unwrap();
+        let b = d.upload("b", &[1u8; 12]).unwrap();
+        assert_eq!(d.live_bytes(), base + 1012, "{}", d.info().id);
+        drop(a);
+        assert_eq!(
+            d.live_bytes(),
+            base + 12,
+            "dropping frees on {}",
+            d.info().id
+        );
+        // An unaligned tail is written zero-padded and read back exactly.
+        let c = d.upload("c", &[7u8; 7]).unwrap();
+        assert_eq!(d.read_blocking(&c, 0, 7).unwrap(), vec![7u8; 7]);
+        assert_eq!(d.read_blocking(&b, 4, 4).unwrap(), vec![1u8; 4]);
+
+        let err = d.read_blocking(&b, 8, 8).unwrap_err().to_string();
+        assert!(err.contains("outside the 12-byte buffer"), "{err}");
+        let err = d.write(&b, 10, &[0u8; 4]).unwrap_err().to_string();
+        assert!(err.contains("outside"), "{err}");
+        let y = d.alloc("y", 8).unwrap();
+        let err = d
+            .run(&[Op::Linear {
+                w: &b,
+                wtype: GgmlType::Q4_1,
+                x: &c,
+                y: &y,
+                rows: 4,
+                cols: 64,
+                tokens: 1,
+            }])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs 160 bytes, has 12"), "{err}");
+        let err = d
+            .run(&[Op::Linear {
+                w: &b,
+                wtype: GgmlType::Q4_1,
+                x: &c,
+                y: &y,
+                rows: 1,
+                cols: 30,
+                tokens: 1,
+            }])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a whole number of Q4_1 blocks"), "{err}");
+        let err = d
+            .run(&[Op::SiluMul {
+                gate: &y,
+                up: &b,
+                out: &y,
+                n: 2,
+            }])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must not also be an input"), "{err}");
+    }
+    // A buffer of one device cannot be used on another.
+    let devs = devices();
+    if devs.len() >= 2 {
+        let foreign = devs[0].alloc("foreign", 16).unwrap();
+        let err = devs[1]
+            .read_blocking(&foreign, 0, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("belongs to another device"), "{err}");
+    }
+}
+
+#[test]
+fn selection_falls_back_to_cpu_and_names_the_choices() {
+    let found = cairn_engine::device::discover_blocking();
+    assert!(
+        found.devices.iter().any(|d| d.backend == BackendKind::Cpu),
+        "the CPU is always listed"
+    );
+    // Discovery is meant to be quick; a generous bound that only a hang would break.
+    assert!(
+        found.elapsed.as_secs() < 10,
+        "discovery took {:?}",
+        found.elapsed
+    );
+    let auto = found.choose(&Default::default()).unwrap();
+    assert!(
+        !auto.is_software(),
+        "automatic selection must not pick a software rasterizer"
+    );
+    let sel = |b: Option<&str>, id: Option<&str>| cairn_engine::Selection {
+        backend: b.map(str::to_string),
+        device: id.map(str::to_string),
+    };
+    assert_eq!(found.choose(&sel(Some("cpu"), None)).unwrap().id, "cpu");
+    let err = found
+        .choose(&sel(Some("metalx"), None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no backend named 'metalx'") && err.contains("wgpu, cpu"),
+        "{err}"
+    );
+    let err = found
+        .choose(&sel(None, Some("nope-123")))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no device with id 'nope-123'") && err.contains("cpu (cpu"),
+        "{err}"
+    );
+    let err = found
+        .choose(&sel(Some("cuda"), None))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--features cuda"), "{err}");
+    for d in &found.devices {
+        assert_eq!(
+            found
+                .choose(&sel(None, Some(&d.id)))
+                .map(|x| x.id.clone())
+                .ok(),
+            (d.support != cairn_engine::Support::Unsupported).then(|| d.id.clone())
+        );
+    }
+}
