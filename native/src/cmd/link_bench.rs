@@ -108,7 +108,8 @@ async fn bench(args: Args) -> Result<()> {
             let Ok(m) = link_b.recv().await else { return };
             match m {
                 Message::Token { .. } => {
-                    if link_b.send(m).await.is_err() {
+                    let echoed = link_b.send(m).await;
+                    if echoed.is_err() {
                         return;
                     }
                 }

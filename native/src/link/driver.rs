@@ -55,6 +55,9 @@ pub(crate) enum Report {
     },
 }
 
+/// Who waits for a throughput probe's result (bytes per second).
+type ProbeWaiter = oneshot::Sender<Result<f64, LinkError>>;
+
 /// What the application hands a link to send.
 enum Outgoing {
     Message(Message, Option<OwnedSemaphorePermit>),
@@ -287,14 +290,8 @@ struct Driver {
     stats: watch::Sender<LinkStats>,
     next_ping: Instant,
     ping_nonce: u64,
-    probes: HashMap<
-        u64,
-        (
-            Instant,
-            u64,
-            Option<oneshot::Sender<Result<f64, LinkError>>>,
-        ),
-    >,
+    /// Probes in flight: when sent, how big, who waits for the result.
+    probes: HashMap<u64, (Instant, u64, Option<ProbeWaiter>)>,
     next_probe: Option<Instant>,
     connect_deadline: Instant,
     rtc_deadline: Instant,
@@ -661,10 +658,9 @@ impl Driver {
         if let Err(e) = self
             .framer
             .encode_with(&message, |f| self.frames.push_back(f))
+            && let Some((_, _, Some(w))) = self.probes.remove(&nonce)
         {
-            if let Some((_, _, Some(w))) = self.probes.remove(&nonce) {
-                let _ = w.send(Err(e.into()));
-            }
+            let _ = w.send(Err(e.into()));
         }
     }
 
@@ -830,10 +826,8 @@ impl Driver {
                     Err(e) => self.fail_with_notice(LinkError::Protocol(e)),
                 }
             }
-            Event::ChannelClose(id) => {
-                if Some(id) == self.channel && self.closing.is_none() {
-                    return Err(LinkError::ClosedByPeer("data channel closed".into()));
-                }
+            Event::ChannelClose(id) if Some(id) == self.channel && self.closing.is_none() => {
+                return Err(LinkError::ClosedByPeer("data channel closed".into()));
             }
             _ => {}
         }
