@@ -26,7 +26,9 @@ rustup target add wasm32-unknown-unknown >/dev/null
 wbg=$(awk '/^name = "wasm-bindgen"$/ {getline; gsub(/"/, "", $3); print $3; exit}' Cargo.lock)
 if [ -n "$wbg" ] && [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$wbg" ]; then
     echo "== cargo install wasm-bindgen-cli $wbg"
-    cargo install --quiet wasm-bindgen-cli --version "$wbg"
+    # Only the browser tests need it; a failed install must not hide every other result.
+    cargo install --quiet wasm-bindgen-cli --version "$wbg" ||
+        echo "warning: wasm-bindgen-cli $wbg did not install; browser tests cannot run" >&2
 fi
 
 scripts/fetch-model.sh
