@@ -8,7 +8,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "cairn", version, about = "Pool every GPU at hand into one LLM inference cluster")]
+#[command(
+    name = "cairn",
+    version,
+    about = "Pool every GPU at hand into one LLM inference cluster"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
