@@ -41,7 +41,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if !(a.temperature >= 0.0) || !(a.top_p > 0.0 && a.top_p <= 1.0) {
+    // Written so that NaN fails too.
+    let valid = a.temperature >= 0.0 && a.top_p > 0.0 && a.top_p <= 1.0;
+    if !valid {
         anyhow::bail!("--temperature must be >= 0 and --top-p in (0, 1]");
     }
     let path = crate::model_path::resolve(a.model)?;
