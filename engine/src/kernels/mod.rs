@@ -174,7 +174,8 @@ mod shader_validation {
                 });
                 naga::valid::Validator::new(
                     naga::valid::ValidationFlags::all(),
-                    naga::valid::Capabilities::empty(),
+                    // unpack2x16float is core WGSL; naga files it under this capability.
+                    naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
                 )
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{} {format:?}: {e:?}", kernel.name));
