@@ -26,6 +26,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Teacher-forced top-1 predictions and logits for a given continuation.
     Score(cmd::score::Args),
+    /// Prefill and decode tokens/s against the device's copy bandwidth and dispatch cost.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> Result<()> {
@@ -40,5 +42,6 @@ fn main() -> Result<()> {
         Command::Devices(a) => cmd::devices::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Score(a) => cmd::score::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     }
 }
