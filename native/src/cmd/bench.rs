@@ -41,6 +41,9 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Something other than the model to measure (`cairn bench link`).
+    #[command(subcommand)]
+    which: Option<super::link_bench::Which>,
 }
 
 enum Source {
@@ -352,6 +355,9 @@ fn one_run(shard: &Shard, tok: &Tokenizer, prompt: &[u32], n_gen: usize) -> Resu
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if let Some(super::link_bench::Which::Link(link)) = a.which {
+        return super::link_bench::run(link);
+    }
     if a.prompt_tokens == 0 || a.gen_tokens < 2 || a.runs == 0 {
         bail!("--prompt-tokens must be at least 1, --gen-tokens at least 2, --runs at least 1");
     }

@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod devices;
+pub mod link_bench;
 pub mod run;
 pub mod score;
