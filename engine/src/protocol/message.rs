@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ProtocolError;
+use crate::kernels::SampleParams;
 
 /// Error codes carried by [`Message::Error`].
 pub mod error_code {
@@ -267,10 +268,15 @@ pub enum Message {
         seq: u32,
         id: u32,
     },
-    /// Load layers `layers` of the model whose content hash is `model_hash`.
+    /// Load layers `layers` of the model whose id is `model_hash` (see
+    /// `worker::model_id`), from a local copy when the worker has one, else
+    /// from `source` (an HTTP URL serving the GGUF with range requests).
+    /// Any shard loaded before is dropped with its KV caches. Answered with
+    /// `ShardLoaded` or `Error`.
     LoadShard {
         model_hash: String,
         layers: LayerRange,
+        source: String,
     },
     Telemetry(Telemetry),
     /// Throughput probe: `payload` is padding the receiver counts and drops,
@@ -291,6 +297,60 @@ pub enum Message {
     Close {
         reason: String,
     },
+    /// Run the loaded shard over `tensor` (token ids as `U32` for the first
+    /// shard, hidden states as `F32` `[n, dim]` otherwise) at positions
+    /// `pos0..pos0 + n` of request `request`. `pos0 == 0` starts the request
+    /// afresh (a cache of `max_len` positions); a `pos0` below what the cache
+    /// holds rewinds it first. The last shard samples with `sample` and
+    /// answers `Token`; the others answer `Activations`.
+    Forward {
+        request: u64,
+        seq: u32,
+        pos0: u32,
+        max_len: u32,
+        sample: Option<SampleParams>,
+        tensor: Tensor,
+    },
+    /// A `LoadShard` is done: `weight_bytes` are on the device.
+    ShardLoaded {
+        layers: LayerRange,
+        weight_bytes: u64,
+        load_ms: u32,
+    },
+    /// Forget request `request` (frees its KV cache).
+    EndRequest {
+        request: u64,
+    },
+    /// Measure how fast this peer runs a layer of the model `config` (JSON of
+    /// `ModelConfig`); answered with `Calibration`.
+    Calibrate {
+        config: String,
+    },
+    Calibration(Calibration),
+    /// A `Forward` of request `request` failed; the link stays up.
+    RequestError {
+        request: u64,
+        seq: u32,
+        code: u16,
+        text: String,
+    },
+    /// The peer is about to stop serving (tab hidden, thermal pressure…) and
+    /// asks the coordinator to move its work; `Resume` says it is back.
+    Pause {
+        reason: String,
+    },
+    Resume,
+}
+
+/// What a calibration run measured, in seconds per layer.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Calibration {
+    /// One decode step (one token) through one layer.
+    pub decode_s_per_layer: f64,
+    /// One prompt token through one layer, in a batch.
+    pub prefill_s_per_layer_token: f64,
+    /// Fixed cost of one forward call, whatever the layers (submission, sync).
+    pub call_overhead_s: f64,
 }
 
 impl Message {
@@ -308,6 +368,14 @@ impl Message {
             Message::ProbeAck { .. } => "probe-ack",
             Message::Error { .. } => "error",
             Message::Close { .. } => "close",
+            Message::Forward { .. } => "forward",
+            Message::ShardLoaded { .. } => "shard-loaded",
+            Message::EndRequest { .. } => "end-request",
+            Message::Calibrate { .. } => "calibrate",
+            Message::Calibration(_) => "calibration",
+            Message::RequestError { .. } => "request-error",
+            Message::Pause { .. } => "pause",
+            Message::Resume => "resume",
         }
     }
 }
@@ -340,6 +408,7 @@ enum Head {
     LoadShard {
         model_hash: String,
         layers: LayerRange,
+        source: String,
     },
     Telemetry(Telemetry),
     Probe {
@@ -356,6 +425,37 @@ enum Head {
     Close {
         reason: String,
     },
+    Forward {
+        request: u64,
+        seq: u32,
+        pos0: u32,
+        max_len: u32,
+        sample: Option<SampleParams>,
+        dtype: DType,
+        shape: Vec<u64>,
+    },
+    ShardLoaded {
+        layers: LayerRange,
+        weight_bytes: u64,
+        load_ms: u32,
+    },
+    EndRequest {
+        request: u64,
+    },
+    Calibrate {
+        config: String,
+    },
+    Calibration(Calibration),
+    RequestError {
+        request: u64,
+        seq: u32,
+        code: u16,
+        text: String,
+    },
+    Pause {
+        reason: String,
+    },
+    Resume,
 }
 
 /// The encoded head (with its length suffix) and the body it travels with.
@@ -391,10 +491,15 @@ pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
             &tensor.data,
         ),
         &Message::Token { request, seq, id } => (Head::Token { request, seq, id }, &[]),
-        Message::LoadShard { model_hash, layers } => (
+        Message::LoadShard {
+            model_hash,
+            layers,
+            source,
+        } => (
             Head::LoadShard {
                 model_hash: model_hash.clone(),
                 layers: *layers,
+                source: source.clone(),
             },
             &[],
         ),
@@ -414,6 +519,66 @@ pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
             },
             &[],
         ),
+        Message::Forward {
+            request,
+            seq,
+            pos0,
+            max_len,
+            sample,
+            tensor,
+        } => (
+            Head::Forward {
+                request: *request,
+                seq: *seq,
+                pos0: *pos0,
+                max_len: *max_len,
+                sample: *sample,
+                dtype: tensor.dtype,
+                shape: tensor.shape.clone(),
+            },
+            &tensor.data,
+        ),
+        &Message::ShardLoaded {
+            layers,
+            weight_bytes,
+            load_ms,
+        } => (
+            Head::ShardLoaded {
+                layers,
+                weight_bytes,
+                load_ms,
+            },
+            &[],
+        ),
+        &Message::EndRequest { request } => (Head::EndRequest { request }, &[]),
+        Message::Calibrate { config } => (
+            Head::Calibrate {
+                config: config.clone(),
+            },
+            &[],
+        ),
+        Message::Calibration(c) => (Head::Calibration(*c), &[]),
+        Message::RequestError {
+            request,
+            seq,
+            code,
+            text,
+        } => (
+            Head::RequestError {
+                request: *request,
+                seq: *seq,
+                code: *code,
+                text: text.clone(),
+            },
+            &[],
+        ),
+        Message::Pause { reason } => (
+            Head::Pause {
+                reason: reason.clone(),
+            },
+            &[],
+        ),
+        Message::Resume => (Head::Resume, &[]),
     };
     let mut tail =
         postcard::to_allocvec(&head).map_err(|e| ProtocolError::Encode(e.to_string()))?;
@@ -468,9 +633,15 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
             })
         }
         Head::Token { request, seq, id } => no_body(Message::Token { request, seq, id }),
-        Head::LoadShard { model_hash, layers } => {
-            no_body(Message::LoadShard { model_hash, layers })
-        }
+        Head::LoadShard {
+            model_hash,
+            layers,
+            source,
+        } => no_body(Message::LoadShard {
+            model_hash,
+            layers,
+            source,
+        }),
         Head::Telemetry(t) => no_body(Message::Telemetry(t)),
         Head::Probe { nonce } => {
             bytes.truncate(body_len);
@@ -482,5 +653,49 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
         Head::ProbeAck { nonce, bytes } => no_body(Message::ProbeAck { nonce, bytes }),
         Head::Error { code, text } => no_body(Message::Error { code, text }),
         Head::Close { reason } => no_body(Message::Close { reason }),
+        Head::Forward {
+            request,
+            seq,
+            pos0,
+            max_len,
+            sample,
+            dtype,
+            shape,
+        } => {
+            bytes.truncate(body_len);
+            Ok(Message::Forward {
+                request,
+                seq,
+                pos0,
+                max_len,
+                sample,
+                tensor: Tensor::new(dtype, shape, bytes)?,
+            })
+        }
+        Head::ShardLoaded {
+            layers,
+            weight_bytes,
+            load_ms,
+        } => no_body(Message::ShardLoaded {
+            layers,
+            weight_bytes,
+            load_ms,
+        }),
+        Head::EndRequest { request } => no_body(Message::EndRequest { request }),
+        Head::Calibrate { config } => no_body(Message::Calibrate { config }),
+        Head::Calibration(c) => no_body(Message::Calibration(c)),
+        Head::RequestError {
+            request,
+            seq,
+            code,
+            text,
+        } => no_body(Message::RequestError {
+            request,
+            seq,
+            code,
+            text,
+        }),
+        Head::Pause { reason } => no_body(Message::Pause { reason }),
+        Head::Resume => no_body(Message::Resume),
     }
 }

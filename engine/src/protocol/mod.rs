@@ -28,7 +28,7 @@ mod tests;
 
 pub use error::ProtocolError;
 pub use frame::{Deframer, FRAME_HEADER_BYTES, FlowControl, Framer, Limits};
-pub use message::{DType, Hello, LayerRange, Message, Telemetry, Tensor, error_code};
+pub use message::{Calibration, DType, Hello, LayerRange, Message, Telemetry, Tensor, error_code};
 
 /// The protocol version this build speaks (in every frame header and in `Hello`).
 pub const PROTOCOL_VERSION: u8 = 1;

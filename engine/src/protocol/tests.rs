@@ -256,12 +256,13 @@ fn arb_message() -> impl Strategy<Value = Message> {
             seq,
             id
         }),
-        (".{0,64}", any::<u32>(), any::<u32>()).prop_map(|(model_hash, start, end)| {
-            Message::LoadShard {
+        (".{0,64}", any::<u32>(), any::<u32>(), ".{0,40}").prop_map(
+            |(model_hash, start, end, source)| Message::LoadShard {
                 model_hash,
                 layers: LayerRange { start, end },
+                source,
             }
-        }),
+        ),
         (
             any::<u64>(),
             any::<u32>(),
@@ -287,6 +288,61 @@ fn arb_message() -> impl Strategy<Value = Message> {
         (any::<u64>(), any::<u64>()).prop_map(|(nonce, bytes)| Message::ProbeAck { nonce, bytes }),
         (any::<u16>(), ".{0,40}").prop_map(|(code, text)| Message::Error { code, text }),
         ".{0,40}".prop_map(|reason| Message::Close { reason }),
+        (
+            (any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>()),
+            prop::option::of((
+                0f32..2.0,
+                any::<u32>(),
+                0f32..1.0,
+                any::<u64>(),
+                any::<u32>()
+            )),
+            arb_tensor()
+        )
+            .prop_map(|((request, seq, pos0, max_len), sample, tensor)| {
+                Message::Forward {
+                    request,
+                    seq,
+                    pos0,
+                    max_len,
+                    sample: sample.map(|(temperature, top_k, top_p, seed, step)| {
+                        crate::kernels::SampleParams {
+                            temperature,
+                            top_k,
+                            top_p,
+                            seed,
+                            step,
+                        }
+                    }),
+                    tensor,
+                }
+            }),
+        (any::<u32>(), any::<u32>(), any::<u64>(), any::<u32>()).prop_map(
+            |(start, end, weight_bytes, load_ms)| Message::ShardLoaded {
+                layers: LayerRange { start, end },
+                weight_bytes,
+                load_ms,
+            }
+        ),
+        any::<u64>().prop_map(|request| Message::EndRequest { request }),
+        ".{0,64}".prop_map(|config| Message::Calibrate { config }),
+        (0f64..1.0, 0f64..1.0, 0f64..1.0).prop_map(|(a, b, c)| Message::Calibration(
+            super::Calibration {
+                decode_s_per_layer: a,
+                prefill_s_per_layer_token: b,
+                call_overhead_s: c,
+            }
+        )),
+        (any::<u64>(), any::<u32>(), any::<u16>(), ".{0,40}").prop_map(
+            |(request, seq, code, text)| Message::RequestError {
+                request,
+                seq,
+                code,
+                text,
+            }
+        ),
+        ".{0,40}".prop_map(|reason| Message::Pause { reason }),
+        Just(Message::Resume),
     ]
 }
 
