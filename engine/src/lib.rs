@@ -12,6 +12,7 @@ pub mod model;
 pub mod protocol;
 pub mod quant;
 pub mod tokenizer;
+pub mod worker;
 
 pub use backend::{BackendError, BackendKind, Buffer, Device};
 pub use device::{DeviceInfo, Selection, Support, discover};

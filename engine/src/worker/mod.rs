@@ -1,0 +1,20 @@
+//! What a worker runs, whatever carries its messages: the native `cairn worker`
+//! (over str0m data channels) and the browser worker (over `RTCDataChannel`)
+//! both feed the coordinator's messages to a [`StageServer`] and send back
+//! what it answers.
+//!
+//! - [`Capabilities`]: what a peer advertises in `Hello` (JSON).
+//! - [`StageServer`]: one loaded shard, a KV cache per request, and the
+//!   `Forward` / `EndRequest` / `Calibrate` handlers.
+//! - [`calibrate`]: a short measured run on synthetic layers of the model's
+//!   shape, so placement uses measured speed rather than a guess from a name.
+
+mod calibrate;
+mod capabilities;
+mod stage;
+#[cfg(test)]
+mod tests;
+
+pub use calibrate::calibrate;
+pub use capabilities::{Capabilities, PeerKind, Role};
+pub use stage::{StageServer, load_shard};
