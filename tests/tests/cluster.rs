@@ -77,6 +77,8 @@ fn worker(
     budget: Option<&str>,
 ) -> (Proc, String) {
     let model = model_path();
+    let cache = dir.join(format!("{name}-cache"));
+    let _ = std::fs::remove_dir_all(&cache);
     let mut args = vec![
         "worker",
         "--signal",
@@ -86,11 +88,17 @@ fn worker(
         "--backend",
         "cpu",
         "--loopback",
-        "--model",
-        model.to_str().expect("utf-8 path"),
     ];
-    if let Some(b) = budget {
-        args.extend(["--memory-budget", b]);
+    // With a budget the worker has the model file at hand; without one it
+    // fetches its layers from the coordinator over HTTP (cached under `dir`).
+    match budget {
+        Some(b) => args.extend([
+            "--memory-budget",
+            b,
+            "--model",
+            model.to_str().expect("utf-8 path"),
+        ]),
+        None => args.extend(["--cache-dir", cache.to_str().expect("utf-8 path")]),
     }
     let mut p = Proc::spawn(&bin("cairn"), &args, dir, name);
     let line = p.wait_line("joined room");
@@ -336,6 +344,13 @@ fn cluster_serves_survives_a_kill_and_a_join() {
     assert_eq!(
         body["choices"][0]["text"], ref_text,
         "single-stage output differs"
+    );
+    let cached = std::fs::read_dir(dir.join("worker-joined-cache"))
+        .map(|d| d.flatten().count())
+        .unwrap_or(0);
+    assert!(
+        cached > 0,
+        "the worker without the model file cached no shard"
     );
     let back = ureq::delete(&format!("{api}/api/placement"))
         .call()
