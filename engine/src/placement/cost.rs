@@ -164,14 +164,13 @@ pub(super) fn check_profiles(devices: &[DeviceProfile]) -> Result<(), PlacementE
                 )));
             }
         }
-        // NaN fails both comparisons.
-        if !(device.link_bytes_per_s > 0.0) {
+        if device.link_bytes_per_s.is_nan() || device.link_bytes_per_s <= 0.0 {
             return Err(bad(format!(
                 "link_bytes_per_s is {}, expected > 0 (infinity for in-process)",
                 device.link_bytes_per_s
             )));
         }
-        if !(device.slowdown >= 1.0) {
+        if device.slowdown.is_nan() || device.slowdown < 1.0 {
             return Err(bad(format!(
                 "slowdown is {}, expected >= 1 (infinity for do-not-use)",
                 device.slowdown

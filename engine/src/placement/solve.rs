@@ -4,6 +4,9 @@
 use super::cost::{self, Role};
 use super::{DeviceProfile, ModelCost, PlacementError, Prediction, Stage, StagePrediction};
 
+/// (candidate, role, layers) of one stage.
+type Assigned = (usize, Role, usize);
+
 /// Two costs closer than this (relative) count as equal; the placement with
 /// fewer stages then wins. Far below any measurement's precision, far above
 /// the rounding of summing the same terms in another order.
@@ -179,7 +182,7 @@ impl Programme {
 
     /// The placement of all layers with both ends taken (and `count` stages,
     /// when counting), as (candidate, role, layers) in device order.
-    fn placement(&self, count: usize) -> Option<(Value, Vec<(usize, Role, usize)>)> {
+    fn placement(&self, count: usize) -> Option<(Value, Vec<Assigned>)> {
         let count = if self.counting { count } else { 0 };
         let value = *self.values.get(self.index(count, self.layers, BOTH_ENDS))?;
         if !value.reached() {

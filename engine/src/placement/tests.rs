@@ -518,7 +518,8 @@ fn evaluate_refuses_bad_placements_with_specific_errors() {
         device("b", 10_000, 1e-3),
         device("small", 1_000, 1e-3),
     ];
-    let cases: &[(&[(&str, usize, usize)], &str)] = &[
+    type Case<'a> = (&'a [(&'a str, usize, usize)], &'a str);
+    let cases: &[Case] = &[
         (&[], "no stages"),
         (&[("a", 0, 4), ("b", 5, 10)], "gap: layers 4..5"),
         (&[("a", 1, 10)], "gap: layers 0..1"),

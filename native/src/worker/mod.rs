@@ -163,7 +163,7 @@ async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::Shar
                 }
             },
             _ = tick.tick() => {
-                if let Ok(t) = stage.call(|tx| Job::Telemetry(tx)).await {
+                if let Ok(t) = stage.call(Job::Telemetry).await {
                     let _ = out_tx.send(Message::Telemetry(t));
                 }
             }

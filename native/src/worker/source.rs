@@ -33,7 +33,7 @@ impl ShardSource {
         let mut shown = 0u64;
         let progress = move |done: u64, total: u64| {
             // A line every quarter: workers run headless, so no bar.
-            let quarter = if total == 0 { 4 } else { done * 4 / total };
+            let quarter = (done * 4).checked_div(total).unwrap_or(4);
             if quarter > shown {
                 shown = quarter;
                 tracing::info!(
