@@ -164,6 +164,7 @@ pub(super) fn check_profiles(devices: &[DeviceProfile]) -> Result<(), PlacementE
                 )));
             }
         }
+        // NaN is refused too.
         if device.link_bytes_per_s.is_nan() || device.link_bytes_per_s <= 0.0 {
             return Err(bad(format!(
                 "link_bytes_per_s is {}, expected > 0 (infinity for in-process)",

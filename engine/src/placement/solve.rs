@@ -4,9 +4,6 @@
 use super::cost::{self, Role};
 use super::{DeviceProfile, ModelCost, PlacementError, Prediction, Stage, StagePrediction};
 
-/// (candidate, role, layers) of one stage.
-type Assigned = (usize, Role, usize);
-
 /// Two costs closer than this (relative) count as equal; the placement with
 /// fewer stages then wins. Far below any measurement's precision, far above
 /// the rounding of summing the same terms in another order.
@@ -16,6 +13,9 @@ const TIE: f64 = 1e-12;
 /// (`Only` is the single-stage placement, solved beside the programme).
 const ROLES: [(Role, usize); 3] = [(Role::Middle, 0), (Role::First, 1), (Role::Last, 2)];
 const BOTH_ENDS: usize = 3;
+
+/// Stages as the programme chose them: (candidate, role, layers), in device order.
+type Chosen = Vec<(usize, Role, usize)>;
 
 /// A partial placement's per-token cost and its number of stages.
 #[derive(Clone, Copy, Debug)]
@@ -182,7 +182,7 @@ impl Programme {
 
     /// The placement of all layers with both ends taken (and `count` stages,
     /// when counting), as (candidate, role, layers) in device order.
-    fn placement(&self, count: usize) -> Option<(Value, Vec<Assigned>)> {
+    fn placement(&self, count: usize) -> Option<(Value, Chosen)> {
         let count = if self.counting { count } else { 0 };
         let value = *self.values.get(self.index(count, self.layers, BOTH_ENDS))?;
         if !value.reached() {
