@@ -115,21 +115,40 @@ fn describe(info: &DeviceInfo, env: &Value, fallback_reason: Option<&str>) -> St
         ),
         None => {
             let gpu = &env["webgpu"];
-            let text = |k: &str| gpu[k].as_str().unwrap_or("").to_owned();
-            let mut parts = vec![format!("WebGPU: {}", info.name)];
-            let who = [text("vendor"), text("architecture")]
+            let text = |k: &str| gpu[k].as_str().unwrap_or("").trim().to_owned();
+            let mut parts = vec![format!("WebGPU: {}", adapter_name(info, env))];
+            let detail = [text("device"), text("description")]
                 .into_iter()
-                .filter(|s| !s.is_empty())
+                .filter(|s| !s.is_empty() && !info.name.contains(s.as_str()))
                 .collect::<Vec<_>>()
                 .join(" ");
-            if !who.is_empty() {
-                parts.push(who);
+            if !detail.is_empty() {
+                parts.push(detail);
             }
             if gpu["isFallbackAdapter"].as_bool() == Some(true) || info.is_software() {
                 parts.push("software adapter".into());
             }
             parts.join(" · ")
         }
+    }
+}
+
+/// A name for the adapter: the engine's, else what WebGPU's adapter info says.
+fn adapter_name(info: &DeviceInfo, env: &Value) -> String {
+    if !info.name.trim().is_empty() {
+        return info.name.clone();
+    }
+    let gpu = &env["webgpu"];
+    let text = |k: &str| gpu[k].as_str().unwrap_or("").trim().to_owned();
+    let who = [text("vendor"), text("architecture")]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if who.is_empty() {
+        "an unnamed adapter".into()
+    } else {
+        who
     }
 }
 
@@ -206,7 +225,10 @@ fn env_rows(env: &Value, info: &DeviceInfo) -> Vec<(String, String)> {
     ));
     rows.push((
         "Engine backend".into(),
-        format!("{} on {} ({:?})", info.backend.name(), info.name, info.support),
+        match info.backend {
+            BackendKind::Cpu => "the CPU backend".to_owned(),
+            _ => format!("wgpu on {} (support: {:?})", adapter_name(info, env), info.support),
+        },
     ));
     rows
 }
@@ -301,6 +323,9 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         &describe(device.info(), &env, fallback_reason.as_deref()),
     );
     let mut caps = Capabilities::worker(PeerKind::Browser, device.info(), 0.5);
+    if caps.device.name.trim().is_empty() {
+        caps.device.name = adapter_name(device.info(), &env);
+    }
     if let Some(gib) = env["deviceMemoryGiB"].as_f64() {
         // A tab should not take more than a quarter of the machine.
         let budget = (gib * (1u64 << 30) as f64 / 4.0) as u64;
