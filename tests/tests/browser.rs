@@ -8,7 +8,7 @@
 //! Chromium is driven through the DevTools protocol. The tests skip (saying so) only when no
 //! Chromium is installed and `CAIRN_TEST_REQUIRE_BROWSER` is unset.
 
-use std::io::{BufRead as _, BufReader};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -198,8 +198,18 @@ impl Browser {
             .expect("start chromium");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        // Everything Chromium says goes to a log beside the screenshots; the page's own
+        // status lines are echoed too.
+        let log_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "chromium-{}.log",
+            if webgpu { "webgpu" } else { "cpu" }
+        ));
+        let mut log = std::fs::File::create(&log_path).ok();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = log.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
                 if let Some(rest) = line.strip_prefix("DevTools listening on ws://") {
                     let port = rest
                         .split('/')
@@ -207,7 +217,7 @@ impl Browser {
                         .and_then(|hp| hp.rsplit(':').next())
                         .and_then(|p| p.parse::<u16>().ok());
                     let _ = tx.send(port);
-                } else if line.contains("cairn") || line.contains("CONSOLE") {
+                } else if line.contains("\"cairn: ") {
                     eprintln!("[chromium] {line}");
                 }
             }
@@ -249,11 +259,35 @@ async fn http_get(port: u16, path: &str) -> String {
     let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
-    tcp.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    // Chromium's DevTools server answers HTTP/1.1 only.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
-    tcp.read_to_end(&mut buf).await.unwrap();
+    let mut chunk = [0u8; 16384];
+    loop {
+        let n = timeout(Duration::from_secs(5), tcp.read(&mut chunk))
+            .await
+            .unwrap_or(Ok(0))
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())
+                        .flatten()
+                });
+            if len.is_some_and(|len| body.len() >= len) {
+                break;
+            }
+        }
+    }
     let text = String::from_utf8_lossy(&buf).into_owned();
     text.split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
@@ -416,6 +450,9 @@ async fn recv(link: &mut Link, telemetry: &mut Vec<Value>, within: Duration) -> 
             Message::Telemetry(t) => {
                 telemetry.push(serde_json::from_str(&t.extra).unwrap_or(Value::Null))
             }
+            // A loaded test machine does put the browser under pressure; it only asks.
+            Message::Pause { reason } => eprintln!("the browser asks to pause: {reason}"),
+            Message::Resume => eprintln!("the browser resumes"),
             other => return other,
         }
     }

@@ -367,6 +367,7 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         battery: env["battery"].clone(),
         paused: None,
         ticks: 0,
+        last_tick_ms: 0.0,
     };
     w.meta.insert("role".into(), json!("worker"));
     w.meta.insert("kind".into(), json!("browser"));
@@ -463,6 +464,7 @@ struct Worker {
     /// Why we asked the coordinator to move our work, while we do.
     paused: Option<String>,
     ticks: u64,
+    last_tick_ms: f64,
 }
 
 impl Worker {
@@ -836,6 +838,12 @@ impl Worker {
     }
 
     async fn on_tick(&mut self) {
+        // Ticks queue up while a long step runs; send one telemetry for them, not a burst.
+        let now = js_sys::Date::now();
+        if now - self.last_tick_ms < 900.0 {
+            return;
+        }
+        self.last_tick_ms = now;
         self.ticks += 1;
         if self.ticks % 10 == 1 {
             self.battery = js::read_battery().await;
