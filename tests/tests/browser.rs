@@ -260,7 +260,8 @@ async fn http_get(port: u16, path: &str) -> String {
         .await
         .unwrap();
     // Chromium's DevTools server answers HTTP/1.1 only.
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
     tcp.write_all(request.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16384];
@@ -275,14 +276,12 @@ async fn http_get(port: u16, path: &str) -> String {
         buf.extend_from_slice(&chunk[..n]);
         let text = String::from_utf8_lossy(&buf);
         if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse::<usize>().ok())
-                        .flatten()
-                });
+            let len = head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse::<usize>().ok())
+                    .flatten()
+            });
             if len.is_some_and(|len| body.len() >= len) {
                 break;
             }
@@ -400,7 +399,10 @@ fn base64_decode(s: &str) -> Vec<u8> {
         b'/' => 63,
         _ => panic!("not base64: {c}"),
     };
-    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=' && !c.is_ascii_whitespace()).collect();
+    let bytes: Vec<u8> = s
+        .bytes()
+        .filter(|&c| c != b'=' && !c.is_ascii_whitespace())
+        .collect();
     let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
     for chunk in bytes.chunks(4) {
         let mut n = 0u32;
@@ -454,6 +456,24 @@ async fn recv(link: &mut Link, telemetry: &mut Vec<Value>, within: Duration) -> 
             Message::Pause { reason } => eprintln!("the browser asks to pause: {reason}"),
             Message::Resume => eprintln!("the browser resumes"),
             other => return other,
+        }
+    }
+}
+
+/// Waits for a `Pause` or `Resume` that `wanted` accepts (others and telemetry are skipped).
+async fn expect_pause_or_resume(link: &mut Link, wanted: impl Fn(&Message) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut seen = Vec::new();
+    loop {
+        let m = tokio::time::timeout_at(deadline, link.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no expected pause/resume; saw {seen:?}"))
+            .expect("the link failed");
+        if wanted(&m) {
+            return;
+        }
+        if matches!(m, Message::Pause { .. } | Message::Resume) {
+            seen.push(m);
         }
     }
 }
@@ -528,7 +548,11 @@ async fn generate_split(
             ..SampleParams::default()
         };
         let next = match tail
-            .forward(&mut cache, ShardInput::Hidden(&hidden), Want::Sample(params))
+            .forward(
+                &mut cache,
+                ShardInput::Hidden(&hidden),
+                Want::Sample(params),
+            )
             .await
             .unwrap()
         {
@@ -555,8 +579,15 @@ async fn serve_layers_in_browser(webgpu: bool) {
     let tok = Tokenizer::from_spec(&file.file.tokenizer_spec().unwrap()).unwrap();
     let (prompt, expected) = reference(&file, &tok);
     let n_layers = ModelConfig::from_gguf(&file.file).unwrap().n_layers as u32;
-    let tail = Shard::load(cpu(), &file, SPLIT as usize, n_layers as usize, 256, &mut |_, _| {})
-        .unwrap();
+    let tail = Shard::load(
+        cpu(),
+        &file,
+        SPLIT as usize,
+        n_layers as usize,
+        256,
+        &mut |_, _| {},
+    )
+    .unwrap();
 
     let signal = signal_server().await;
     let http = page_server(pkg, model.clone()).await;
@@ -591,8 +622,12 @@ async fn serve_layers_in_browser(webgpu: bool) {
         assert!(device.contains("CPU fallback"), "#device: {device}");
     }
     let env = page.text("env").await;
-    assert!(env.contains("CPU cores"), "the environment is not shown: {env}");
-    page.eval("document.querySelector('#consent').click()").await;
+    assert!(
+        env.contains("CPU cores"),
+        "the environment is not shown: {env}"
+    );
+    page.eval("document.querySelector('#consent').click()")
+        .await;
 
     let mut link = timeout(WAIT, link_to_worker(&mut coordinator))
         .await
@@ -619,16 +654,15 @@ async fn serve_layers_in_browser(webgpu: bool) {
         assert!(t.get(key).is_some(), "telemetry has no {key}: {t}");
     }
 
-    link.send(Message::LoadShard {
+    let load = Message::LoadShard {
         model_hash: "smollm2-135m-q4_1".into(),
         layers: LayerRange {
             start: 0,
             end: SPLIT,
         },
         source: format!("http://{http}/model.gguf"),
-    })
-    .await
-    .unwrap();
+    };
+    link.send(load.clone()).await.unwrap();
     match recv(&mut link, &mut telemetry, SLOW).await {
         Message::ShardLoaded { layers, .. } => {
             assert_eq!((layers.start, layers.end), (0, SPLIT))
@@ -658,6 +692,58 @@ async fn serve_layers_in_browser(webgpu: bool) {
         tok.decode(&got),
         tok.decode(&expected)
     );
+
+    // Calibration runs through the same stage server.
+    let cfg = ModelConfig::from_gguf(&file.file).unwrap();
+    link.send(Message::Calibrate {
+        config: serde_json::to_string(&cfg).unwrap(),
+    })
+    .await
+    .unwrap();
+    match recv(&mut link, &mut telemetry, SLOW).await {
+        Message::Calibration(c) => assert!(c.decode_s_per_layer > 0.0, "{c:?}"),
+        other => panic!("expected calibration, got {other:?}"),
+    }
+
+    // A second load of the same layers comes from Cache Storage.
+    link.send(load.clone()).await.unwrap();
+    match recv(&mut link, &mut telemetry, SLOW).await {
+        Message::ShardLoaded { .. } => {}
+        other => panic!("expected shard-loaded again, got {other:?}"),
+    }
+    let fetched = page
+        .eval(
+            "Array.from(document.querySelectorAll('#log li')).map(l => l.textContent)\
+             .filter(t => t.includes('from cache')).join('\\n')",
+        )
+        .await;
+    let fetched = fetched.as_str().unwrap_or("");
+    let last = fetched.lines().last().unwrap_or("");
+    assert!(
+        fetched.lines().count() == 2 && !last.contains("(0 B from cache)"),
+        "the second load was not served from the cache: {fetched}"
+    );
+
+    // A hidden tab asks to pause (pressure may already have asked, for its own reason).
+    page.eval(
+        "Object.defineProperty(document, 'visibilityState', { value: 'hidden', configurable: true }); \
+         document.dispatchEvent(new Event('visibilitychange')); true",
+    )
+    .await;
+    expect_pause_or_resume(
+        &mut link,
+        |m| matches!(m, Message::Pause { reason } if reason.contains("background")),
+    )
+    .await;
+    page.eval(
+        "delete document.visibilityState; document.dispatchEvent(new Event('visibilitychange')); true",
+    )
+    .await;
+    expect_pause_or_resume(&mut link, |m| {
+        matches!(m, Message::Resume)
+            || matches!(m, Message::Pause { reason } if reason.contains("pressure"))
+    })
+    .await;
 
     // Leaving: the page says Close on pagehide and leaves the room.
     page.eval("location.href = 'about:blank'; true").await;

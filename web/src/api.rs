@@ -42,7 +42,9 @@ impl Engine {
     /// CPU otherwise. Software WebGPU adapters are used too: the page asked for WebGPU.
     pub async fn open(backend: Option<String>) -> Result<Engine, JsValue> {
         let discovery = cairn_engine::discover().await;
-        let want_cpu = backend.as_deref().is_some_and(|b| b.eq_ignore_ascii_case("cpu"));
+        let want_cpu = backend
+            .as_deref()
+            .is_some_and(|b| b.eq_ignore_ascii_case("cpu"));
         let gpu = discovery
             .devices
             .iter()
@@ -50,7 +52,10 @@ impl Engine {
             .cloned();
         let device = match gpu {
             Some(info) if !want_cpu => discovery.open_info(info).await.map_err(js_err)?,
-            None if backend.as_deref().is_some_and(|b| !b.eq_ignore_ascii_case("cpu")) => {
+            None if backend
+                .as_deref()
+                .is_some_and(|b| !b.eq_ignore_ascii_case("cpu")) =>
+            {
                 return Err(js_err("no WebGPU adapter in this browser"));
             }
             _ => discovery
@@ -99,13 +104,9 @@ impl Engine {
                     ku * nu
                 )));
             }
-            let ab = device
-                .upload("a", bytemuck_f32(&a))
-                .map_err(js_err)?;
+            let ab = device.upload("a", bytemuck_f32(&a)).map_err(js_err)?;
             let bb = device.upload("b", bytemuck_f32(&b)).map_err(js_err)?;
-            let cb = device
-                .alloc("c", (mu * nu * 4) as u64)
-                .map_err(js_err)?;
+            let cb = device.alloc("c", (mu * nu * 4) as u64).map_err(js_err)?;
             device
                 .run(&[Op::MatMul {
                     a: &ab,
@@ -184,7 +185,10 @@ impl Model {
     pub fn generate(&self, prompt: String, max_tokens: u32) -> Promise {
         let inner = Rc::clone(&self.inner);
         future_to_promise(async move {
-            let ids = inner.tokenizer.encode_prompt(&prompt, true).map_err(js_err)?;
+            let ids = inner
+                .tokenizer
+                .encode_prompt(&prompt, true)
+                .map_err(js_err)?;
             let opts = GenerateOptions {
                 max_tokens: max_tokens as usize,
                 sample: SampleParams::default(),

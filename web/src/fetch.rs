@@ -79,7 +79,8 @@ pub async fn fetch_header(url: &str, model_key: &str) -> Result<(GgufFile, u64),
         }
     }
     let (mut prefix, total) = js::fetch_range(url, 0..FIRST_PREFIX, None).await?;
-    let file_len = total.ok_or("the model server sent no Content-Range: range requests are needed")?;
+    let file_len =
+        total.ok_or("the model server sent no Content-Range: range requests are needed")?;
     loop {
         match GgufFile::parse_prefix(&prefix, Some(file_len)) {
             Ok(file) => {
@@ -156,7 +157,11 @@ pub async fn fetch_shard(
     let ranges = shard_ranges(&file, start, end)?;
     let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
     let done = Rc::new(Cell::new(0u64));
-    let label = format!("fetching layers {start}-{} ({})", end - 1, ui::human_bytes(total));
+    let label = format!(
+        "fetching layers {start}-{} ({})",
+        end - 1,
+        ui::human_bytes(total)
+    );
     let on_bytes = Closure::<dyn FnMut(f64)>::new({
         let done = Rc::clone(&done);
         let label = label.clone();

@@ -43,7 +43,8 @@ impl JoinParams {
             .location()
             .search()
             .map_err(|e| js::js_error_text(&e))?;
-        let q = web_sys::UrlSearchParams::new_with_str(&search).map_err(|e| js::js_error_text(&e))?;
+        let q =
+            web_sys::UrlSearchParams::new_with_str(&search).map_err(|e| js::js_error_text(&e))?;
         let need = |k: &str| {
             q.get(k)
                 .filter(|v| !v.is_empty())
@@ -159,11 +160,16 @@ fn env_rows(env: &Value, info: &DeviceInfo) -> Vec<(String, String)> {
         let text = |k: &str| gpu[k].as_str().unwrap_or("").to_owned();
         rows.push((
             "WebGPU adapter".into(),
-            [text("vendor"), text("architecture"), text("device"), text("description")]
-                .into_iter()
-                .filter(|s| !s.is_empty())
-                .collect::<Vec<_>>()
-                .join(" · "),
+            [
+                text("vendor"),
+                text("architecture"),
+                text("device"),
+                text("description"),
+            ]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(" · "),
         ));
         let limit = |k: &str| gpu["limits"][k].as_u64().unwrap_or(0);
         rows.push((
@@ -227,7 +233,11 @@ fn env_rows(env: &Value, info: &DeviceInfo) -> Vec<(String, String)> {
         "Engine backend".into(),
         match info.backend {
             BackendKind::Cpu => "the CPU backend".to_owned(),
-            _ => format!("wgpu on {} (support: {:?})", adapter_name(info, env), info.support),
+            _ => format!(
+                "wgpu on {} (support: {:?})",
+                adapter_name(info, env),
+                info.support
+            ),
         },
     ));
     rows
@@ -329,7 +339,10 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
     if let Some(gib) = env["deviceMemoryGiB"].as_f64() {
         // A tab should not take more than a quarter of the machine.
         let budget = (gib * (1u64 << 30) as f64 / 4.0) as u64;
-        caps.memory_budget_bytes = caps.memory_budget_bytes.min(budget).max(budget.min(1 << 30));
+        caps.memory_budget_bytes = caps
+            .memory_budget_bytes
+            .min(budget)
+            .max(budget.min(1 << 30));
     }
     let mut extra = env.clone();
     if let Some(reason) = &fallback_reason {
@@ -669,7 +682,11 @@ impl Worker {
         // The offerer checks our answer's fingerprint against our meta: announce it first
         // (the server relays our messages in order).
         if let Some(fp) = link::sdp_fingerprint(&answer)
-            && self.meta.get(link::FINGERPRINT_META_KEY).and_then(Value::as_str) != Some(&fp)
+            && self
+                .meta
+                .get(link::FINGERPRINT_META_KEY)
+                .and_then(Value::as_str)
+                != Some(&fp)
         {
             self.meta
                 .insert(link::FINGERPRINT_META_KEY.into(), Value::String(fp));
@@ -694,8 +711,9 @@ impl Worker {
         match event {
             LinkEvent::LocalCandidate { session, candidate } => {
                 if let Some(link) = self.link_for(&session) {
-                    let data = serde_json::to_value(SignalPayload::Candidate { session, candidate })
-                        .unwrap_or(Value::Null);
+                    let data =
+                        serde_json::to_value(SignalPayload::Candidate { session, candidate })
+                            .unwrap_or(Value::Null);
                     self.signal.signal(&link.peer, data);
                 }
             }
@@ -798,7 +816,10 @@ impl Worker {
     /// Fetches and loads a shard; the reply is `ShardLoaded` or `Error`.
     async fn load(&mut self, model_hash: &str, layers: LayerRange, source: &str) -> Message {
         let (start, end) = (layers.start as usize, layers.end as usize);
-        ui::set_status(&format!("loading layers {start}-{}…", end.saturating_sub(1)));
+        ui::set_status(&format!(
+            "loading layers {start}-{}…",
+            end.saturating_sub(1)
+        ));
         // The old shard's memory goes before the new one arrives.
         self.stage.clear();
         let key = if model_hash.is_empty() {

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{
-    MessageEvent, RtcConfiguration, RtcDataChannel, RtcDataChannelEvent,
-    RtcDataChannelState, RtcDataChannelType, RtcIceCandidateInit, RtcPeerConnection, RtcPeerConnectionIceEvent,
+    MessageEvent, RtcConfiguration, RtcDataChannel, RtcDataChannelEvent, RtcDataChannelState,
+    RtcDataChannelType, RtcIceCandidateInit, RtcPeerConnection, RtcPeerConnectionIceEvent,
     RtcPeerConnectionState, RtcSdpType, RtcSessionDescriptionInit,
 };
 
@@ -268,7 +268,8 @@ impl PeerLink {
         events: UnboundedSender<LinkEvent>,
     ) -> Result<(PeerLink, String), String> {
         let config = RtcConfiguration::new();
-        let pc = RtcPeerConnection::new_with_configuration(&config).map_err(|e| js_error_text(&e))?;
+        let pc =
+            RtcPeerConnection::new_with_configuration(&config).map_err(|e| js_error_text(&e))?;
         let frame_bytes = match sdp_max_message_size(offer_sdp) {
             Some(0) => MAX_FRAME_BYTES,
             Some(n) => (n as usize).min(MAX_FRAME_BYTES),
@@ -337,11 +338,7 @@ impl PeerLink {
         JsFuture::from(link.pc.set_local_description(&local))
             .await
             .map_err(|e| format!("cannot apply our answer: {}", js_error_text(&e)))?;
-        let sdp = link
-            .pc
-            .local_description()
-            .map(|d| d.sdp())
-            .unwrap_or(sdp);
+        let sdp = link.pc.local_description().map(|d| d.sdp()).unwrap_or(sdp);
         Ok((link, sdp))
     }
 

@@ -31,7 +31,9 @@ pub fn ws_url(base: &str, room: &str, token: &str) -> Result<String, String> {
     } else if base.starts_with("ws://") || base.starts_with("wss://") {
         base.to_owned()
     } else {
-        return Err(format!("signal URL {base:?} is not ws://, wss://, http:// or https://"));
+        return Err(format!(
+            "signal URL {base:?} is not ws://, wss://, http:// or https://"
+        ));
     };
     let base = base.strip_suffix("/ws").unwrap_or(&base);
     let enc = |s: &str| String::from(js_sys::encode_uri_component(s));
