@@ -104,8 +104,12 @@ impl Engine {
                     ku * nu
                 )));
             }
-            let ab = device.upload("a", bytemuck_f32(&a)).map_err(js_err)?;
-            let bb = device.upload("b", bytemuck_f32(&b)).map_err(js_err)?;
+            let ab = device
+                .upload("a", bytemuck::cast_slice(&a))
+                .map_err(js_err)?;
+            let bb = device
+                .upload("b", bytemuck::cast_slice(&b))
+                .map_err(js_err)?;
             let cb = device.alloc("c", (mu * nu * 4) as u64).map_err(js_err)?;
             device
                 .run(&[Op::MatMul {
@@ -153,12 +157,6 @@ impl Engine {
             .into())
         })
     }
-}
-
-fn bytemuck_f32(v: &[f32]) -> &[u8] {
-    // SAFETY-free: f32 has no padding; wasm32 is little-endian like the engine's buffers.
-    let len = std::mem::size_of_val(v);
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), len) }
 }
 
 struct ModelInner {

@@ -12,6 +12,10 @@
 //! framing), `signal` (the signaling socket), `fetch` (range requests and the weight cache),
 //! `ui` (the page), `js` (bindings to `probe.js`), `api` (the standalone API).
 
+// The engine's APIs share a device as `Arc<Device>`; on wasm32 wgpu's handles are neither
+// `Send` nor `Sync`, and the page is single-threaded.
+#![allow(clippy::arc_with_non_send_sync)]
+
 #[cfg(target_arch = "wasm32")]
 mod api;
 #[cfg(target_arch = "wasm32")]
