@@ -116,6 +116,10 @@ async fn page_server(pkg: PathBuf, model: PathBuf) -> SocketAddr {
     use tower_http::services::{ServeDir, ServeFile};
     let app = axum::Router::new()
         .route_service("/join", ServeFile::new(repo().join("web/www/join.html")))
+        .route_service(
+            "/example",
+            ServeFile::new(repo().join("web/www/example.html")),
+        )
         .nest_service("/pkg", ServeDir::new(pkg))
         .route_service("/model.gguf", ServeFile::new(model));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -781,4 +785,70 @@ async fn browser_serves_layers_on_webgpu() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browser_without_webgpu_falls_back_to_cpu() {
     serve_layers_in_browser(false).await;
+}
+
+/// Waits until `#out` of the example page says `done` (or fails on `error`).
+async fn example_output(page: &mut Page) -> String {
+    let deadline = Instant::now() + SLOW;
+    loop {
+        let out = page.text("out").await;
+        assert!(!out.contains("error"), "the example failed: {out}");
+        if out.contains("\ndone") {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the example never finished: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The package on its own (web/www/example.html, as in docs/browser.md): a matmul on
+/// WebGPU, then a whole model on the CPU backend, whose greedy text must match native.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_package_runs_a_kernel_and_a_model() {
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let model = model_path();
+    let http = page_server(web_pkg(), model.clone()).await;
+    let browser = Browser::launch(&binary, &format!("http://{http}/example"), true);
+    let mut page = browser.page("/example").await;
+    let out = example_output(&mut page).await;
+    assert!(out.contains("engine: wgpu"), "{out}");
+    assert!(out.contains("matmul: [4, 5, 10, 11]"), "{out}");
+
+    let prompt = "1, 2, 3, 4, 5,";
+    let file = MappedGguf::open(&model).unwrap();
+    let tok = Tokenizer::from_spec(&file.file.tokenizer_spec().unwrap()).unwrap();
+    let n = ModelConfig::from_gguf(&file.file).unwrap().n_layers;
+    let whole = Shard::load(cpu(), &file, 0, n, 256, &mut |_, _| {}).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 8,
+        sample: SampleParams::default(),
+        stop_at_eog: true,
+    };
+    let ids = tok.encode_prompt(prompt, true).unwrap();
+    let (ids, _) = generate(&whole, &tok, &ids, &opts, &mut |_| {})
+        .await
+        .unwrap();
+    let expected =
+        serde_json::to_string(&format!("{prompt}{}", tok.decode(&ids).unwrap())).unwrap();
+
+    page.eval(&format!(
+        "location.href = '/example?backend=cpu&model=/model.gguf&prompt={}'; true",
+        prompt.replace(' ', "%20")
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let out = example_output(&mut page).await;
+    assert!(out.contains("engine: cpu"), "{out}");
+    assert!(out.contains(&format!("model: {n} layers")), "{out}");
+    assert!(
+        out.contains(&format!("generate: {expected}")),
+        "expected generate: {expected}; the page says {out}"
+    );
+    drop(browser);
 }
