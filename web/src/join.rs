@@ -34,6 +34,9 @@ pub struct JoinParams {
     pub token: String,
     /// `cpu` forces the CPU backend even where WebGPU exists.
     pub backend: Option<String>,
+    /// `pressure=ignore`: report compute pressure but never pause for it (a machine known
+    /// to be busy: tests, benchmarks).
+    pub ignore_pressure: bool,
 }
 
 impl JoinParams {
@@ -55,6 +58,7 @@ impl JoinParams {
             room: need("room")?,
             token: need("token")?,
             backend: q.get("backend").filter(|b| !b.is_empty()),
+            ignore_pressure: q.get("pressure").as_deref() == Some("ignore"),
         })
     }
 }
@@ -379,6 +383,7 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         pressure: "nominal".into(),
         battery: env["battery"].clone(),
         paused: None,
+        ignore_pressure: params.ignore_pressure,
         ticks: 0,
         last_tick_ms: 0.0,
     };
@@ -476,6 +481,7 @@ struct Worker {
     battery: Value,
     /// Why we asked the coordinator to move our work, while we do.
     paused: Option<String>,
+    ignore_pressure: bool,
     ticks: u64,
     last_tick_ms: f64,
 }
@@ -895,7 +901,8 @@ impl Worker {
     async fn update_pause(&mut self) {
         let reason = if self.hidden {
             Some("the tab is in the background".to_owned())
-        } else if matches!(self.pressure.as_str(), "serious" | "critical") {
+        } else if !self.ignore_pressure && matches!(self.pressure.as_str(), "serious" | "critical")
+        {
             Some(format!("compute pressure is {}", self.pressure))
         } else {
             None
