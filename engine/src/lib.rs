@@ -9,6 +9,7 @@ pub mod device;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
+pub mod placement;
 pub mod protocol;
 pub mod quant;
 pub mod tokenizer;

@@ -26,6 +26,10 @@ enum Command {
     Run(cmd::run::Args),
     /// Teacher-forced top-1 predictions and logits for a given continuation.
     Score(cmd::score::Args),
+    /// Coordinate a cluster: placement, the OpenAI-compatible API, the dashboard.
+    Serve(cmd::serve::Args),
+    /// Join a cluster and serve the layers the coordinator assigns.
+    Worker(cmd::worker::Args),
     /// Prefill and decode tokens/s against the device's copy bandwidth and dispatch cost.
     Bench(cmd::bench::Args),
 }
@@ -34,7 +38,7 @@ fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,cairn=info,wgpu_hal::gles=off".into()),
+                .unwrap_or_else(|_| "warn,cairn=info,cairn_native=info,wgpu_hal::gles=off".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -42,6 +46,8 @@ fn main() -> Result<()> {
         Command::Devices(a) => cmd::devices::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Score(a) => cmd::score::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Worker(a) => cmd::worker::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     }
 }

@@ -1,5 +1,7 @@
 //! Helpers shared by the integration tests in `tests/tests/`.
 
+pub mod procs;
+
 use std::path::PathBuf;
 
 /// The default model, from `$CAIRN_MODEL` or the cache location `scripts/fetch-model.sh` fills.

@@ -302,10 +302,13 @@ pub enum Message {
     /// `pos0..pos0 + n` of request `request`. `pos0 == 0` starts the request
     /// afresh (a cache of `max_len` positions); a `pos0` below what the cache
     /// holds rewinds it first. The last shard samples with `sample` and
-    /// answers `Token`; the others answer `Activations`.
+    /// answers `Token`; the others answer `Activations`. `layers` is the
+    /// range the coordinator believes this peer holds: a peer holding other
+    /// layers (a placement changed under the step) refuses it.
     Forward {
         request: u64,
         seq: u32,
+        layers: LayerRange,
         pos0: u32,
         max_len: u32,
         sample: Option<SampleParams>,
@@ -428,6 +431,7 @@ enum Head {
     Forward {
         request: u64,
         seq: u32,
+        layers: LayerRange,
         pos0: u32,
         max_len: u32,
         sample: Option<SampleParams>,
@@ -522,6 +526,7 @@ pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
         Message::Forward {
             request,
             seq,
+            layers,
             pos0,
             max_len,
             sample,
@@ -530,6 +535,7 @@ pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
             Head::Forward {
                 request: *request,
                 seq: *seq,
+                layers: *layers,
                 pos0: *pos0,
                 max_len: *max_len,
                 sample: *sample,
@@ -656,6 +662,7 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
         Head::Forward {
             request,
             seq,
+            layers,
             pos0,
             max_len,
             sample,
@@ -666,6 +673,7 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
             Ok(Message::Forward {
                 request,
                 seq,
+                layers,
                 pos0,
                 max_len,
                 sample,

@@ -303,6 +303,10 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 Message::Forward {
                     request,
                     seq,
+                    layers: LayerRange {
+                        start: seq,
+                        end: pos0,
+                    },
                     pos0,
                     max_len,
                     sample: sample.map(|(temperature, top_k, top_p, seed, step)| {

@@ -350,35 +350,46 @@ impl Tokenizer {
     /// the model asks for them. Unless `raw`, the text is first wrapped as a single user
     /// message by the chat template, with the generation prompt.
     pub fn encode_prompt(&self, text: &str, raw: bool) -> Result<Vec<u32>, TokenizerError> {
-        let rendered;
-        let mut body = text;
-        if !raw {
-            rendered = self.apply_chat_template(&[ChatMessage::new("user", text)], true)?;
-            body = &rendered;
-            // Templates that write BOS/EOS themselves would otherwise get them twice; llama.cpp
-            // strips them from the rendered text the same way.
-            if self.add_bos
-                && let Some(bos) = self.bos
-            {
-                body = body
-                    .strip_prefix(self.tokens[bos as usize].as_str())
-                    .unwrap_or(body);
-            }
-            if self.add_eos
-                && let Some(eos) = self.eos
-            {
-                body = body
-                    .strip_suffix(self.tokens[eos as usize].as_str())
-                    .unwrap_or(body);
-            }
+        if raw {
+            self.encode_with_markers(text)
+        } else {
+            self.encode_chat(&[ChatMessage::new("user", text)])
         }
+    }
+
+    /// The ids to feed the model for a conversation: rendered by the chat template with the
+    /// generation prompt, then encoded as [`Tokenizer::encode_prompt`] does.
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
+        let rendered = self.apply_chat_template(messages, true)?;
+        let mut body = rendered.as_str();
+        // Templates that write BOS/EOS themselves would otherwise get them twice; llama.cpp
+        // strips them from the rendered text the same way.
+        if self.add_bos
+            && let Some(bos) = self.bos
+        {
+            body = body
+                .strip_prefix(self.tokens[bos as usize].as_str())
+                .unwrap_or(body);
+        }
+        if self.add_eos
+            && let Some(eos) = self.eos
+        {
+            body = body
+                .strip_suffix(self.tokens[eos as usize].as_str())
+                .unwrap_or(body);
+        }
+        self.encode_with_markers(body)
+    }
+
+    /// `text` with special tokens parsed, between BOS and EOS where the model wants them.
+    fn encode_with_markers(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
         if self.add_bos
             && let Some(bos) = self.bos
         {
             ids.push(bos);
         }
-        ids.extend(self.encode(body, true)?);
+        ids.extend(self.encode(text, true)?);
         if self.add_eos
             && let Some(eos) = self.eos
         {

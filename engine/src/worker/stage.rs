@@ -83,6 +83,11 @@ impl StageServer {
         self.shard = Some(shard);
     }
 
+    /// Drops every request's cache, keeping the shard.
+    pub fn clear_requests(&mut self) {
+        self.caches.clear();
+    }
+
     /// Drops the shard and every cache (frees device memory).
     pub fn clear(&mut self) {
         self.caches.clear();
@@ -102,12 +107,16 @@ impl StageServer {
             Message::Forward {
                 request,
                 seq,
+                layers,
                 pos0,
                 max_len,
                 sample,
                 tensor,
             } => Some(
-                match self.forward(request, pos0, max_len, sample, &tensor).await {
+                match self
+                    .forward(request, layers, pos0, max_len, sample, &tensor)
+                    .await
+                {
                     Ok(ShardOutput::Token(id)) => Message::Token { request, seq, id },
                     Ok(ShardOutput::Hidden(h)) => {
                         let dim = self.shard.as_ref().map_or(1, |s| s.config().dim);
@@ -159,6 +168,7 @@ impl StageServer {
     async fn forward(
         &mut self,
         request: u64,
+        layers: LayerRange,
         pos0: u32,
         max_len: u32,
         sample: Option<SampleParams>,
@@ -169,6 +179,17 @@ impl StageServer {
             .shard
             .as_ref()
             .ok_or((error_code::UNSUPPORTED, "no shard is loaded".to_owned()))?;
+        let (start, end) = shard.range();
+        if (layers.start as usize, layers.end as usize) != (start, end) {
+            // Not the request's fault: the placement moved; the coordinator retries.
+            return Err((
+                error_code::UNSUPPORTED,
+                format!(
+                    "this peer holds layers {start}..{end}, not {}..{}",
+                    layers.start, layers.end
+                ),
+            ));
+        }
         let cfg = shard.config();
         let pos0 = pos0 as usize;
         if pos0 == 0 {

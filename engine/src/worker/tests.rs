@@ -8,14 +8,18 @@ use crate::backend::Device;
 use crate::kernels::SampleParams;
 use crate::model::synthetic::SyntheticModel;
 use crate::model::{ModelConfig, Shard, ShardInput, ShardOutput, Want};
-use crate::protocol::{Deframer, Framer, Limits, Message, Tensor, error_code};
+use crate::protocol::{Deframer, Framer, LayerRange, Limits, Message, Tensor, error_code};
 
 fn cpu() -> Arc<Device> {
     let sel = crate::Selection {
         backend: Some("cpu".into()),
         device: None,
     };
-    Arc::new(crate::device::discover_blocking().open_blocking(&sel).expect("cpu backend"))
+    Arc::new(
+        crate::device::discover_blocking()
+            .open_blocking(&sel)
+            .expect("cpu backend"),
+    )
 }
 
 fn small_config() -> ModelConfig {
@@ -78,6 +82,7 @@ fn two_stages_match_one_shard() {
             let fwd = Message::Forward {
                 request: 7,
                 seq,
+                layers: LayerRange { start: 0, end: 2 },
                 pos0: pos,
                 max_len: 16,
                 sample: None,
@@ -96,6 +101,7 @@ fn two_stages_match_one_shard() {
             let fwd = Message::Forward {
                 request: 7,
                 seq,
+                layers: LayerRange { start: 2, end: 4 },
                 pos0: pos,
                 max_len: 16,
                 sample: Some(greedy),
@@ -115,6 +121,7 @@ fn two_stages_match_one_shard() {
         let fwd = Message::Forward {
             request: 7,
             seq: 9,
+            layers: LayerRange { start: 0, end: 2 },
             pos0: 0,
             max_len: 16,
             sample: None,
@@ -131,6 +138,7 @@ fn two_stages_match_one_shard() {
         let fwd = Message::Forward {
             request: 7,
             seq: 9,
+            layers: LayerRange { start: 0, end: 2 },
             pos0: 0,
             max_len: 16,
             sample: None,
@@ -153,6 +161,7 @@ fn bad_forwards_get_request_errors() {
         let fwd = |pos0, tensor: Tensor| Message::Forward {
             request: 1,
             seq: 0,
+            layers: LayerRange { start: 0, end: 2 },
             pos0,
             max_len: 8,
             sample: None,
@@ -192,6 +201,17 @@ fn bad_forwards_get_request_errors() {
             code(server.handle(fwd(0, long)).await),
             error_code::BAD_REQUEST
         );
+        // Layers this peer does not hold (a placement moved under the step).
+        let moved = Message::Forward {
+            request: 2,
+            seq: 0,
+            layers: LayerRange { start: 0, end: 3 },
+            pos0: 0,
+            max_len: 8,
+            sample: None,
+            tensor: tokens.clone(),
+        };
+        assert_eq!(code(server.handle(moved).await), error_code::UNSUPPORTED);
         // And a good one still works afterwards.
         assert!(matches!(
             server.handle(fwd(0, tokens)).await,

@@ -5,3 +5,5 @@ pub mod devices;
 pub mod link_bench;
 pub mod run;
 pub mod score;
+pub mod serve;
+pub mod worker;

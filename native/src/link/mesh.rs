@@ -27,6 +27,7 @@ use super::{LinkConfig, LinkError};
 /// What a [`Mesh`] reports.
 #[derive(Debug)]
 pub enum MeshEvent {
+    /// A peer joined the room (or was there when we joined).
     PeerJoined(PeerInfo),
     /// A peer left the room. Its link, if any, stays until it fails (the
     /// data path may outlive the signaling session); it is not re-established.
@@ -36,15 +37,9 @@ pub enum MeshEvent {
     /// A link is established (for the first time or again).
     LinkUp(Link),
     /// A link or an attempt at one ended.
-    LinkDown {
-        peer: PeerId,
-        error: LinkError,
-    },
+    LinkDown { peer: PeerId, error: LinkError },
     /// A `signal` that is not about links, for the application.
-    Signal {
-        from: PeerId,
-        data: Value,
-    },
+    Signal { from: PeerId, data: Value },
     /// The signaling session ended; no new links can be set up.
     SignalClosed,
 }
@@ -120,6 +115,11 @@ impl Mesh {
         let (commands_tx, commands) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
         let (reports_tx, reports) = mpsc::unbounded_channel();
+        // Peers already in the room are reported like later arrivals, so the
+        // application handles both the same way.
+        for p in client.peers() {
+            let _ = events_tx.send(MeshEvent::PeerJoined(p.clone()));
+        }
         let peers = client
             .peers()
             .iter()

@@ -1,0 +1,194 @@
+//! The cost model: memory and time of one stage, given its role.
+
+use super::{DeviceProfile, ModelCost, PlacementError};
+
+/// A stage's place in the pipeline; only the ends are special.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    /// The only stage: takes tokens, returns tokens, holds embedding and head.
+    Only,
+    /// Takes tokens, returns activations, holds the embedding.
+    First,
+    /// Takes activations, returns activations.
+    Middle,
+    /// Takes activations, returns a token, holds the head.
+    Last,
+}
+
+impl Role {
+    pub(super) fn of(index: usize, count: usize) -> Role {
+        match (index == 0, index + 1 == count) {
+            (true, true) => Role::Only,
+            (true, false) => Role::First,
+            (false, true) => Role::Last,
+            (false, false) => Role::Middle,
+        }
+    }
+
+    fn is_first(self) -> bool {
+        matches!(self, Role::Only | Role::First)
+    }
+
+    fn is_last(self) -> bool {
+        matches!(self, Role::Only | Role::Last)
+    }
+}
+
+/// Bytes of model state one layer needs on a device.
+pub(super) fn per_layer_bytes(model: &ModelCost) -> u128 {
+    u128::from(model.layer_weight_bytes) + u128::from(model.kv_bytes_per_layer)
+}
+
+/// Bytes a stage needs beside its layers.
+pub(super) fn fixed_bytes(model: &ModelCost, role: Role) -> u128 {
+    let mut bytes = u128::from(model.scratch_bytes);
+    if role.is_first() {
+        bytes += u128::from(model.first_extra_bytes);
+    }
+    if role.is_last() {
+        bytes += u128::from(model.last_extra_bytes);
+    }
+    bytes
+}
+
+/// Memory of a stage of `layers` layers.
+pub(super) fn stage_memory(model: &ModelCost, role: Role, layers: usize) -> u128 {
+    layers as u128 * per_layer_bytes(model) + fixed_bytes(model, role)
+}
+
+/// The most layers `device` can hold in `role`, capped at the model's layers.
+pub(super) fn max_layers(device: &DeviceProfile, model: &ModelCost, role: Role) -> usize {
+    let memory = u128::from(device.memory_bytes);
+    let fixed = fixed_bytes(model, role);
+    if memory < fixed {
+        return 0;
+    }
+    let per_layer = per_layer_bytes(model);
+    if per_layer == 0 {
+        return model.n_layers;
+    }
+    ((memory - fixed) / per_layer).min(model.n_layers as u128) as usize
+}
+
+/// Bytes on the wire per decoded token: input plus output.
+fn decode_bytes(model: &ModelCost, role: Role) -> u128 {
+    let input = if role.is_first() {
+        model.token_bytes
+    } else {
+        model.activation_bytes
+    };
+    let output = if role.is_last() {
+        model.token_bytes
+    } else {
+        model.activation_bytes
+    };
+    u128::from(input) + u128::from(output)
+}
+
+/// Bytes on the wire to prefill `prompt` tokens: every token in and every
+/// hidden state out, except that the last stage returns a single token.
+fn prefill_bytes(model: &ModelCost, role: Role, prompt: usize) -> u128 {
+    let prompt = prompt as u128;
+    let input = if role.is_first() {
+        model.token_bytes
+    } else {
+        model.activation_bytes
+    };
+    let output = if role.is_last() {
+        u128::from(model.token_bytes)
+    } else {
+        prompt * u128::from(model.activation_bytes)
+    };
+    prompt * u128::from(input) + output
+}
+
+fn transfer_s(device: &DeviceProfile, bytes: u128) -> f64 {
+    if bytes == 0 {
+        0.0
+    } else {
+        bytes as f64 / device.link_bytes_per_s
+    }
+}
+
+/// Per-token link time of a stage: round trip + bytes / bandwidth.
+pub(super) fn decode_link_s(device: &DeviceProfile, model: &ModelCost, role: Role) -> f64 {
+    device.link_rtt_s + transfer_s(device, decode_bytes(model, role))
+}
+
+/// Per-token compute time of a stage: call overhead + layers × per-layer time.
+pub(super) fn decode_compute_s(device: &DeviceProfile, layers: usize) -> f64 {
+    device.call_overhead_s + layers as f64 * decode_layer_s(device)
+}
+
+/// One layer's decode time on `device`, slowdown included.
+pub(super) fn decode_layer_s(device: &DeviceProfile) -> f64 {
+    device.decode_s_per_layer * device.slowdown
+}
+
+/// A stage's part of the time to prefill `prompt` tokens.
+pub(super) fn prefill_s(
+    device: &DeviceProfile,
+    model: &ModelCost,
+    role: Role,
+    layers: usize,
+    prompt: usize,
+) -> f64 {
+    device.call_overhead_s
+        + layers as f64 * device.prefill_s_per_layer_token * prompt as f64 * device.slowdown
+        + device.link_rtt_s
+        + transfer_s(device, prefill_bytes(model, role, prompt))
+}
+
+/// Refuses profiles whose numbers would make costs meaningless.
+pub(super) fn check_profiles(devices: &[DeviceProfile]) -> Result<(), PlacementError> {
+    for (i, device) in devices.iter().enumerate() {
+        let bad = |reason: String| PlacementError::BadProfile {
+            device: device.id.clone(),
+            reason,
+        };
+        if devices[..i].iter().any(|other| other.id == device.id) {
+            return Err(bad("the id is used by more than one device".into()));
+        }
+        for (name, value) in [
+            ("decode_s_per_layer", device.decode_s_per_layer),
+            (
+                "prefill_s_per_layer_token",
+                device.prefill_s_per_layer_token,
+            ),
+            ("call_overhead_s", device.call_overhead_s),
+            ("link_rtt_s", device.link_rtt_s),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(bad(format!(
+                    "{name} is {value}, expected a finite time >= 0"
+                )));
+            }
+        }
+        // NaN fails both comparisons.
+        if !(device.link_bytes_per_s > 0.0) {
+            return Err(bad(format!(
+                "link_bytes_per_s is {}, expected > 0 (infinity for in-process)",
+                device.link_bytes_per_s
+            )));
+        }
+        if !(device.slowdown >= 1.0) {
+            return Err(bad(format!(
+                "slowdown is {}, expected >= 1 (infinity for do-not-use)",
+                device.slowdown
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn check_model(model: &ModelCost) -> Result<(), PlacementError> {
+    if model.n_layers == 0 {
+        return Err(PlacementError::BadModel("the model has no layers".into()));
+    }
+    Ok(())
+}
+
+/// Marked do-not-use by the slowdown policy.
+pub(super) fn avoided(device: &DeviceProfile) -> bool {
+    device.slowdown == f64::INFINITY
+}

@@ -1,0 +1,117 @@
+//! Layer placement: which device runs which contiguous range of a model's
+//! transformer layers, and what that placement is predicted to cost.
+//!
+//! Pure logic (no I/O, no clocks), driven by measured [`DeviceProfile`]s and
+//! a [`ModelCost`]. `docs/placement.md` describes the cost model, the solver
+//! and the slowdown policy.
+//!
+//! The topology is a star: the coordinator sends every stage its input and
+//! gets its output back over that device's own link, so a placement's
+//! per-token latency is a sum of per-stage terms and only the first stage
+//! (takes tokens, holds the embedding) and the last stage (returns a token,
+//! holds the output head) are special.
+//!
+//! - [`place`] finds a placement of exactly minimum per-token latency.
+//! - [`evaluate`] checks a (manual) placement and predicts its latency,
+//!   throughput, prefill time and memory per stage.
+//! - [`alternatives`] lists the best other placements, for a preview.
+//! - [`slowdown`] turns a device's reported [`DeviceCondition`] into the
+//!   factor its compute time is multiplied by.
+
+mod condition;
+mod cost;
+mod error;
+mod solve;
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+pub use condition::{DeviceCondition, slowdown};
+pub use error::PlacementError;
+pub use solve::{alternatives, evaluate, place, place_with_cost};
+
+/// What the solver knows about one device, mostly measured by calibration.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceProfile {
+    /// Unique among the devices offered.
+    pub id: String,
+    /// Usable for weights + KV cache + scratch.
+    pub memory_bytes: u64,
+    /// One decode step (one token) through one layer, in seconds.
+    pub decode_s_per_layer: f64,
+    /// Prefill, per layer per prompt token, in seconds.
+    pub prefill_s_per_layer_token: f64,
+    /// Fixed cost of one call into the stage (dispatch, synchronisation).
+    pub call_overhead_s: f64,
+    /// Round trip to the coordinator.
+    pub link_rtt_s: f64,
+    /// Bandwidth to the coordinator; `f64::INFINITY` for an in-process device.
+    pub link_bytes_per_s: f64,
+    /// `>= 1.0`, multiplies compute time; `f64::INFINITY` means do not use.
+    /// See [`slowdown`].
+    pub slowdown: f64,
+}
+
+/// The sizes of one model, as far as placement cares.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ModelCost {
+    pub n_layers: usize,
+    pub layer_weight_bytes: u64,
+    /// For the configured context and concurrency.
+    pub kv_bytes_per_layer: u64,
+    /// Held by the first stage only (token embedding).
+    pub first_extra_bytes: u64,
+    /// Held by the last stage only (output head + final norm).
+    pub last_extra_bytes: u64,
+    /// Working buffers, on every stage.
+    pub scratch_bytes: u64,
+    /// One token's hidden state on the wire.
+    pub activation_bytes: u64,
+    /// One token (id) on the wire.
+    pub token_bytes: u64,
+}
+
+/// Layers `start..end` of the model run on `device`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Stage {
+    pub device: String,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Stage {
+    pub fn layers(&self) -> usize {
+        self.end.saturating_sub(self.start)
+    }
+}
+
+/// The prediction for one stage of a placement.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StagePrediction {
+    pub device: String,
+    pub start: usize,
+    pub end: usize,
+    /// What the stage needs: layers × (weights + KV) + embedding/head where
+    /// it is first/last + scratch.
+    pub memory_bytes: u64,
+    /// The device's `memory_bytes`.
+    pub memory_limit_bytes: u64,
+    /// Per token: call overhead + layers × decode time × slowdown.
+    pub compute_s: f64,
+    /// Per token: round trip + bytes in and out / bandwidth.
+    pub link_s: f64,
+}
+
+/// What a placement is predicted to do.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Prediction {
+    pub stages: Vec<StagePrediction>,
+    /// Sum over stages of `compute_s + link_s`.
+    pub s_per_token: f64,
+    /// `1 / s_per_token`.
+    pub tokens_per_s: f64,
+    /// Time to prefill a prompt of `prompt_tokens` tokens.
+    pub prefill_s: f64,
+    pub prompt_tokens: usize,
+}

@@ -1,0 +1,491 @@
+//! The exact solver (a dynamic programme over devices), the evaluation of a
+//! given placement, and the alternatives shown beside the optimum.
+
+use super::cost::{self, Role};
+use super::{DeviceProfile, ModelCost, PlacementError, Prediction, Stage, StagePrediction};
+
+/// Two costs closer than this (relative) count as equal; the placement with
+/// fewer stages then wins. Far below any measurement's precision, far above
+/// the rounding of summing the same terms in another order.
+const TIE: f64 = 1e-12;
+
+/// The roles the programme hands out, with the bit each sets in the state
+/// (`Only` is the single-stage placement, solved beside the programme).
+const ROLES: [(Role, usize); 3] = [(Role::Middle, 0), (Role::First, 1), (Role::Last, 2)];
+const BOTH_ENDS: usize = 3;
+
+/// A partial placement's per-token cost and its number of stages.
+#[derive(Clone, Copy, Debug)]
+struct Value {
+    cost: f64,
+    stages: u32,
+}
+
+const UNREACHED: Value = Value {
+    cost: f64::INFINITY,
+    stages: u32::MAX,
+};
+
+impl Value {
+    fn reached(self) -> bool {
+        self.cost < f64::INFINITY
+    }
+
+    /// Strictly better: cheaper, or as cheap (within [`TIE`]) with fewer stages.
+    fn better_than(self, other: Value) -> bool {
+        if !self.reached() {
+            return false;
+        }
+        if !other.reached() {
+            return true;
+        }
+        let tolerance = TIE * self.cost.abs().max(other.cost.abs());
+        if self.cost < other.cost - tolerance {
+            true
+        } else if self.cost > other.cost + tolerance {
+            false
+        } else {
+            self.stages < other.stages
+        }
+    }
+}
+
+/// A device the solver may use, with its costs per role precomputed.
+pub(super) struct Candidate<'a> {
+    device: &'a DeviceProfile,
+    /// One layer's decode time, slowdown included.
+    layer_s: f64,
+    /// Per role of [`ROLES`]: the per-token cost that does not depend on the
+    /// number of layers (overhead, round trip, transfer), and the most
+    /// layers the device holds in that role.
+    fixed_s: [f64; 3],
+    max_layers: [usize; 3],
+    /// The per-token cost of holding the whole model alone, if it can.
+    only_s: Option<f64>,
+}
+
+pub(super) fn candidates<'a>(
+    devices: &'a [DeviceProfile],
+    model: &ModelCost,
+    without: Option<&str>,
+) -> Vec<Candidate<'a>> {
+    devices
+        .iter()
+        .filter(|device| !cost::avoided(device) && Some(device.id.as_str()) != without)
+        .filter(|device| cost::max_layers(device, model, Role::Middle) >= 1)
+        .map(|device| {
+            let fixed =
+                |role| cost::decode_compute_s(device, 0) + cost::decode_link_s(device, model, role);
+            let layer_s = cost::decode_layer_s(device);
+            let only_s = (cost::max_layers(device, model, Role::Only) >= model.n_layers)
+                .then(|| fixed(Role::Only) + model.n_layers as f64 * layer_s);
+            Candidate {
+                device,
+                layer_s,
+                fixed_s: ROLES.map(|(role, _)| fixed(role)),
+                max_layers: ROLES.map(|(role, _)| cost::max_layers(device, model, role)),
+                only_s,
+            }
+        })
+        .collect()
+}
+
+/// The programme: after deciding devices `0..i` (each unused, or given
+/// `n >= 1` layers as first, middle or last stage), the cheapest way to have
+/// placed `j` layers with the ends taken as in `s` (bit 0: first, bit 1:
+/// last) and, when counting, with `c` stages. Since the per-token cost is a
+/// sum of per-stage terms and only the ends are special, the order of the
+/// middle stages does not change it, so devices can be decided in a fixed
+/// order. O(devices × layers² × 3) per stage count.
+struct Programme {
+    layers: usize,
+    /// 1 when stage counts are not tracked; else one more than the most stages.
+    counts: usize,
+    counting: bool,
+    /// Values after the last device.
+    values: Vec<Value>,
+    /// Per device and state: how the device got there. 0 is unused, else
+    /// `layers << 2 | role + 1`.
+    choices: Vec<Vec<u32>>,
+}
+
+impl Programme {
+    fn index(&self, count: usize, placed: usize, ends: usize) -> usize {
+        (count * (self.layers + 1) + placed) * 4 + ends
+    }
+
+    fn run(candidates: &[Candidate], layers: usize, counting: bool) -> Programme {
+        let counts = if counting {
+            candidates.len().min(layers) + 1
+        } else {
+            1
+        };
+        let mut programme = Programme {
+            layers,
+            counts,
+            counting,
+            values: Vec::new(),
+            choices: Vec::with_capacity(candidates.len()),
+        };
+        let size = counts * (layers + 1) * 4;
+        let mut current = vec![UNREACHED; size];
+        current[0] = Value {
+            cost: 0.0,
+            stages: 0,
+        };
+        for (i, candidate) in candidates.iter().enumerate() {
+            // Leaving the device unused keeps every state as it is.
+            let mut next = current.clone();
+            let mut choice = vec![0u32; size];
+            // After i devices there are at most i stages; the last count
+            // takes no more.
+            let count_end = if counting { (counts - 1).min(i + 1) } else { 1 };
+            for count in 0..count_end {
+                let to_count = if counting { count + 1 } else { count };
+                for placed in 0..layers {
+                    for ends in 0..4 {
+                        let from = current[programme.index(count, placed, ends)];
+                        if !from.reached() {
+                            continue;
+                        }
+                        for (r, &(_, bit)) in ROLES.iter().enumerate() {
+                            if ends & bit != 0 {
+                                continue;
+                            }
+                            let most = candidate.max_layers[r].min(layers - placed);
+                            let base = from.cost + candidate.fixed_s[r];
+                            let first = programme.index(to_count, placed, ends | bit);
+                            for n in 1..=most {
+                                let value = Value {
+                                    cost: base + n as f64 * candidate.layer_s,
+                                    stages: from.stages + 1,
+                                };
+                                let to = first + n * 4;
+                                if value.better_than(next[to]) {
+                                    next[to] = value;
+                                    choice[to] = ((n as u32) << 2) | (r as u32 + 1);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            programme.choices.push(choice);
+            current = next;
+        }
+        programme.values = current;
+        programme
+    }
+
+    /// The placement of all layers with both ends taken (and `count` stages,
+    /// when counting), as (candidate, role, layers) in device order.
+    fn placement(&self, count: usize) -> Option<(Value, Vec<(usize, Role, usize)>)> {
+        let count = if self.counting { count } else { 0 };
+        let value = *self.values.get(self.index(count, self.layers, BOTH_ENDS))?;
+        if !value.reached() {
+            return None;
+        }
+        let (mut count, mut placed, mut ends) = (count, self.layers, BOTH_ENDS);
+        let mut stages = Vec::new();
+        for (i, choice) in self.choices.iter().enumerate().rev() {
+            let code = choice[self.index(count, placed, ends)];
+            if code == 0 {
+                continue;
+            }
+            let (role, bit) = ROLES[(code & 3) as usize - 1];
+            let n = (code >> 2) as usize;
+            stages.push((i, role, n));
+            placed -= n;
+            ends &= !bit;
+            if self.counting {
+                count -= 1;
+            }
+        }
+        debug_assert_eq!((placed, ends), (0, 0));
+        stages.reverse();
+        Some((value, stages))
+    }
+}
+
+/// Lays the chosen stages out in pipeline order: first, the middles in
+/// device order, last; layer ranges contiguous from 0.
+fn lay_out(candidates: &[Candidate], chosen: &[(usize, Role, usize)]) -> Vec<Stage> {
+    let rank = |role: Role| match role {
+        Role::Only | Role::First => 0,
+        Role::Middle => 1,
+        Role::Last => 2,
+    };
+    let mut ordered = chosen.to_vec();
+    ordered.sort_by_key(|&(i, role, _)| (rank(role), i));
+    let mut start = 0;
+    ordered
+        .into_iter()
+        .map(|(i, _, n)| {
+            let stage = Stage {
+                device: candidates[i].device.id.clone(),
+                start,
+                end: start + n,
+            };
+            start += n;
+            stage
+        })
+        .collect()
+}
+
+/// The best single-stage placement, if any device holds the whole model.
+fn best_alone(candidates: &[Candidate], layers: usize) -> Option<(Value, Vec<Stage>)> {
+    let mut best: Option<(Value, usize)> = None;
+    for (i, candidate) in candidates.iter().enumerate() {
+        let Some(cost) = candidate.only_s else {
+            continue;
+        };
+        let value = Value { cost, stages: 1 };
+        if best.is_none_or(|(b, _)| value.better_than(b)) {
+            best = Some((value, i));
+        }
+    }
+    best.map(|(value, i)| (value, lay_out(candidates, &[(i, Role::Only, layers)])))
+}
+
+/// The cheapest placement over `candidates`, fewer stages on ties.
+fn best(candidates: &[Candidate], layers: usize) -> Option<(f64, Vec<Stage>)> {
+    let alone = best_alone(candidates, layers);
+    let split = Programme::run(candidates, layers, false)
+        .placement(0)
+        .map(|(value, chosen)| (value, lay_out(candidates, &chosen)));
+    let winner = match (alone, split) {
+        (Some(a), Some(s)) => Some(if s.0.better_than(a.0) { s } else { a }),
+        (a, s) => a.or(s),
+    };
+    winner.map(|(value, stages)| (value.cost, stages))
+}
+
+/// The best placement with each possible number of stages.
+pub(super) fn best_per_count(candidates: &[Candidate], layers: usize) -> Vec<(f64, Vec<Stage>)> {
+    let mut found = Vec::new();
+    if let Some((value, stages)) = best_alone(candidates, layers) {
+        found.push((value.cost, stages));
+    }
+    let programme = Programme::run(candidates, layers, true);
+    for count in 2..programme.counts {
+        if let Some((value, chosen)) = programme.placement(count) {
+            found.push((value.cost, lay_out(candidates, &chosen)));
+        }
+    }
+    found
+}
+
+fn saturate(bytes: u128) -> u64 {
+    u64::try_from(bytes).unwrap_or(u64::MAX)
+}
+
+/// Checks the inputs and says why nothing can be placed, if that is so.
+fn check_inputs(devices: &[DeviceProfile], model: &ModelCost) -> Result<(), PlacementError> {
+    cost::check_profiles(devices)?;
+    cost::check_model(model)?;
+    let avoided = devices.iter().filter(|d| cost::avoided(d)).count();
+    if avoided == devices.len() {
+        return Err(PlacementError::NoDevices {
+            offered: devices.len(),
+            avoided,
+        });
+    }
+    Ok(())
+}
+
+fn does_not_fit(devices: &[DeviceProfile], model: &ModelCost) -> PlacementError {
+    let usable: Vec<&DeviceProfile> = devices.iter().filter(|d| !cost::avoided(d)).collect();
+    let per_layer = cost::per_layer_bytes(model);
+    let needed = cost::stage_memory(model, Role::Only, model.n_layers);
+    let available: u128 = usable.iter().map(|d| u128::from(d.memory_bytes)).sum();
+    let mut reason = if available < needed {
+        format!("{} bytes short", needed - available)
+    } else {
+        format!(
+            "enough in total but in no split: a layer ({per_layer} bytes of weights and KV) \
+             is not divided between devices, every stage needs {} bytes of scratch, the \
+             first also {} (embedding) and the last {} (output head)",
+            model.scratch_bytes, model.first_extra_bytes, model.last_extra_bytes
+        )
+    };
+    let too_small = usable
+        .iter()
+        .filter(|d| cost::max_layers(d, model, Role::Middle) == 0)
+        .count();
+    if too_small > 0 {
+        reason += &format!("; {too_small} of the devices cannot hold even one layer");
+    }
+    PlacementError::DoesNotFit {
+        needed_bytes: saturate(needed),
+        available_bytes: saturate(available),
+        devices: usable.len(),
+        reason,
+    }
+}
+
+/// The placement of minimum predicted per-token latency (exact), with that
+/// latency as the solver summed it. Devices marked do-not-use (slowdown
+/// infinite) and devices that cannot hold one layer are left out; among
+/// equally fast placements the one with fewer stages is chosen, and the
+/// result is the same for the same input.
+pub fn place_with_cost(
+    devices: &[DeviceProfile],
+    model: &ModelCost,
+) -> Result<(Vec<Stage>, f64), PlacementError> {
+    check_inputs(devices, model)?;
+    let candidates = candidates(devices, model, None);
+    best(&candidates, model.n_layers)
+        .map(|(cost, stages)| (stages, cost))
+        .ok_or_else(|| does_not_fit(devices, model))
+}
+
+/// The placement of minimum predicted per-token latency (exact); see
+/// [`place_with_cost`].
+pub fn place(devices: &[DeviceProfile], model: &ModelCost) -> Result<Vec<Stage>, PlacementError> {
+    place_with_cost(devices, model).map(|(stages, _)| stages)
+}
+
+/// Checks a placement (stages in pipeline order, contiguous, covering every
+/// layer, each on a distinct known device that has the memory) and predicts
+/// its per-token latency, throughput, and the time to prefill
+/// `prompt_tokens` tokens.
+pub fn evaluate(
+    devices: &[DeviceProfile],
+    model: &ModelCost,
+    stages: &[Stage],
+    prompt_tokens: usize,
+) -> Result<Prediction, PlacementError> {
+    cost::check_profiles(devices)?;
+    cost::check_model(model)?;
+    let layers = model.n_layers;
+    let bad = |message: String| Err(PlacementError::BadStages(message));
+    if stages.is_empty() {
+        return bad(format!("no stages: layers 0..{layers} are not assigned"));
+    }
+    let mut on = Vec::with_capacity(stages.len());
+    let mut next = 0;
+    for (k, stage) in stages.iter().enumerate() {
+        let (id, start, end) = (&stage.device, stage.start, stage.end);
+        let Some(device) = devices.iter().find(|d| &d.id == id) else {
+            return bad(format!(
+                "stage {k} (layers {start}..{end}) is on unknown device {id:?}"
+            ));
+        };
+        if let Some(earlier) = stages[..k].iter().position(|s| &s.device == id) {
+            return bad(format!(
+                "device {id:?} runs stages {earlier} and {k}; a device runs at most one stage"
+            ));
+        }
+        if start >= end {
+            return bad(format!(
+                "stage {k} on {id:?} is empty (layers {start}..{end})"
+            ));
+        }
+        if end > layers {
+            return bad(format!(
+                "stage {k} on {id:?} is out of range: layers {start}..{end}, the model has {layers}"
+            ));
+        }
+        if start > next {
+            return bad(format!(
+                "gap: layers {next}..{start} are not assigned (before stage {k} on {id:?})"
+            ));
+        }
+        if start < next {
+            return bad(format!(
+                "overlap: stage {k} on {id:?} starts at layer {start}, but layers up to {next} \
+                 are already assigned (stages must be listed in layer order)"
+            ));
+        }
+        if cost::avoided(device) {
+            return bad(format!(
+                "stage {k}: device {id:?} is marked do-not-use (slowdown infinite)"
+            ));
+        }
+        next = end;
+        on.push(device);
+    }
+    if next < layers {
+        return bad(format!(
+            "gap: layers {next}..{layers} are not assigned (after the last stage)"
+        ));
+    }
+
+    let count = stages.len();
+    let mut predictions = Vec::with_capacity(count);
+    let (mut s_per_token, mut prefill_s) = (0.0, 0.0);
+    for (k, (stage, device)) in stages.iter().zip(on).enumerate() {
+        let role = Role::of(k, count);
+        let n = stage.layers();
+        let memory = cost::stage_memory(model, role, n);
+        if memory > u128::from(device.memory_bytes) {
+            return bad(format!(
+                "stage {k} on {:?} needs {memory} bytes ({n} layers of {} bytes + {} for \
+                 scratch{}), the device has {}",
+                stage.device,
+                cost::per_layer_bytes(model),
+                cost::fixed_bytes(model, role),
+                match role {
+                    Role::Only => ", embedding and head",
+                    Role::First => " and embedding",
+                    Role::Last => " and head",
+                    Role::Middle => "",
+                },
+                device.memory_bytes
+            ));
+        }
+        let compute_s = cost::decode_compute_s(device, n);
+        let link_s = cost::decode_link_s(device, model, role);
+        s_per_token += compute_s + link_s;
+        prefill_s += cost::prefill_s(device, model, role, n, prompt_tokens);
+        predictions.push(StagePrediction {
+            device: stage.device.clone(),
+            start: stage.start,
+            end: stage.end,
+            memory_bytes: saturate(memory),
+            memory_limit_bytes: device.memory_bytes,
+            compute_s,
+            link_s,
+        });
+    }
+    Ok(Prediction {
+        stages: predictions,
+        s_per_token,
+        tokens_per_s: 1.0 / s_per_token,
+        prefill_s,
+        prompt_tokens,
+    })
+}
+
+/// Up to `limit` good placements other than the optimum, for a preview: the
+/// best with each other number of stages and the best without each device
+/// of the optimum. Distinct, sorted by predicted per-token latency (fewer
+/// stages first on ties); empty when nothing can be placed.
+pub fn alternatives(devices: &[DeviceProfile], model: &ModelCost, limit: usize) -> Vec<Vec<Stage>> {
+    if limit == 0 {
+        return Vec::new();
+    }
+    let Ok((optimum, _)) = place_with_cost(devices, model) else {
+        return Vec::new();
+    };
+    let layers = model.n_layers;
+    let mut found = best_per_count(&candidates(devices, model, None), layers);
+    for stage in &optimum {
+        found.extend(best(
+            &candidates(devices, model, Some(&stage.device)),
+            layers,
+        ));
+    }
+    // Stable: equal costs keep the order above.
+    found.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.len().cmp(&b.1.len())));
+    let mut out: Vec<Vec<Stage>> = Vec::new();
+    for (_, stages) in found {
+        if stages != optimum && !out.contains(&stages) {
+            out.push(stages);
+            if out.len() == limit {
+                break;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,291 @@
+//! `cairn serve`: the coordinator, its HTTP API and dashboard; by default
+//! also an embedded cairn-signal and a local worker, so one command serves
+//! the default model.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use axum::Router;
+use axum::extract::Request;
+use axum::response::IntoResponse;
+use cairn_engine::placement::Stage;
+use cairn_native::coord::{Coordinator, CoordinatorOptions, api};
+use cairn_native::link::LinkConfig;
+use cairn_native::worker::{self, WorkerOptions};
+use cairn_signal::{Claims, MdnsMode, Role, Server, SignalConfig};
+use tower::ServiceExt;
+
+use crate::loading::{self, DeviceArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Address of the HTTP API, dashboard and (when embedded) cairn-signal.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// GGUF model (default: $CAIRN_MODEL, then the default model's cache location).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Use this cairn-signal (ws://host:port) instead of an embedded one.
+    #[arg(long, requires = "token")]
+    signal: Option<String>,
+    /// Coordinator token for --signal.
+    #[arg(long, env = "CAIRN_TOKEN")]
+    token: Option<String>,
+    /// A worker token for the join URL shown to browsers (with --signal).
+    #[arg(long)]
+    join_token: Option<String>,
+    #[arg(long, default_value = "main")]
+    room: String,
+    /// Run only the coordinator: no worker in this process.
+    #[arg(long)]
+    no_local_worker: bool,
+    /// The local worker's device.
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Bytes the local worker offers (default: a share of its device's memory).
+    #[arg(long)]
+    memory_budget: Option<u64>,
+    /// Manual placement: PEER:FIRST-LAST,... (inclusive layer numbers).
+    #[arg(long)]
+    placement: Option<String>,
+    /// Require `Authorization: Bearer KEY` on the API.
+    #[arg(long, env = "CAIRN_API_KEY")]
+    api_key: Option<String>,
+    /// Context positions per request (prompt and completion).
+    #[arg(long, default_value_t = 2048)]
+    ctx: usize,
+    /// Requests served at once; KV caches are budgeted for this many.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Seconds a request waits for a placement before failing.
+    #[arg(long, default_value_t = 120)]
+    wait_timeout: u64,
+    /// This server's base URL as workers and phones reach it (default: from the LAN address).
+    #[arg(long)]
+    public_url: Option<String>,
+    /// Do not announce the embedded cairn-signal on the LAN.
+    #[arg(long)]
+    no_mdns: bool,
+}
+
+/// `PEER:0-14,PEER:15-29` (inclusive) as stages.
+pub fn parse_placement(s: &str) -> Result<Vec<Stage>> {
+    s.split(',')
+        .map(|part| {
+            let (peer, range) = part
+                .rsplit_once(':')
+                .with_context(|| format!("'{part}' is not PEER:FIRST-LAST"))?;
+            let (a, b) = range
+                .split_once('-')
+                .with_context(|| format!("'{range}' is not FIRST-LAST"))?;
+            let start: usize = a
+                .trim()
+                .parse()
+                .with_context(|| format!("bad layer '{a}'"))?;
+            let last: usize = b
+                .trim()
+                .parse()
+                .with_context(|| format!("bad layer '{b}'"))?;
+            if last < start {
+                bail!("'{range}': the last layer comes before the first");
+            }
+            Ok(Stage {
+                device: peer.trim().to_owned(),
+                start,
+                end: last + 1,
+            })
+        })
+        .collect()
+}
+
+/// The address others reach this host at: the listen address, or the first
+/// LAN address when listening on all of them.
+fn reachable_ip(listen: &SocketAddr) -> IpAddr {
+    if !listen.ip().is_unspecified() {
+        return listen.ip();
+    }
+    if_addrs::get_if_addrs()
+        .ok()
+        .and_then(|ifs| {
+            ifs.into_iter()
+                .filter(|i| !i.is_loopback())
+                .map(|i| i.ip())
+                .find(|ip| ip.is_ipv4())
+        })
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(serve(a))
+}
+
+async fn serve(a: Args) -> Result<()> {
+    let model = crate::model_path::resolve(a.model.clone())?;
+    let manual = a.placement.as_deref().map(parse_placement).transpose()?;
+    // The router is built once the coordinator exists; the embedded server
+    // starts first (the coordinator joins through it), so it forwards to a
+    // router filled in later.
+    let late: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
+    let forward = {
+        let late = late.clone();
+        Router::new().fallback(move |request: Request| {
+            let late = late.clone();
+            async move {
+                match late.get() {
+                    Some(r) => r.clone().oneshot(request).await.into_response(),
+                    None => {
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+                    }
+                }
+            }
+        })
+    };
+    let (signal_url, token, worker_token, local_addr, _server) = match &a.signal {
+        Some(url) => {
+            let token = a.token.clone().context("--signal needs --token")?;
+            (url.clone(), token, a.join_token.clone(), a.listen, None)
+        }
+        None => {
+            let server = Server::bind(SignalConfig {
+                listen: a.listen,
+                mdns: if a.no_mdns {
+                    MdnsMode::Off
+                } else {
+                    MdnsMode::Lan
+                },
+                extra_routes: Some(forward.clone()),
+                ..SignalConfig::default()
+            })
+            .await
+            .with_context(|| format!("starting cairn-signal on {}", a.listen))?;
+            let ttl = cairn_signal::token::MAX_TTL;
+            let coordinator = cairn_signal::token::issue(
+                server.secret(),
+                &Claims::new(&a.room, Role::Coordinator, ttl),
+            );
+            let worker = cairn_signal::token::issue(
+                server.secret(),
+                &Claims::new(&a.room, Role::Worker, ttl),
+            );
+            let addr = server.local_addr();
+            (server.url(), coordinator, Some(worker), addr, Some(server))
+        }
+    };
+    let ip = reachable_ip(&local_addr);
+    let host = SocketAddr::new(ip, local_addr.port());
+    let public_url = a
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{host}"));
+    // Browsers on other machines reach the embedded server at the LAN address.
+    let browser_signal = if a.signal.is_some() {
+        signal_url.clone()
+    } else {
+        format!("ws://{host}")
+    };
+    let join_url = worker_token.as_ref().map(|t| {
+        format!(
+            "{public_url}/join?signal={}&room={}&token={t}",
+            urlencode(&browser_signal),
+            urlencode(&a.room)
+        )
+    });
+    let link = if ip.is_loopback() {
+        LinkConfig::loopback()
+    } else {
+        LinkConfig::default()
+    };
+    let coord = Coordinator::start(CoordinatorOptions {
+        model_path: model.clone(),
+        signal_url: signal_url.clone(),
+        room: a.room.clone(),
+        token,
+        public_url: public_url.clone(),
+        join_url: join_url.clone(),
+        link: link.clone(),
+        ctx: a.ctx,
+        parallel: a.parallel,
+        manual,
+        api_key: a.api_key.clone(),
+        wait_timeout: Duration::from_secs(a.wait_timeout),
+        step_timeout: Duration::from_secs(120),
+    })
+    .await?;
+    let router = api::router(coord.shared.clone());
+    if a.signal.is_some() {
+        let listener = tokio::net::TcpListener::bind(a.listen)
+            .await
+            .with_context(|| format!("listening on {}", a.listen))?;
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::error!(error = %e, "the HTTP server stopped");
+            }
+        });
+    } else {
+        let _ = late.set(router);
+    }
+    if !a.no_local_worker {
+        let Some(wt) = worker_token.clone() else {
+            bail!("a local worker needs a worker token: pass --join-token, or --no-local-worker");
+        };
+        let device = loading::open_device(&a.device)?;
+        let opts = WorkerOptions {
+            signal_url: signal_url.clone(),
+            room: a.room.clone(),
+            token: wt,
+            model: Some(model.clone()),
+            cache_dir: None,
+            link,
+            memory_budget: a.memory_budget,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = worker::serve(device, opts, None).await {
+                tracing::error!(error = %format!("{e:#}"), "the local worker stopped");
+            }
+        });
+    }
+    println!(
+        "cairn serve: model {} ({})",
+        coord.shared.model.name,
+        model.display()
+    );
+    println!("dashboard:   {public_url}/");
+    println!("api:         {public_url}/v1/chat/completions");
+    println!("signal:      {signal_url} (room {})", a.room);
+    if let Some(j) = &join_url {
+        println!("join:        {j}");
+    }
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
+
+fn urlencode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_placement;
+
+    #[test]
+    fn placements_parse_inclusive_ranges() {
+        let p = parse_placement("a:0-14,b:15-29").unwrap();
+        assert_eq!((p[0].device.as_str(), p[0].start, p[0].end), ("a", 0, 15));
+        assert_eq!((p[1].device.as_str(), p[1].start, p[1].end), ("b", 15, 30));
+        assert!(parse_placement("a:3-1").is_err());
+        assert!(parse_placement("a").is_err());
+        assert!(parse_placement("a:x-2").is_err());
+    }
+}

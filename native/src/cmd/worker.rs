@@ -1,0 +1,83 @@
+//! `cairn worker`: join a cluster and serve the layers the coordinator assigns.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use cairn_native::link::LinkConfig;
+use cairn_native::worker::{self, WorkerOptions};
+
+use crate::loading::{self, DeviceArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// cairn-signal to join (ws://host:port); found on the LAN through mDNS when omitted.
+    #[arg(long)]
+    signal: Option<String>,
+    /// Worker token for the room.
+    #[arg(long, env = "CAIRN_TOKEN")]
+    token: String,
+    #[arg(long, default_value = "main")]
+    room: String,
+    /// A local copy of the model: layers load from disk instead of over HTTP.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Bytes offered for weights and caches (default: a share of the device's memory).
+    #[arg(long)]
+    memory_budget: Option<u64>,
+    /// Where shards fetched over HTTP are cached (default: ~/.cache/cairn/shards).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Gather link candidates on loopback only (tests, one machine).
+    #[arg(long)]
+    loopback: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(serve(a))
+}
+
+async fn serve(a: Args) -> Result<()> {
+    let signal = match a.signal.clone() {
+        Some(s) => s,
+        None => {
+            let found = cairn_signal::mdns::discover(Duration::from_secs(3))
+                .await
+                .context("looking for cairn-signal on the LAN")?;
+            let Some(first) = found.into_iter().next() else {
+                bail!(
+                    "no cairn-signal answered on the LAN within 3 s; pass --signal ws://HOST:PORT"
+                );
+            };
+            println!("found cairn-signal '{}' at {}", first.instance, first.url);
+            first.url
+        }
+    };
+    let device = loading::open_device(&a.device)?;
+    let cache_dir = a
+        .cache_dir
+        .clone()
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/cairn/shards")));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let opts = WorkerOptions {
+        signal_url: signal,
+        room: a.room.clone(),
+        token: a.token.clone(),
+        model: a.model.clone(),
+        cache_dir,
+        link: if a.loopback {
+            LinkConfig::loopback()
+        } else {
+            LinkConfig::default()
+        },
+        memory_budget: a.memory_budget,
+    };
+    let task = tokio::spawn(worker::serve(device, opts, Some(tx)));
+    if let Ok(peer) = rx.await {
+        println!("joined room {} as {peer}", a.room);
+    }
+    task.await.context("the worker task panicked")?
+}

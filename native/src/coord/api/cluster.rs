@@ -1,0 +1,342 @@
+//! `/api/cluster`, `/api/events`, `/api/placement[/preview]`, `/metrics`.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use cairn_engine::placement::{self, Stage};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::ApiError;
+use crate::coord::Shared;
+use crate::coord::placer::profiles;
+
+/// The cluster as JSON: peers, links, placement, requests, warnings.
+pub fn cluster_json(shared: &Shared) -> Value {
+    let st = shared.state();
+    let mut peers = Vec::new();
+    let mut links = Vec::new();
+    let mut warnings = st.warnings.clone();
+    for (id, p) in &st.peers {
+        let layers = st.layers_of(id);
+        let status = p.status(layers);
+        let t = p.telemetry.as_ref();
+        let (level, charging) = p.battery();
+        if layers.is_some() && matches!(status, super::super::state::PeerStatus::Throttled) {
+            warnings.push(format!(
+                "{id} is throttled (pressure {}) and holds layers",
+                p.pressure().unwrap_or_else(|| "high".into())
+            ));
+        }
+        peers.push(json!({
+            "peer_id": id.to_string(),
+            "kind": p.caps.kind,
+            "backend": p.caps.backend,
+            "device": {
+                "id": p.caps.device.id,
+                "name": p.caps.device.name,
+                "vendor": p.caps.device.vendor.0,
+                "device_type": p.caps.device.device_type,
+                "memory_bytes": p.caps.device.memory_bytes,
+            },
+            "memory_budget_bytes": p.caps.memory_budget_bytes,
+            "status": status,
+            "paused": p.paused,
+            "layers": layers.map(|(a, b)| [a, b]),
+            "telemetry": {
+                "memory_used_bytes": t.map(|t| t.memory_used_bytes),
+                "memory_total_bytes": t.map(|t| t.memory_total_bytes),
+                "utilization": p.extra.get("utilization"),
+                "kernel_ms": p.extra.get("kernel_ms"),
+                "tokens_per_s": t.map(|t| t.tokens_per_s),
+                "pressure": p.pressure(),
+                "battery": level.map(|l| json!({"level": l, "charging": charging})),
+                "visibility": p.extra.get("visibility"),
+            },
+            "calibration": p.calibration,
+            "joined_s_ago": p.joined.elapsed().as_secs(),
+        }));
+        if let Some(stats) = &p.stats {
+            let s = stats.borrow().clone();
+            links.push(json!({
+                "from": shared.local_id.to_string(),
+                "to": id.to_string(),
+                "rtt_ms": s.rtt_smoothed.or(s.rtt).map(|d| d.as_secs_f64() * 1e3),
+                "bandwidth_mb_s": s.throughput_bytes_per_s.map(|b| b / 1e6),
+                "loss": s.loss,
+                "jitter_ms": s.jitter.as_secs_f64() * 1e3,
+                "up": p.online,
+            }));
+        }
+    }
+    let stages: Vec<Value> = match &st.active {
+        Some(a) => a
+            .stages
+            .iter()
+            .map(|s| json!({"peer_id": s.peer.to_string(), "start": s.start, "end": s.end}))
+            .collect(),
+        None => Vec::new(),
+    };
+    if let Some(a) = &st.active
+        && a.stages.len() > 1
+    {
+        let n = shared.model.config.n_layers as f64;
+        let fair = n / a.stages.len() as f64;
+        let idle = st
+            .peers
+            .iter()
+            .any(|(id, p)| p.online && p.calibration.is_some() && st.layers_of(id).is_none());
+        if idle
+            && a.stages
+                .iter()
+                .any(|s| (s.end - s.start) as f64 > 2.0 * fair)
+        {
+            warnings.push(
+                "unbalanced placement: a stage holds over twice its share while a worker idles"
+                    .into(),
+            );
+        }
+    }
+    let requests: Vec<_> = st.requests.values().cloned().collect();
+    let m = &shared.metrics;
+    json!({
+        "model": {
+            "id": shared.model.id,
+            "name": shared.model.name,
+            "n_layers": shared.model.config.n_layers,
+            "file_bytes": shared.model.file_bytes,
+        },
+        "coordinator": shared.local_id.to_string(),
+        "join_url": shared.opts.join_url,
+        "join_qr_svg": shared.opts.join_url.as_ref().map(|_| "/api/join-qr.svg"),
+        "peers": peers,
+        "links": links,
+        "placement": {
+            "mode": if st.manual.is_some() { "manual" } else { "auto" },
+            "epoch": st.active.as_ref().map(|a| a.epoch),
+            "state": st.status,
+            "message": st.message,
+            "stages": stages,
+            "predicted_tokens_per_s": st.prediction.as_ref().map(|p| p.tokens_per_s),
+            "computed": st.placements_computed,
+        },
+        "requests": {
+            "in_flight": m.in_flight.load(Ordering::Relaxed),
+            "waiting": requests.iter().filter(|r| r.state == "waiting").count(),
+            "completed": m.completed.load(Ordering::Relaxed),
+            "failed": m.failed.load(Ordering::Relaxed),
+            "recoveries": m.recoveries.load(Ordering::Relaxed),
+            "tokens_per_s": m.tokens_per_s(),
+            "list": requests,
+        },
+        "warnings": warnings,
+    })
+}
+
+pub async fn cluster(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    Json(cluster_json(&shared))
+}
+
+/// The cluster JSON on every change, at most every 250 ms and at least every second.
+pub async fn events(
+    State(shared): State<Arc<Shared>>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut changes = shared.subscribe();
+    let stream = async_stream::stream! {
+        loop {
+            yield Ok(Event::default().event("cluster").data(cluster_json(&shared).to_string()));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let _ = tokio::time::timeout(Duration::from_millis(750), changes.changed()).await;
+        }
+    };
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+#[derive(Deserialize)]
+struct StageIn {
+    peer_id: String,
+    start: usize,
+    end: usize,
+}
+
+#[derive(Deserialize)]
+struct PlacementIn {
+    stages: Vec<StageIn>,
+}
+
+pub async fn get_placement(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let v = cluster_json(&shared);
+    Json(v["placement"].clone())
+}
+
+/// Sets a manual placement after checking it against the cluster as it is.
+pub async fn set_placement(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let p: PlacementIn = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(
+            format!("expected {{\"stages\":[{{\"peer_id\":ID,\"start\":0,\"end\":15}},...]}}: {e}"),
+            Some("stages"),
+        )
+    })?;
+    let stages: Vec<Stage> = p
+        .stages
+        .into_iter()
+        .map(|s| Stage {
+            device: s.peer_id,
+            start: s.start,
+            end: s.end,
+        })
+        .collect();
+    let devices = profiles(&shared.state());
+    let prediction = placement::evaluate(&devices, &shared.model.cost, &stages, 64)
+        .map_err(|e| ApiError::invalid(format!("placement refused: {e}"), Some("stages")))?;
+    shared.set_manual(Some(stages));
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"accepted": true, "prediction": prediction})),
+    ))
+}
+
+pub async fn clear_placement(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    shared.set_manual(None);
+    (StatusCode::ACCEPTED, Json(json!({"mode": "auto"})))
+}
+
+#[derive(Deserialize)]
+pub struct PreviewQuery {
+    #[serde(default)]
+    prompt_tokens: Option<usize>,
+    #[serde(default)]
+    alternatives: Option<usize>,
+}
+
+/// What the chosen placement and the best alternatives should give.
+pub async fn preview(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<PreviewQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let (devices, manual) = {
+        let st = shared.state();
+        (profiles(&st), st.manual.clone())
+    };
+    let cost = &shared.model.cost;
+    let prompt = q.prompt_tokens.unwrap_or(64);
+    let chosen = match manual {
+        Some(m) => m,
+        None => placement::place(&devices, cost)
+            .map_err(|e| ApiError::unavailable(format!("no placement fits: {e}")))?,
+    };
+    let predicted = placement::evaluate(&devices, cost, &chosen, prompt)
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    let alternatives: Vec<Value> =
+        placement::alternatives(&devices, cost, q.alternatives.unwrap_or(4))
+            .into_iter()
+            .filter(|a| a != &chosen)
+            .filter_map(|a| placement::evaluate(&devices, cost, &a, prompt).ok())
+            .map(|p| json!(p))
+            .collect();
+    Ok(Json(
+        json!({"chosen": predicted, "alternatives": alternatives}),
+    ))
+}
+
+/// Prometheus text format.
+pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let m = &shared.metrics;
+    let mut s = String::new();
+    let counter = |s: &mut String, name: &str, help: &str, v: u64| {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+    };
+    counter(
+        &mut s,
+        "cairn_requests_total",
+        "Generation requests received.",
+        m.requests.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_requests_failed_total",
+        "Requests that ended in an error.",
+        m.failed.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_prompt_tokens_total",
+        "Prompt tokens processed.",
+        m.prompt_tokens.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_generated_tokens_total",
+        "Tokens generated.",
+        m.generated_tokens.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_recoveries_total",
+        "Requests rebuilt on a new placement after a loss.",
+        m.recoveries.load(Ordering::Relaxed),
+    );
+    let _ = writeln!(
+        s,
+        "# HELP cairn_requests_in_flight Requests being served.\n# TYPE cairn_requests_in_flight gauge\ncairn_requests_in_flight {}",
+        m.in_flight.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        s,
+        "# HELP cairn_tokens_per_second Generated tokens per second over the last 5 s.\n# TYPE cairn_tokens_per_second gauge\ncairn_tokens_per_second {}",
+        m.tokens_per_s()
+    );
+    let st = shared.state();
+    let _ = writeln!(
+        s,
+        "# HELP cairn_placement_epoch Placements loaded so far.\n# TYPE cairn_placement_epoch gauge\ncairn_placement_epoch {}",
+        st.active.as_ref().map_or(0, |a| a.epoch)
+    );
+    let _ = writeln!(
+        s,
+        "# HELP cairn_peer_up Whether a worker is online.\n# TYPE cairn_peer_up gauge"
+    );
+    for (id, p) in &st.peers {
+        let _ = writeln!(
+            s,
+            "cairn_peer_up{{peer=\"{id}\",kind=\"{}\"}} {}",
+            json!(p.caps.kind).as_str().unwrap_or(""),
+            u8::from(p.online)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "# HELP cairn_peer_layers Layers a worker serves.\n# TYPE cairn_peer_layers gauge"
+    );
+    for id in st.peers.keys() {
+        let n = st.layers_of(id).map_or(0, |(a, b)| b - a);
+        let _ = writeln!(s, "cairn_peer_layers{{peer=\"{id}\"}} {n}");
+    }
+    let _ = writeln!(
+        s,
+        "# HELP cairn_link_rtt_seconds Smoothed round trip to a worker.\n# TYPE cairn_link_rtt_seconds gauge"
+    );
+    for (id, p) in &st.peers {
+        if let Some(rtt) = p.stats.as_ref().and_then(|w| w.borrow().rtt_smoothed) {
+            let _ = writeln!(
+                s,
+                "cairn_link_rtt_seconds{{peer=\"{id}\"}} {}",
+                rtt.as_secs_f64()
+            );
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s)
+}

@@ -1,0 +1,68 @@
+//! The coordinator's HTTP side: the OpenAI-compatible API, the cluster and
+//! placement endpoints, metrics, the dashboard, the join page and the model
+//! file workers fetch their shards from.
+
+mod cluster;
+mod error;
+mod openai;
+mod web;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+
+use super::Shared;
+pub use cluster::cluster_json;
+pub use error::ApiError;
+
+/// Every route the coordinator serves.
+pub fn router(shared: Arc<Shared>) -> Router {
+    let guarded = Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models))
+        .route(
+            "/api/placement",
+            post(cluster::set_placement).delete(cluster::clear_placement),
+        )
+        .layer(middleware::from_fn_with_state(shared.clone(), require_key));
+    let open = Router::new()
+        .route("/api/cluster", get(cluster::cluster))
+        .route("/api/events", get(cluster::events))
+        .route("/api/placement", get(cluster::get_placement))
+        .route("/api/placement/preview", get(cluster::preview))
+        .route("/metrics", get(cluster::metrics))
+        .route("/", get(web::dashboard))
+        .route("/join", get(web::join_page))
+        .route("/api/join-qr.svg", get(web::join_qr))
+        .route("/api/model/{file}", get(web::model_file))
+        .route("/pkg/{*path}", get(web::pkg));
+    guarded
+        .merge(open)
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .with_state(shared)
+}
+
+/// With `--api-key`, the API and placement changes need `Authorization: Bearer KEY`.
+async fn require_key(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if let Some(key) = &shared.opts.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given.map(str::trim) != Some(key.as_str()) {
+            return Err(ApiError::unauthorized());
+        }
+    }
+    Ok(next.run(request).await)
+}

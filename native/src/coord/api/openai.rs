@@ -1,0 +1,626 @@
+//! `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use cairn_engine::kernels::SampleParams;
+use cairn_engine::tokenizer::ChatMessage;
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::ApiError;
+use crate::coord::Shared;
+use crate::coord::pipeline::{self, FinishReason, GenEvent, GenRequest};
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct InMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// The sampling fields both endpoints share.
+#[derive(Deserialize)]
+struct Common {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    top_k: Option<i64>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    n: Option<i64>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    stop: Option<Stop>,
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    messages: Vec<InMessage>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct CompletionRequest {
+    prompt: Prompt,
+    #[serde(flatten)]
+    common: Common,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::invalid(
+            "the request body is empty; send a JSON object",
+            None,
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}"), None))
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn completion_id(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", rand::random::<u64>())
+}
+
+/// A validated request, ready to run.
+struct Job {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    sample: SampleParams,
+    stream: bool,
+    include_usage: bool,
+    stops: Vec<String>,
+}
+
+fn validate(shared: &Shared, c: &Common, prompt: Vec<u32>) -> Result<Job, ApiError> {
+    if let Some(m) = &c.model
+        && !m.is_empty()
+        && m != &shared.model.name
+        && m != &shared.model.id
+    {
+        return Err(ApiError::model_not_found(m, &shared.model.name));
+    }
+    if c.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+    }
+    let temperature = c.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            format!("temperature must be between 0 and 2, got {temperature}"),
+            Some("temperature"),
+        ));
+    }
+    let top_p = c.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            format!("top_p must be in (0, 1], got {top_p}"),
+            Some("top_p"),
+        ));
+    }
+    let top_k = c.top_k.unwrap_or(0);
+    if !(0..=u32::MAX as i64).contains(&top_k) {
+        return Err(ApiError::invalid("top_k must be 0 or more", Some("top_k")));
+    }
+    let ctx = shared
+        .opts
+        .ctx
+        .min(shared.model.config.context_length.max(1));
+    if prompt.len() >= ctx {
+        return Err(ApiError::invalid(
+            format!(
+                "the prompt is {} tokens; this cluster's context is {ctx}",
+                prompt.len()
+            ),
+            Some("messages"),
+        ));
+    }
+    let room = ctx - prompt.len();
+    let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
+        None => room.min(1024),
+        Some(m) if m < 1 => {
+            return Err(ApiError::invalid(
+                format!("max_tokens must be at least 1, got {m}"),
+                Some("max_tokens"),
+            ));
+        }
+        Some(m) if m as usize > room => {
+            return Err(ApiError::invalid(
+                format!(
+                    "max_tokens {m} plus the prompt's {} tokens is over the context of {ctx}",
+                    prompt.len()
+                ),
+                Some("max_tokens"),
+            ));
+        }
+        Some(m) => m as usize,
+    };
+    let stops = match &c.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stops.len() > 4 || stops.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::invalid(
+            "stop takes up to 4 non-empty strings",
+            Some("stop"),
+        ));
+    }
+    Ok(Job {
+        prompt,
+        max_tokens,
+        sample: SampleParams {
+            temperature,
+            top_k: top_k as u32,
+            top_p,
+            seed: c.seed.unwrap_or_else(rand::random),
+            step: 0,
+        },
+        stream: c.stream,
+        include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        stops,
+    })
+}
+
+pub async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse(&body)?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages must not be empty",
+            Some("messages"),
+        ));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        if !matches!(
+            m.role.as_str(),
+            "system" | "user" | "assistant" | "developer" | "tool"
+        ) {
+            return Err(ApiError::invalid(
+                format!("unknown message role '{}'", m.role),
+                Some("messages"),
+            ));
+        }
+        let text = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut t = String::new();
+                for p in parts {
+                    if p.kind != "text" {
+                        return Err(ApiError::invalid(
+                            format!("content parts of type '{}' are not supported", p.kind),
+                            Some("messages"),
+                        ));
+                    }
+                    t.push_str(p.text.as_deref().unwrap_or(""));
+                }
+                t
+            }
+        };
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
+        messages.push(ChatMessage::new(role, text));
+    }
+    let prompt = shared.model.tokenizer.encode_chat(&messages).map_err(|e| {
+        ApiError::invalid(
+            format!("cannot render the conversation: {e}"),
+            Some("messages"),
+        )
+    })?;
+    let job = validate(&shared, &req.common, prompt)?;
+    respond(shared, job, Kind::Chat).await
+}
+
+pub async fn completions(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(&body)?;
+    let text = match req.prompt {
+        Prompt::One(s) => s,
+        Prompt::Many(mut v) if v.len() == 1 => v.remove(0),
+        Prompt::Many(_) => {
+            return Err(ApiError::invalid(
+                "only one prompt per request is supported",
+                Some("prompt"),
+            ));
+        }
+    };
+    let prompt = shared
+        .model
+        .tokenizer
+        .encode_prompt(&text, true)
+        .map_err(|e| {
+            ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
+        })?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+    }
+    let job = validate(&shared, &req.common, prompt)?;
+    respond(shared, job, Kind::Text).await
+}
+
+pub async fn models(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": shared.model.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "cairn",
+            "cairn": {"model_id": shared.model.id, "n_layers": shared.model.config.n_layers, "file_bytes": shared.model.file_bytes},
+        }],
+    }))
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+/// Turns token ids into text, holding back what could be the start of a
+/// stop string so a stop is never half-sent.
+struct TextOut {
+    text: String,
+    sent: usize,
+    stops: Vec<String>,
+    stopped: bool,
+}
+
+impl TextOut {
+    /// Appends a piece; returns the text now safe to send.
+    fn push(&mut self, piece: &str) -> String {
+        if self.stopped {
+            return String::new();
+        }
+        self.text.push_str(piece);
+        let search_from = self
+            .sent
+            .saturating_sub(self.stops.iter().map(|s| s.len()).max().unwrap_or(0));
+        let search_from = (0..=search_from)
+            .rev()
+            .find(|&i| self.text.is_char_boundary(i))
+            .unwrap_or(0);
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| {
+                self.text[search_from..]
+                    .find(s.as_str())
+                    .map(|i| i + search_from)
+            })
+            .min()
+        {
+            self.text.truncate(at);
+            self.stopped = true;
+        }
+        let mut safe = self.text.len();
+        if !self.stopped {
+            for s in &self.stops {
+                for k in (1..s.len()).rev() {
+                    if s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
+                        safe = safe.min(self.text.len() - k);
+                        break;
+                    }
+                }
+            }
+        }
+        let start = self.sent.min(safe);
+        let out = self.text[start..safe].to_owned();
+        self.sent = self.sent.max(safe);
+        out
+    }
+
+    fn finish(&mut self) -> String {
+        let out = self.text[self.sent.min(self.text.len())..].to_owned();
+        self.sent = self.text.len();
+        out
+    }
+}
+
+async fn respond(shared: Arc<Shared>, job: Job, kind: Kind) -> Result<Response, ApiError> {
+    let id = completion_id(match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Text => "cmpl",
+    });
+    let prompt_tokens = job.prompt.len();
+    let rx = pipeline::start(
+        shared.clone(),
+        GenRequest {
+            label: id.clone(),
+            prompt: job.prompt,
+            max_tokens: job.max_tokens,
+            sample: job.sample,
+        },
+    );
+    let ctx = Ctx {
+        shared,
+        id,
+        kind,
+        created: now(),
+        prompt_tokens,
+    };
+    let out = TextOut {
+        text: String::new(),
+        sent: 0,
+        stops: job.stops,
+        stopped: false,
+    };
+    if job.stream {
+        Ok(Sse::new(stream(ctx, rx, out, job.include_usage))
+            .keep_alive(KeepAlive::default())
+            .into_response())
+    } else {
+        whole(ctx, rx, out).await.map(|v| Json(v).into_response())
+    }
+}
+
+struct Ctx {
+    shared: Arc<Shared>,
+    id: String,
+    kind: Kind,
+    created: u64,
+    prompt_tokens: usize,
+}
+
+impl Ctx {
+    fn usage(&self, completion: usize) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        })
+    }
+
+    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), json!(t));
+                }
+                json!({
+                    "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                    "model": self.shared.model.name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+                })
+            }
+            Kind::Text => json!({
+                "id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.shared.model.name,
+                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}],
+            }),
+        }
+    }
+}
+
+fn finish_name(reason: FinishReason, stopped: bool) -> &'static str {
+    if stopped {
+        return "stop";
+    }
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+async fn whole(
+    ctx: Ctx,
+    mut rx: mpsc::Receiver<GenEvent>,
+    mut out: TextOut,
+) -> Result<Value, ApiError> {
+    let tokenizer = &ctx.shared.model.tokenizer;
+    let mut dec = tokenizer.decoder();
+    let mut ids = Vec::new();
+    let mut text = String::new();
+    let (reason, recoveries) = loop {
+        match rx.recv().await {
+            Some(GenEvent::Token(t)) => {
+                ids.push(t);
+                if let Ok(Some(piece)) = dec.push(t) {
+                    text.push_str(&out.push(&piece));
+                }
+                if out.stopped {
+                    break (FinishReason::Stop, 0);
+                }
+            }
+            Some(GenEvent::Done { reason, recoveries }) => break (reason, recoveries),
+            Some(GenEvent::Failed(msg)) => return Err(ApiError::unavailable(msg)),
+            None => return Err(ApiError::internal("the request ended without an answer")),
+        }
+    };
+    if !out.stopped {
+        if let Some(rest) = dec.finish() {
+            text.push_str(&out.push(&rest));
+        }
+        text.push_str(&out.finish());
+    }
+    let finish = finish_name(reason, out.stopped);
+    let choice = match ctx.kind {
+        Kind::Chat => {
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
+        }
+        Kind::Text => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+    };
+    Ok(json!({
+        "id": ctx.id,
+        "object": match ctx.kind { Kind::Chat => "chat.completion", Kind::Text => "text_completion" },
+        "created": ctx.created,
+        "model": ctx.shared.model.name,
+        "choices": [choice],
+        "usage": ctx.usage(ids.len()),
+        "cairn": {"tokens": ids, "recoveries": recoveries},
+    }))
+}
+
+fn stream(
+    ctx: Ctx,
+    mut rx: mpsc::Receiver<GenEvent>,
+    mut out: TextOut,
+    include_usage: bool,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    async_stream::stream! {
+        let tokenizer = &ctx.shared.model.tokenizer;
+        let mut dec = tokenizer.decoder();
+        let mut first = true;
+        let mut generated = 0usize;
+        if let Kind::Chat = ctx.kind {
+            yield Ok(Event::default().data(ctx.chunk(Some(""), true, None).to_string()));
+            first = false;
+        }
+        let reason = loop {
+            match rx.recv().await {
+                Some(GenEvent::Token(t)) => {
+                    generated += 1;
+                    let piece = match dec.push(t) {
+                        Ok(Some(p)) => out.push(&p),
+                        _ => String::new(),
+                    };
+                    if !piece.is_empty() {
+                        yield Ok(Event::default().data(ctx.chunk(Some(&piece), first, None).to_string()));
+                        first = false;
+                    }
+                    if out.stopped {
+                        break Some(FinishReason::Stop);
+                    }
+                }
+                Some(GenEvent::Done { reason, .. }) => break Some(reason),
+                Some(GenEvent::Failed(msg)) => {
+                    let e = ApiError::unavailable(msg);
+                    yield Ok(Event::default().data(e.body().to_string()));
+                    break None;
+                }
+                None => break None,
+            }
+        };
+        if let Some(reason) = reason {
+            if !out.stopped {
+                let mut rest = String::new();
+                if let Some(r) = dec.finish() {
+                    rest.push_str(&out.push(&r));
+                }
+                rest.push_str(&out.finish());
+                if !rest.is_empty() {
+                    yield Ok(Event::default().data(ctx.chunk(Some(&rest), first, None).to_string()));
+                }
+            }
+            let finish = finish_name(reason, out.stopped);
+            yield Ok(Event::default().data(ctx.chunk(None, false, Some(finish)).to_string()));
+            if include_usage {
+                let mut u = ctx.chunk(None, false, None);
+                u["choices"] = json!([]);
+                u["usage"] = ctx.usage(generated);
+                yield Ok(Event::default().data(u.to_string()));
+            }
+        }
+        yield Ok(Event::default().data("[DONE]"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TextOut;
+
+    fn out(stops: &[&str]) -> TextOut {
+        TextOut {
+            text: String::new(),
+            sent: 0,
+            stops: stops.iter().map(|s| s.to_string()).collect(),
+            stopped: false,
+        }
+    }
+
+    #[test]
+    fn stop_strings_are_never_half_sent() {
+        let mut o = out(&["END"]);
+        assert_eq!(o.push("abc E"), "abc ");
+        assert_eq!(o.push("N"), "");
+        assert_eq!(o.push("D and more"), "");
+        assert!(o.stopped);
+        assert_eq!(o.text, "abc ");
+        let mut o = out(&["END"]);
+        assert_eq!(o.push("abc E"), "abc ");
+        assert_eq!(o.push("x"), "Ex");
+        assert!(!o.stopped);
+        assert_eq!(o.finish(), "");
+    }
+
+    #[test]
+    fn no_stops_pass_everything() {
+        let mut o = out(&[]);
+        assert_eq!(o.push("héllo"), "héllo");
+        assert_eq!(o.push(" world"), " world");
+    }
+}

@@ -1,0 +1,413 @@
+//! The coordinator: tracks the cluster, places layers on workers, runs
+//! requests through the stages, and recovers when a worker goes away.
+//!
+//! Topology is a star: the coordinator sends each stage its input and
+//! receives its output over that worker's link (docs/architecture.md says
+//! why, and what a chain would change). Everything that changes the cluster
+//! (a link up or down, a peer leaving, telemetry, a pause, a manual
+//! placement) updates [`State`] and, where it matters, wakes the placer,
+//! which loads a new placement between tokens; requests notice the new epoch
+//! and rebuild their KV caches by prefilling what they have so far.
+
+pub mod api;
+mod model;
+mod pipeline;
+mod placer;
+pub mod state;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use cairn_engine::placement::Stage;
+use cairn_engine::protocol::{Message, error_code};
+use cairn_engine::worker::{Capabilities, Role as CapRole};
+use cairn_signal::Role;
+use cairn_signal::protocol::PeerId;
+use tokio::sync::{Notify, oneshot, watch};
+use tracing::{debug, info, warn};
+
+use crate::link::{Link, LinkConfig, LinkError, Mesh, MeshEvent};
+pub use model::ServedModel;
+pub use pipeline::{FinishReason, GenEvent, GenRequest};
+use state::{PeerState, State};
+
+/// How the coordinator is set up.
+#[derive(Clone, Debug)]
+pub struct CoordinatorOptions {
+    pub model_path: PathBuf,
+    pub signal_url: String,
+    pub room: String,
+    pub token: String,
+    /// This coordinator's HTTP base URL as workers and browsers reach it
+    /// (model downloads, the join page).
+    pub public_url: String,
+    /// The URL a browser opens to join (shown on the dashboard).
+    pub join_url: Option<String>,
+    pub link: LinkConfig,
+    /// Context positions a request may use (prompt and generated).
+    pub ctx: usize,
+    /// Requests served at once (KV caches are budgeted for this many).
+    pub parallel: usize,
+    pub manual: Option<Vec<Stage>>,
+    /// Bearer token the API requires, if any.
+    pub api_key: Option<String>,
+    /// How long a request waits for a placement before it fails.
+    pub wait_timeout: Duration,
+    /// How long one stage may take to answer one step before it counts as lost.
+    pub step_timeout: Duration,
+}
+
+/// A stage's answer to one `Forward`, or why there is none.
+pub(crate) type StageReply = Result<Message, StageFailure>;
+
+#[derive(Clone, Debug)]
+pub(crate) enum StageFailure {
+    /// The worker went away (link down, left the room, timed out).
+    Lost(String),
+    /// The worker refused the step (`RequestError`): the request itself is at fault.
+    Refused { code: u16, text: String },
+}
+
+struct Pending {
+    seq: u32,
+    peer: PeerId,
+    reply: oneshot::Sender<StageReply>,
+}
+
+/// Shared by the event loop, the placer, the request tasks and the API.
+pub struct Shared {
+    pub opts: CoordinatorOptions,
+    pub model: ServedModel,
+    pub local_id: PeerId,
+    state: Mutex<State>,
+    /// Bumped on every change of the state (the dashboard's stream and
+    /// waiting requests watch it).
+    changed: watch::Sender<u64>,
+    replace: Notify,
+    pending: Mutex<HashMap<u64, Pending>>,
+    loads: Mutex<HashMap<PeerId, oneshot::Sender<Result<(), String>>>>,
+    next_request: AtomicU64,
+    pub metrics: pipeline::Metrics,
+    pub started: Instant,
+}
+
+impl Shared {
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn touch(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Asks the placer to look at the cluster again.
+    pub fn replace(&self) {
+        self.replace.notify_one();
+        self.touch();
+    }
+
+    pub fn set_manual(&self, manual: Option<Vec<Stage>>) {
+        self.state().manual = manual;
+        self.replace();
+    }
+
+    fn request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Fails every step waiting on `peer`.
+    fn fail_pending(&self, peer: &PeerId, why: &str) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let ids: Vec<u64> = pending
+            .iter()
+            .filter(|(_, p)| &p.peer == peer)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(p) = pending.remove(&id) {
+                let _ = p.reply.send(Err(StageFailure::Lost(why.to_owned())));
+            }
+        }
+        let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = loads.remove(peer) {
+            let _ = tx.send(Err(format!("{peer} went away: {why}")));
+        }
+    }
+
+    /// A peer is gone (link down for good, or it left the room): drop the
+    /// placement that uses it, then fail its waiting steps, so requests that
+    /// see the failure find the placement already being redone.
+    fn peer_lost(&self, peer: &PeerId, why: &str) {
+        {
+            let mut st = self.state();
+            if let Some(p) = st.peers.get_mut(peer) {
+                p.online = false;
+                p.sender = None;
+            }
+            if st
+                .active
+                .as_ref()
+                .is_some_and(|a| a.stages.iter().any(|s| &s.peer == peer))
+            {
+                warn!(%peer, %why, "a worker holding layers is gone; placing again");
+                st.active = None;
+                st.status = state::PlacementStatus::Placing;
+                st.message = format!("{peer} was lost ({why}); placing again");
+                st.warnings.push(format!("lost {peer}: {why}"));
+                let n = st.warnings.len();
+                if n > 20 {
+                    st.warnings.drain(..n - 20);
+                }
+            }
+        }
+        self.fail_pending(peer, why);
+        self.replace();
+    }
+}
+
+/// A running coordinator.
+#[derive(Clone)]
+pub struct Coordinator {
+    pub shared: Arc<Shared>,
+}
+
+impl Coordinator {
+    /// Loads the model's metadata, joins the room and starts the event loop
+    /// and the placer.
+    pub async fn start(opts: CoordinatorOptions) -> Result<Coordinator> {
+        let model = ServedModel::open(&opts.model_path, opts.ctx, opts.parallel)?;
+        let mut link = opts.link.clone();
+        link.capabilities = serde_json::json!({
+            "role": CapRole::Coordinator,
+            "version": env!("CARGO_PKG_VERSION"),
+        })
+        .to_string();
+        let mesh = Mesh::join(&opts.signal_url, &opts.room, &opts.token, link)
+            .await
+            .with_context(|| format!("joining room '{}' at {}", opts.room, opts.signal_url))?;
+        let local_id = mesh.local_id().clone();
+        info!(peer = %local_id, room = %opts.room, model = %model.name, "coordinator joined");
+        let manual = opts.manual.clone();
+        let shared = Arc::new(Shared {
+            opts,
+            model,
+            local_id,
+            state: Mutex::new(State::new(manual)),
+            changed: watch::channel(0).0,
+            replace: Notify::new(),
+            pending: Mutex::new(HashMap::new()),
+            loads: Mutex::new(HashMap::new()),
+            next_request: AtomicU64::new(1),
+            metrics: pipeline::Metrics::default(),
+            started: Instant::now(),
+        });
+        tokio::spawn(event_loop(shared.clone(), mesh));
+        tokio::spawn(placer::run(shared.clone()));
+        Ok(Coordinator { shared })
+    }
+}
+
+async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh) {
+    let mut link_gen = 0u64;
+    while let Some(event) = mesh.next_event().await {
+        match event {
+            MeshEvent::PeerJoined(p) => {
+                if p.role == Role::Worker {
+                    info!(peer = %p.peer_id, "worker in the room; linking");
+                    mesh.connect(&p.peer_id);
+                }
+            }
+            MeshEvent::PeerMeta(_) | MeshEvent::Signal { .. } => {}
+            MeshEvent::PeerLeft(peer) => {
+                let known = shared.state().peers.contains_key(&peer);
+                if known {
+                    info!(%peer, "worker left the room");
+                    shared.peer_lost(&peer, "left the room");
+                }
+            }
+            MeshEvent::LinkUp(link) => {
+                link_gen += 1;
+                on_link_up(&shared, link, link_gen);
+            }
+            MeshEvent::LinkDown { peer, error } => {
+                debug!(%peer, %error, "link down");
+                let known_online = shared.state().peers.get(&peer).is_some_and(|p| p.online);
+                if known_online {
+                    shared.peer_lost(&peer, &error.to_string());
+                } else {
+                    shared.fail_pending(&peer, &error.to_string());
+                }
+            }
+            MeshEvent::SignalClosed => {
+                warn!("the signaling session ended; no new workers can join");
+            }
+        }
+    }
+}
+
+fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
+    let peer = link.peer().clone();
+    let caps = match Capabilities::from_json(&link.remote_hello().capabilities) {
+        Ok(c) if c.role == CapRole::Worker => c,
+        Ok(_) => {
+            link.close("this coordinator only links to workers");
+            return;
+        }
+        Err(e) => {
+            warn!(%peer, error = %e, "a worker sent capabilities we cannot read; closing");
+            link.close(&format!("unreadable capabilities: {e}"));
+            return;
+        }
+    };
+    info!(%peer, device = %caps.device.name, backend = %caps.backend, kind = ?caps.kind, "worker linked; calibrating");
+    let sender = link.sender();
+    {
+        let mut st = shared.state();
+        let entry = st.peers.entry(peer.clone()).or_insert_with(|| PeerState {
+            caps: caps.clone(),
+            sender: None,
+            stats: None,
+            link_gen: 0,
+            calibration: None,
+            telemetry: None,
+            extra: serde_json::Value::Null,
+            paused: None,
+            loading: false,
+            online: true,
+            joined: Instant::now(),
+        });
+        entry.caps = caps;
+        entry.sender = Some(sender.clone());
+        entry.stats = Some(link.stats_watch());
+        entry.link_gen = generation;
+        entry.online = true;
+    }
+    shared.touch();
+    let config = serde_json::to_string(&shared.model.config).unwrap_or_default();
+    tokio::spawn(async move {
+        if let Err(e) = sender.send(Message::Calibrate { config }).await {
+            debug!(error = %e, "calibration request not sent");
+        }
+    });
+    tokio::spawn(read_link(shared.clone(), link, generation));
+}
+
+/// Routes what a worker says to whoever waits for it.
+async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
+    let peer = link.peer().clone();
+    let end: LinkError = loop {
+        let m = match link.recv().await {
+            Ok(m) => m,
+            Err(e) => break e,
+        };
+        match m {
+            Message::Token { request, seq, .. }
+            | Message::Activations { request, seq, .. }
+            | Message::RequestError { request, seq, .. } => {
+                let mut pending = shared
+                    .pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let ours = pending
+                    .get(&request)
+                    .is_some_and(|p| p.seq == seq && p.peer == peer);
+                if ours && let Some(p) = pending.remove(&request) {
+                    let reply = match m {
+                        Message::RequestError { code, text, .. } => {
+                            Err(StageFailure::Refused { code, text })
+                        }
+                        other => Ok(other),
+                    };
+                    let _ = p.reply.send(reply);
+                } else {
+                    debug!(%peer, request, seq, "an answer nobody waits for (a step given up on)");
+                }
+            }
+            Message::ShardLoaded { .. } | Message::Error { .. } => {
+                let result = match m {
+                    Message::Error { code, text } => Err(format!("error {code}: {text}")),
+                    _ => Ok(()),
+                };
+                let waiter = shared
+                    .loads
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&peer);
+                match waiter {
+                    Some(tx) => {
+                        let _ = tx.send(result);
+                    }
+                    None => {
+                        if let Err(e) = result {
+                            warn!(%peer, error = %e, "worker reported an error");
+                        }
+                    }
+                }
+            }
+            Message::Calibration(c) => {
+                info!(%peer, decode_ms_per_layer = c.decode_s_per_layer * 1e3, "worker calibrated");
+                if let Some(p) = shared.state().peers.get_mut(&peer) {
+                    p.calibration = Some(c);
+                }
+                shared.replace();
+            }
+            Message::Telemetry(t) => {
+                let extra: serde_json::Value =
+                    serde_json::from_str(&t.extra).unwrap_or(serde_json::Value::Null);
+                let mut st = shared.state();
+                if let Some(p) = st.peers.get_mut(&peer) {
+                    let was = (p.throttled(), p.background());
+                    p.extra = extra;
+                    p.telemetry = Some(t);
+                    if was != (p.throttled(), p.background()) {
+                        drop(st);
+                        shared.replace();
+                        continue;
+                    }
+                }
+                drop(st);
+                shared.touch();
+            }
+            Message::Pause { reason } => {
+                info!(%peer, %reason, "worker pausing");
+                if let Some(p) = shared.state().peers.get_mut(&peer) {
+                    p.paused = Some(reason);
+                }
+                shared.replace();
+            }
+            Message::Resume => {
+                info!(%peer, "worker resumed");
+                if let Some(p) = shared.state().peers.get_mut(&peer) {
+                    p.paused = None;
+                }
+                shared.replace();
+            }
+            other => debug!(%peer, kind = other.kind(), "unexpected message from a worker"),
+        }
+    };
+    let (current, online) = shared
+        .state()
+        .peers
+        .get(&peer)
+        .map_or((false, false), |p| (p.link_gen == generation, p.online));
+    if current && online {
+        info!(%peer, error = %end, "worker link ended");
+        shared.peer_lost(&peer, &end.to_string());
+    } else if !online {
+        // Already counted as lost: fail what was sent to it since.
+        shared.fail_pending(&peer, &end.to_string());
+    }
+}
+
+/// The request-failed error code a stage uses when the request is at fault.
+pub(crate) fn is_request_fault(code: u16) -> bool {
+    code == error_code::BAD_REQUEST
+}

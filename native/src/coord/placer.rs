@@ -1,0 +1,238 @@
+//! Turns the cluster into a placement and loads it on the workers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_engine::placement::{self, DeviceCondition, DeviceProfile, Stage};
+use cairn_engine::protocol::{LayerRange, Message};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use super::Shared;
+use super::state::{Active, ActiveStage, PlacementStatus, State};
+
+/// How long loading one placement may take before it counts as failed.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
+/// Changes arriving together (several workers joining) are placed once.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// The profiles placement sees: calibrated, online workers.
+pub fn profiles(st: &State) -> Vec<DeviceProfile> {
+    st.peers
+        .iter()
+        .filter(|(_, p)| p.online && p.sender.is_some())
+        .filter_map(|(id, p)| {
+            let c = p.calibration?;
+            let stats = p.stats.as_ref().map(|s| s.borrow().clone());
+            let rtt = stats
+                .as_ref()
+                .and_then(|s| s.rtt_smoothed.or(s.rtt))
+                .map_or(1e-3, |d| d.as_secs_f64());
+            let bw = stats
+                .as_ref()
+                .and_then(|s| s.throughput_bytes_per_s)
+                .unwrap_or(50e6);
+            let (battery_level, charging) = p.battery();
+            let condition = DeviceCondition {
+                throttled: p.extra.get("throttled").and_then(|t| t.as_bool()) == Some(true),
+                pressure: p.pressure(),
+                battery_level,
+                charging,
+                background: p.background(),
+                paused: p.paused.is_some(),
+            };
+            Some(DeviceProfile {
+                id: id.to_string(),
+                memory_bytes: p.caps.memory_budget_bytes,
+                decode_s_per_layer: c.decode_s_per_layer,
+                prefill_s_per_layer_token: c.prefill_s_per_layer_token,
+                call_overhead_s: c.call_overhead_s,
+                link_rtt_s: rtt,
+                link_bytes_per_s: bw,
+                slowdown: placement::slowdown(&condition),
+            })
+        })
+        .collect()
+}
+
+/// What the cluster should run now: the manual placement while it is
+/// valid, else the best automatic one.
+fn target(shared: &Shared) -> Result<Vec<Stage>, String> {
+    let mut st = shared.state();
+    st.placements_computed += 1;
+    let devices = profiles(&st);
+    if let Some(manual) = st.manual.clone() {
+        match placement::evaluate(&devices, &shared.model.cost, &manual, 0) {
+            Ok(_) => return Ok(manual),
+            Err(e) => {
+                let msg = format!("manual placement set aside ({e}); placing automatically");
+                warn!("{msg}");
+                st.warnings.push(msg);
+            }
+        }
+    }
+    if devices.is_empty() {
+        return Err("no calibrated worker is online".into());
+    }
+    placement::place(&devices, &shared.model.cost).map_err(|e| e.to_string())
+}
+
+pub async fn run(shared: Arc<Shared>) {
+    loop {
+        shared.replace.notified().await;
+        tokio::time::sleep(DEBOUNCE).await;
+        let wanted = match target(&shared) {
+            Ok(t) => t,
+            Err(msg) => {
+                let mut st = shared.state();
+                if st.active.is_none() {
+                    st.status = if st.peers.values().any(|p| p.online) {
+                        PlacementStatus::NoFit
+                    } else {
+                        PlacementStatus::Waiting
+                    };
+                    st.message = msg;
+                    st.target = None;
+                    st.prediction = None;
+                }
+                drop(st);
+                shared.touch();
+                continue;
+            }
+        };
+        let unchanged = {
+            let st = shared.state();
+            st.active.as_ref().is_some_and(|a| {
+                a.stages.len() == wanted.len()
+                    && a.stages.iter().zip(&wanted).all(|(s, w)| {
+                        s.peer.to_string() == w.device && s.start == w.start && s.end == w.end
+                    })
+            })
+        };
+        if unchanged {
+            shared.touch();
+            continue;
+        }
+        if let Err(msg) = load(&shared, &wanted).await {
+            warn!(%msg, "placement failed; trying again");
+            {
+                let mut st = shared.state();
+                st.status = PlacementStatus::NoFit;
+                st.message = msg;
+            }
+            shared.touch();
+            let again = shared.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                again.replace();
+            });
+        }
+    }
+}
+
+/// Loads `stages` on their workers and makes them the active placement.
+async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
+    let mut senders = Vec::new();
+    let mut waits = Vec::new();
+    {
+        let mut st = shared.state();
+        st.active = None;
+        st.status = PlacementStatus::Placing;
+        st.message = format!("loading {}", describe(stages));
+        st.target = Some(stages.to_vec());
+        st.prediction = placement::evaluate(&profiles(&st), &shared.model.cost, stages, 64).ok();
+        for s in stages {
+            let (id, p) = st
+                .peers
+                .iter_mut()
+                .find(|(id, _)| id.to_string() == s.device)
+                .ok_or_else(|| format!("{} is not in the cluster", s.device))?;
+            let sender = p
+                .sender
+                .clone()
+                .ok_or_else(|| format!("{} has no link", s.device))?;
+            p.loading = true;
+            senders.push((id.clone(), s.clone(), sender));
+        }
+    }
+    shared.touch();
+    info!(placement = %describe(stages), "loading placement");
+    let source = format!(
+        "{}/api/model/{}.gguf",
+        shared.opts.public_url.trim_end_matches('/'),
+        shared.model.id
+    );
+    for (peer, s, sender) in &senders {
+        let (tx, rx) = oneshot::channel();
+        shared
+            .loads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(peer.clone(), tx);
+        let msg = Message::LoadShard {
+            model_hash: shared.model.id.clone(),
+            layers: LayerRange {
+                start: s.start as u32,
+                end: s.end as u32,
+            },
+            source: source.clone(),
+        };
+        if let Err(e) = sender.send(msg).await {
+            return Err(format!("{peer}: {e}"));
+        }
+        waits.push((peer.clone(), rx));
+    }
+    let mut failure = None;
+    for (peer, rx) in waits {
+        let r = match tokio::time::timeout(LOAD_TIMEOUT, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err("the link went away".into()),
+            Err(_) => Err(format!("no answer within {LOAD_TIMEOUT:?}")),
+        };
+        if let Some(p) = shared.state().peers.get_mut(&peer) {
+            p.loading = false;
+        }
+        if let Err(e) = r {
+            failure.get_or_insert(format!("{peer} could not load its layers: {e}"));
+        }
+    }
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    let mut st = shared.state();
+    // A worker may have gone while the others loaded.
+    if senders
+        .iter()
+        .any(|(p, _, _)| !st.peers.get(p).is_some_and(|p| p.online))
+    {
+        return Err("a worker went away while loading".into());
+    }
+    st.epoch += 1;
+    let epoch = st.epoch;
+    st.active = Some(Active {
+        epoch,
+        stages: senders
+            .into_iter()
+            .map(|(peer, s, sender)| ActiveStage {
+                peer,
+                start: s.start,
+                end: s.end,
+                sender,
+            })
+            .collect(),
+    });
+    st.status = PlacementStatus::Ready;
+    st.message = format!("serving: {}", describe(stages));
+    drop(st);
+    info!(epoch, placement = %describe(stages), "placement ready");
+    shared.touch();
+    Ok(())
+}
+
+pub fn describe(stages: &[Stage]) -> String {
+    stages
+        .iter()
+        .map(|s| format!("{}:{}-{}", s.device, s.start, s.end.saturating_sub(1)))
+        .collect::<Vec<_>>()
+        .join(",")
+}

@@ -1,0 +1,246 @@
+//! Real processes for end-to-end tests: the `cairn` and `cairn-signal`
+//! binaries of this build, on loopback, killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A binary of this workspace's build (`target/<profile>/<name>`), next to
+/// the test executable's directory. `cargo test --workspace` builds them.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo build -p cairn -p cairn-signal, or cargo test --workspace)",
+        path.display()
+    );
+    path
+}
+
+/// Where test logs and artifacts go: `target/test-artifacts/<test>/`.
+pub fn artifacts(test: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = target.join("test-artifacts").join(test);
+    std::fs::create_dir_all(&dir).expect("artifact dir");
+    dir
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A child process, killed (SIGKILL) when dropped.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    stdout: Option<BufReader<ChildStdout>>,
+}
+
+impl Proc {
+    /// Starts `bin` with `args`; stderr goes to `<log_dir>/<name>.log`.
+    pub fn spawn(bin: &Path, args: &[&str], log_dir: &Path, name: &str) -> Proc {
+        let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).expect("log file");
+        let mut child = Command::new(bin)
+            .args(args)
+            .env(
+                "RUST_LOG",
+                "warn,cairn=info,cairn_native=info,cairn_signal=info",
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let stdout = child.stdout.take().map(BufReader::new);
+        Proc {
+            name: name.to_owned(),
+            child,
+            stdout,
+        }
+    }
+
+    /// Reads stdout lines until one contains `needle`; returns that line.
+    /// Panics (naming the process) if it exits first. Reading blocks, so
+    /// only use it for lines the process prints promptly.
+    pub fn wait_line(&mut self, needle: &str) -> String {
+        let out = self.stdout.as_mut().expect("stdout is piped");
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = out.read_line(&mut line).expect("reading stdout");
+            assert!(n > 0, "{} exited before printing '{needle}'", self.name);
+            if line.contains(needle) {
+                return line.trim().to_owned();
+            }
+        }
+    }
+
+    /// SIGKILL, as a crash or a pulled plug would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `f` every 200 ms until it gives `Some`, or panics after `timeout` saying `what`.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// GET a JSON document; `None` on any failure (for polling).
+pub fn get_json(url: &str) -> Option<Value> {
+    ureq::get(url)
+        .timeout(Duration::from_secs(10))
+        .call()
+        .ok()?
+        .into_json()
+        .ok()
+}
+
+/// POST JSON; returns the status and the JSON body, whatever the status.
+pub fn post_json(url: &str, body: &Value) -> (u16, Value) {
+    post_raw(url, &body.to_string())
+}
+
+/// POST a raw body as JSON; returns the status and the JSON body.
+pub fn post_raw(url: &str, body: &str) -> (u16, Value) {
+    let r = ureq::post(url)
+        .timeout(Duration::from_secs(600))
+        .set("Content-Type", "application/json")
+        .send_string(body);
+    let resp = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST {url}: {e}"),
+    };
+    let status = resp.status();
+    let text = resp.into_string().unwrap_or_default();
+    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, v)
+}
+
+/// A `cairn-signal serve` on a loopback port, with a secret file to issue tokens.
+pub struct Signal {
+    pub proc: Proc,
+    pub url: String,
+    secret: PathBuf,
+}
+
+impl Signal {
+    pub fn start(dir: &Path) -> Signal {
+        let secret = dir.join("signal.secret");
+        let _ = std::fs::remove_file(&secret);
+        let status = Command::new(bin("cairn-signal"))
+            .args(["secret", "--out"])
+            .arg(&secret)
+            .status()
+            .expect("cairn-signal secret");
+        assert!(status.success(), "cairn-signal secret failed");
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let proc = Proc::spawn(
+            &bin("cairn-signal"),
+            &[
+                "serve",
+                "--listen",
+                &listen,
+                "--no-mdns",
+                "--secret-file",
+                secret.to_str().expect("utf-8 path"),
+            ],
+            dir,
+            "cairn-signal",
+        );
+        let health = format!("http://{listen}/healthz");
+        wait_for(Duration::from_secs(30), "cairn-signal to answer", || {
+            ureq::get(&health).call().ok()
+        });
+        Signal {
+            proc,
+            url: format!("ws://{listen}"),
+            secret,
+        }
+    }
+
+    /// A token for `role` (worker, coordinator) in `room`.
+    pub fn token(&self, room: &str, role: &str) -> String {
+        let out = Command::new(bin("cairn-signal"))
+            .args(["token", "--room", room, "--role", role, "--secret-file"])
+            .arg(&self.secret)
+            .output()
+            .expect("cairn-signal token");
+        assert!(out.status.success(), "cairn-signal token failed");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+/// Reads an OpenAI streaming response: yields each `data:` payload as JSON
+/// (`[DONE]` ends it).
+pub struct SseReader {
+    lines: std::io::Lines<BufReader<Box<dyn std::io::Read + Send + Sync>>>,
+}
+
+impl SseReader {
+    pub fn post(url: &str, body: &Value) -> SseReader {
+        let resp = ureq::post(url)
+            .timeout(Duration::from_secs(600))
+            .send_json(body.clone())
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        SseReader {
+            lines: BufReader::new(resp.into_reader()).lines(),
+        }
+    }
+
+    /// The next data payload, `None` at `[DONE]` or the end.
+    pub fn next_event(&mut self) -> Option<Value> {
+        for line in self.lines.by_ref() {
+            let line = line.ok()?;
+            if let Some(data) = line.strip_prefix("data:") {
+                let data = data.trim();
+                if data == "[DONE]" {
+                    return None;
+                }
+                return serde_json::from_str(data).ok();
+            }
+        }
+        None
+    }
+}

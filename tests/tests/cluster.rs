@@ -1,0 +1,433 @@
+//! The cluster end to end, with real processes on loopback: cairn-signal,
+//! `cairn serve` (coordinator only) and native `cairn worker`s on the cpu
+//! backend, the real default model.
+//!
+//! - a greedy completion through the API equals `cairn run`'s;
+//! - `kill -9` of a worker holding layers in the middle of a streamed
+//!   generation still yields the identical full output;
+//! - a worker joining mid-stream triggers a new placement and the stream
+//!   still completes identically;
+//! - bad API requests get OpenAI-style errors;
+//! - the dashboard, in headless Chromium, lists the workers (screenshot kept
+//!   under target/test-artifacts/cluster/).
+//!
+//! The prompt counts, so every greedy step has a clear margin (two correct
+//! placements may otherwise part at near-ties).
+
+use std::time::Duration;
+
+use cairn_tests::model_path;
+use cairn_tests::procs::{
+    Proc, Signal, SseReader, artifacts, bin, free_port, get_json, post_json, post_raw, wait_for,
+};
+use serde_json::{Value, json};
+
+const PROMPT: &str = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
+const TOKENS: usize = 20;
+/// Each worker offers this much, so the model (98 MB with its 30 MB
+/// embedding on both ends) needs two of them.
+const BUDGET: &str = "100000000";
+
+fn reference() -> (Vec<u64>, String) {
+    let out = std::process::Command::new(bin("cairn"))
+        .args([
+            "run",
+            "--backend",
+            "cpu",
+            "--raw",
+            "--temperature",
+            "0",
+            "--json",
+        ])
+        .args([
+            "--max-tokens",
+            &TOKENS.to_string(),
+            "--prompt",
+            PROMPT,
+            "--model",
+        ])
+        .arg(model_path())
+        .output()
+        .expect("cairn run");
+    assert!(
+        out.status.success(),
+        "cairn run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("cairn run --json prints an object");
+    let tokens = json["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    (tokens, json["text"].as_str().expect("text").to_owned())
+}
+
+fn worker(
+    signal: &Signal,
+    token: &str,
+    dir: &std::path::Path,
+    name: &str,
+    budget: Option<&str>,
+) -> (Proc, String) {
+    let model = model_path();
+    let mut args = vec![
+        "worker",
+        "--signal",
+        &signal.url,
+        "--token",
+        token,
+        "--backend",
+        "cpu",
+        "--loopback",
+        "--model",
+        model.to_str().expect("utf-8 path"),
+    ];
+    if let Some(b) = budget {
+        args.extend(["--memory-budget", b]);
+    }
+    let mut p = Proc::spawn(&bin("cairn"), &args, dir, name);
+    let line = p.wait_line("joined room");
+    let id = line.rsplit(' ').next().expect("peer id").to_owned();
+    (p, id)
+}
+
+fn stages(api: &str) -> Vec<(String, u64, u64)> {
+    get_json(&format!("{api}/api/cluster"))
+        .and_then(|c| {
+            (c["placement"]["state"] == "ready").then(|| {
+                c["placement"]["stages"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|s| {
+                                (
+                                    s["peer_id"].as_str().unwrap_or_default().to_owned(),
+                                    s["start"].as_u64().unwrap_or(0),
+                                    s["end"].as_u64().unwrap_or(0),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+        })
+        .unwrap_or_default()
+}
+
+fn request(stream: bool) -> Value {
+    json!({"model": "SmolLM2-135M-Instruct", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "stream": stream})
+}
+
+/// Reads a stream to its end; calls `after(n)` once when `n` text pieces have arrived.
+fn read_stream(api: &str, at: usize, mut after: impl FnMut()) -> (String, Option<String>) {
+    let mut sse = SseReader::post(&format!("{api}/v1/completions"), &request(true));
+    let mut text = String::new();
+    let mut pieces = 0;
+    let mut finish = None;
+    while let Some(ev) = sse.next_event() {
+        assert!(
+            ev.get("error").is_none(),
+            "the stream carried an error: {ev}"
+        );
+        let choice = &ev["choices"][0];
+        if let Some(t) = choice["text"].as_str()
+            && !t.is_empty()
+        {
+            text.push_str(t);
+            pieces += 1;
+            if pieces == at {
+                after();
+            }
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = Some(f.to_owned());
+        }
+    }
+    (text, finish)
+}
+
+#[test]
+fn cluster_serves_survives_a_kill_and_a_join() {
+    let dir = artifacts("cluster");
+    let (ref_tokens, ref_text) = reference();
+    let signal = Signal::start(&dir);
+    let worker_token = signal.token("main", "worker");
+    let coord_token = signal.token("main", "coordinator");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let api = format!("http://{listen}");
+    let model = model_path();
+    let _coord = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "serve",
+            "--signal",
+            &signal.url,
+            "--token",
+            &coord_token,
+            "--no-local-worker",
+            "--listen",
+            &listen,
+            "--ctx",
+            "256",
+            "--parallel",
+            "2",
+            "--wait-timeout",
+            "120",
+            "--model",
+            model.to_str().expect("utf-8 path"),
+        ],
+        &dir,
+        "coordinator",
+    );
+    wait_for(Duration::from_secs(60), "the coordinator's API", || {
+        get_json(&format!("{api}/v1/models"))
+    });
+
+    let mut workers: Vec<(Proc, String)> = (0..3)
+        .map(|i| {
+            worker(
+                &signal,
+                &worker_token,
+                &dir,
+                &format!("worker-{i}"),
+                Some(BUDGET),
+            )
+        })
+        .collect();
+    wait_for(
+        Duration::from_secs(120),
+        "the three workers to be calibrated",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            let peers = c["peers"].as_array()?;
+            (peers.len() == 3 && peers.iter().all(|p| p["calibration"].is_object())).then_some(())
+        },
+    );
+    // Let the placer settle on the last calibration before asserting on it.
+    std::thread::sleep(Duration::from_secs(1));
+    let placed = wait_for(
+        Duration::from_secs(180),
+        "a placement over the workers",
+        || {
+            let s = stages(&api);
+            (s.len() >= 2).then_some(s)
+        },
+    );
+    assert_eq!(placed.first().map(|s| s.1), Some(0));
+    assert_eq!(placed.last().map(|s| s.2), Some(30));
+
+    // Bad requests get OpenAI-style errors with the right status.
+    let (status, body) = post_raw(&format!("{api}/v1/completions"), "{not json");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let (status, body) = post_json(
+        &format!("{api}/v1/completions"),
+        &json!({"model": "gpt-9", "prompt": "hi"}),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "model_not_found");
+    let (status, body) = post_json(
+        &format!("{api}/v1/completions"),
+        &json!({"prompt": "hi", "max_tokens": 0}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "max_tokens");
+    let (status, body) = post_json(
+        &format!("{api}/v1/chat/completions"),
+        &json!({"messages": []}),
+    );
+    assert_eq!(status, 400, "{body}");
+
+    // A greedy completion across the stages equals the single-device run.
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    let tokens: Vec<u64> = body["cairn"]["tokens"]
+        .as_array()
+        .expect("token ids")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        tokens, ref_tokens,
+        "distributed greedy tokens differ from cairn run's"
+    );
+    assert_eq!(body["choices"][0]["text"], ref_text);
+    assert_eq!(body["usage"]["completion_tokens"], TOKENS);
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+
+    // kill -9 a worker that holds layers, mid-stream.
+    let victim = placed[placed.len() / 2].0.clone();
+    let (text, finish) = read_stream(&api, 5, || {
+        let w = workers
+            .iter_mut()
+            .find(|(_, id)| id == &victim)
+            .expect("victim is one of ours");
+        w.0.kill();
+    });
+    assert_eq!(
+        text, ref_text,
+        "the stream after a kill differs from cairn run's output"
+    );
+    assert_eq!(finish.as_deref(), Some("length"));
+    let cluster = get_json(&format!("{api}/api/cluster")).expect("cluster");
+    assert!(
+        cluster["requests"]["recoveries"].as_u64().unwrap_or(0) >= 1,
+        "no recovery recorded: {cluster}"
+    );
+    let after_kill = stages(&api);
+    assert!(
+        !after_kill.iter().any(|s| s.0 == victim),
+        "the dead worker is still placed"
+    );
+
+    // A worker joining mid-stream is calibrated and placement is computed
+    // again; the stream goes on unbroken whether or not the layers move.
+    let computed = |api: &str| {
+        get_json(&format!("{api}/api/cluster"))
+            .and_then(|c| c["placement"]["computed"].as_u64())
+            .unwrap_or(0)
+    };
+    let before = computed(&api);
+    let mut joiner = None;
+    let (text, _) = read_stream(&api, 3, || {
+        joiner = Some(worker(&signal, &worker_token, &dir, "worker-joined", None));
+    });
+    assert_eq!(
+        text, ref_text,
+        "the stream across a join differs from cairn run's output"
+    );
+    let (_, joined_id) = joiner.as_ref().expect("joined");
+    let joined_id = joined_id.clone();
+    wait_for(
+        Duration::from_secs(120),
+        "the new worker to be calibrated and placement recomputed",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            let peer = c["peers"]
+                .as_array()?
+                .iter()
+                .find(|p| p["peer_id"] == joined_id.as_str())?
+                .clone();
+            (peer["calibration"].is_object() && c["placement"]["computed"].as_u64()? > before)
+                .then_some(())
+        },
+    );
+
+    // A manual placement puts every layer on the new worker; output is the same.
+    let manual = json!({"stages": [{"peer_id": joined_id, "start": 0, "end": 30}]});
+    let (status, body) = post_json(&format!("{api}/api/placement"), &manual);
+    assert_eq!(status, 202, "{body}");
+    let bad = json!({"stages": [{"peer_id": joined_id, "start": 0, "end": 12}]});
+    let (status, body) = post_json(&format!("{api}/api/placement"), &bad);
+    assert_eq!(status, 400, "a placement with a gap was accepted: {body}");
+    wait_for(Duration::from_secs(120), "the manual placement", || {
+        (stages(&api) == vec![(joined_id.clone(), 0, 30)]).then_some(())
+    });
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["text"], ref_text,
+        "single-stage output differs"
+    );
+    let back = ureq::delete(&format!("{api}/api/placement"))
+        .call()
+        .expect("DELETE /api/placement");
+    assert_eq!(back.status(), 202);
+
+    // The dashboard lists the workers.
+    dashboard_shows(&api, &joined_id, &dir);
+    drop(workers);
+}
+
+fn dashboard_shows(api: &str, peer: &str, dir: &std::path::Path) {
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+    let Some(chromium) = chromium else {
+        assert!(
+            std::env::var_os("CAIRN_TEST_REQUIRE_BROWSER").is_none(),
+            "chromium is not installed (CAIRN_TEST_REQUIRE_BROWSER is set)"
+        );
+        eprintln!("skipping the dashboard screenshot: chromium is not installed");
+        return;
+    };
+    let profile = dir.join("chromium-profile");
+    let common = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--virtual-time-budget=4000",
+        "--window-size=1280,1000",
+    ];
+    let shot = dir.join("dashboard.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = bounded(
+        std::process::Command::new(chromium)
+            .args(common)
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(format!("--screenshot={}", shot.display()))
+            .arg(format!("{api}/?poll")),
+    );
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let png = std::fs::read(&shot).expect("the screenshot was written");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "the screenshot looks empty"
+    );
+    let out = bounded(
+        std::process::Command::new(chromium)
+            .args(common)
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("--dump-dom")
+            .arg(format!("{api}/?poll")),
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains(&format!("data-peer-id=\"{peer}\"")),
+        "the dashboard does not list {peer}"
+    );
+}
+
+/// Runs a headless browser command, killing it after two minutes.
+fn bounded(cmd: &mut std::process::Command) -> std::process::Output {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting chromium");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(out) => out.expect("chromium output"),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+            panic!("chromium did not finish within 2 minutes");
+        }
+    }
+}
