@@ -852,3 +852,178 @@ async fn standalone_package_runs_a_kernel_and_a_model() {
     );
     drop(browser);
 }
+
+/// `cairn run`'s greedy tokens for the prompt (the single-device reference).
+fn cairn_run_tokens() -> Vec<u64> {
+    let out = std::process::Command::new(cairn_tests::procs::bin("cairn"))
+        .args([
+            "run",
+            "--backend",
+            "cpu",
+            "--raw",
+            "--temperature",
+            "0",
+            "--json",
+        ])
+        .args([
+            "--max-tokens",
+            &TOKENS.to_string(),
+            "--prompt",
+            PROMPT,
+            "--model",
+        ])
+        .arg(model_path())
+        .output()
+        .expect("cairn run");
+    assert!(
+        out.status.success(),
+        "cairn run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("cairn run --json prints an object");
+    json["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+/// The whole cluster as real processes: cairn-signal, `cairn serve` (which serves the join
+/// page, the package and the model), a native `cairn worker`, and the browser joining from
+/// the coordinator's own join URL. A placement puts layers 0-14 in the browser and 15-29 on
+/// the native worker; a greedy completion through the coordinator's API equals `cairn run`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_with_a_browser_worker_matches_cairn_run() {
+    use cairn_tests::procs::{
+        Proc, Signal, artifacts, bin, free_port, get_json, post_json, wait_for,
+    };
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    web_pkg();
+    let dir = artifacts("browser-cluster");
+    let expected = cairn_run_tokens();
+    let model = model_path();
+    let signal = Signal::start(&dir);
+    let worker_token = signal.token("main", "worker");
+    let coord_token = signal.token("main", "coordinator");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let api = format!("http://{listen}");
+    let _coord = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "serve",
+            "--signal",
+            &signal.url,
+            "--token",
+            &coord_token,
+            "--no-local-worker",
+            "--listen",
+            &listen,
+            "--ctx",
+            "256",
+            "--wait-timeout",
+            "300",
+            "--model",
+            model.to_str().expect("utf-8 path"),
+        ],
+        &dir,
+        "coordinator",
+    );
+    wait_for(Duration::from_secs(60), "the coordinator's API", || {
+        get_json(&format!("{api}/v1/models"))
+    });
+    let mut native = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "worker",
+            "--signal",
+            &signal.url,
+            "--token",
+            &worker_token,
+            "--backend",
+            "cpu",
+            "--loopback",
+            "--model",
+            model.to_str().expect("utf-8 path"),
+        ],
+        &dir,
+        "native-worker",
+    );
+    let native_id = native
+        .wait_line("joined room")
+        .rsplit(' ')
+        .next()
+        .expect("peer id")
+        .to_owned();
+
+    // The page the coordinator serves, as a person would open it (pressure ignored: this
+    // machine is busy, and the placement below is forced anyway).
+    let url = format!(
+        "{api}/join?signal={}&room=main&token={worker_token}&pressure=ignore",
+        signal.url
+    );
+    let browser = Browser::launch(&binary, &url, true);
+    let mut page = browser.page("/join").await;
+    page.wait_status("press the button", WAIT).await;
+    page.eval("document.querySelector('#consent').click()")
+        .await;
+    page.wait_status("joined", WAIT).await;
+    let browser_id = wait_for(
+        Duration::from_secs(120),
+        "the browser worker in the cluster",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            c["peers"].as_array()?.iter().find_map(|p| {
+                (p["kind"] == "browser").then(|| p["peer_id"].as_str().map(str::to_owned))?
+            })
+        },
+    );
+
+    let stages = json!({"stages": [
+        {"peer_id": browser_id, "start": 0, "end": SPLIT},
+        {"peer_id": native_id, "start": SPLIT, "end": 30},
+    ]});
+    let (status, body) = post_json(&format!("{api}/api/placement"), &stages);
+    assert_eq!(status, 202, "{body}");
+    wait_for(SLOW, "the forced placement to be ready", || {
+        let c = get_json(&format!("{api}/api/cluster"))?;
+        let s = c["placement"]["stages"].as_array()?.clone();
+        (c["placement"]["state"] == "ready"
+            && s.len() == 2
+            && s[0]["peer_id"] == browser_id.as_str()
+            && s[0]["end"] == SPLIT)
+            .then_some(())
+    });
+    let status = page
+        .wait_status(&format!("serving layers 0-{}", SPLIT - 1), WAIT)
+        .await;
+    assert!(status.contains("joined"), "#status: {status}");
+    page.screenshot(&dir.join("browser-joined.png")).await;
+
+    let request = json!({"model": "SmolLM2-135M-Instruct", "prompt": PROMPT,
+        "max_tokens": TOKENS, "temperature": 0, "stream": false});
+    let body =
+        tokio::task::spawn_blocking(move || post_json(&format!("{api}/v1/completions"), &request))
+            .await
+            .unwrap();
+    assert_eq!(body.0, 200, "{}", body.1);
+    let tokens: Vec<u64> = body.1["cairn"]["tokens"]
+        .as_array()
+        .expect("token ids")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        tokens, expected,
+        "browser + native greedy tokens differ from cairn run's"
+    );
+    drop(browser);
+}

@@ -884,7 +884,14 @@ impl Worker {
         let mut t = self.stage.telemetry();
         let mut extra: Value = serde_json::from_str(&t.extra).unwrap_or_else(|_| json!({}));
         if let Some(obj) = extra.as_object_mut() {
-            obj.insert("pressure".into(), json!(self.pressure));
+            if self.ignore_pressure {
+                // The coordinator throttles peers whose `pressure` is serious or critical;
+                // with `pressure=ignore` the state is still reported, under another key.
+                obj.insert("pressure".into(), json!("ignored"));
+                obj.insert("pressure_observed".into(), json!(self.pressure));
+            } else {
+                obj.insert("pressure".into(), json!(self.pressure));
+            }
             obj.insert("battery".into(), self.battery.clone());
             obj.insert(
                 "visibility".into(),
