@@ -524,6 +524,10 @@ async fn generate_split(
         link.send(Message::Forward {
             request: 7,
             seq: step as u32,
+            layers: LayerRange {
+                start: 0,
+                end: SPLIT,
+            },
             pos0,
             max_len,
             sample: None,

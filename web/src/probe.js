@@ -84,7 +84,18 @@ export async function watchPressure(onChange) {
 /// `{ bytes: Uint8Array, total: number|null, status }`. Reports progress through
 /// `onBytes(n)` as chunks arrive, when the body can be streamed.
 export async function fetchRange(url, start, endInclusive, onBytes) {
-  const response = await fetch(url, { headers: { Range: `bytes=${start}-${endInclusive}` } });
+  const init = { headers: { Range: `bytes=${start}-${endInclusive}` } };
+  let response;
+  try {
+    response = await fetch(url, init);
+  } catch (e) {
+    // The coordinator serves both this page and the model; a source URL naming another
+    // address of it (a LAN IP where the page was opened as localhost) is cross-origin and
+    // may be refused. The same path on this page's origin is the same file.
+    const target = new URL(url, location.href);
+    if (target.origin === location.origin) throw e;
+    response = await fetch(location.origin + target.pathname + target.search, init);
+  }
   if (response.status !== 206 && response.status !== 200) {
     throw new Error(`GET ${url} bytes ${start}-${endInclusive}: HTTP ${response.status}`);
   }
