@@ -1,6 +1,8 @@
 //! The library side of the `cairn` package, for the coordinator and the
-//! integration tests: peer links over WebRTC data channels (`link`).
+//! integration tests: peer links over WebRTC data channels (`link`), and fetching a shard's
+//! tensors from the coordinator over HTTP range requests (`model_fetch`).
 
 pub mod coord;
 pub mod link;
+pub mod model_fetch;
 pub mod worker;

@@ -1,13 +1,15 @@
 //! GGUF model files: header, metadata, tensor infos and tensor data.
 //!
 //! [`GgufFile`] is the parsed header. It can come from a whole file in memory
-//! ([`BytesGguf`]), a memory map ([`MappedGguf`], native only) or, in a browser, from just
-//! the first bytes of a file fetched over HTTP ([`GgufFile::parse_prefix`]), after which
-//! tensors are fetched by [`GgufFile::tensor_range`]. [`GgufWriter`] builds files for
-//! tests and synthetic models. Layout notes and limits are in `docs/gguf.md`.
+//! ([`BytesGguf`]), a memory map ([`MappedGguf`], native only) or, on a worker without the
+//! file, from its first bytes fetched over HTTP ([`parse_header`]), after which the tensors
+//! of a layer range are fetched ([`shard_ranges`]) into a [`PartialGguf`]. [`GgufWriter`]
+//! builds files for tests and synthetic models. Layout notes and limits are in
+//! `docs/gguf.md`.
 
 mod error;
 mod parse;
+mod partial;
 mod source;
 mod value;
 mod writer;
@@ -18,6 +20,10 @@ mod tests;
 use std::ops::Range;
 
 pub use error::GgufError;
+pub use partial::{
+    HEADER_FIRST_FETCH, HeaderProgress, MAX_HEADER_BYTES, MAX_RANGE_BYTES, MERGE_GAP,
+    MODEL_ID_PREFIX_BYTES, PartialGguf, model_id, model_id_prefix_len, parse_header, shard_ranges,
+};
 #[cfg(not(target_arch = "wasm32"))]
 pub use source::MappedGguf;
 pub use source::{BytesGguf, TensorSource};

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use crate::link::{Link, LinkConfig, Mesh, MeshEvent};
-pub use source::local_model_id;
+pub use crate::model_fetch::local_model_id;
 use stage_thread::{Job, StageThread};
 
 /// Everything a worker needs.
