@@ -663,7 +663,7 @@ async fn serve_layers_in_browser(webgpu: bool) {
     }
 
     let load = Message::LoadShard {
-        model_hash: "smollm2-135m-q4_1".into(),
+        model_hash: cairn_engine::gguf::model_id(file.bytes(), file.bytes().len() as u64),
         layers: LayerRange {
             start: 0,
             end: SPLIT,

@@ -132,13 +132,13 @@ impl Engine {
     pub fn load_model(&self, url: String) -> Promise {
         let device = Arc::clone(&self.device);
         future_to_promise(async move {
-            let (file, _) = fetch::fetch_header(&url, &url).await.map_err(js_err)?;
-            let spec = file.tokenizer_spec().map_err(js_err)?;
+            let header = fetch::fetch_header(&url, None).await.map_err(js_err)?;
+            let spec = header.file.tokenizer_spec().map_err(js_err)?;
             let tokenizer = Tokenizer::from_spec(&spec).map_err(js_err)?;
-            let n_layers = cairn_engine::model::ModelConfig::from_gguf(&file)
+            let n_layers = cairn_engine::model::ModelConfig::from_gguf(&header.file)
                 .map_err(js_err)?
                 .n_layers;
-            let (src, _) = fetch::fetch_shard(&url, &url, file, 0, n_layers)
+            let (src, _) = fetch::fetch_shard(&url, &header, 0, n_layers)
                 .await
                 .map_err(js_err)?;
             let shard = Shard::load(

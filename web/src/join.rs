@@ -828,14 +828,10 @@ impl Worker {
         ));
         // The old shard's memory goes before the new one arrives.
         self.stage.clear();
-        let key = if model_hash.is_empty() {
-            source
-        } else {
-            model_hash
-        };
         let result = async {
-            let (file, _) = fetch::fetch_header(source, key).await?;
-            let (src, stats) = fetch::fetch_shard(source, key, file, start, end).await?;
+            let expected = (!model_hash.is_empty()).then_some(model_hash);
+            let header = fetch::fetch_header(source, expected).await?;
+            let (src, stats) = fetch::fetch_shard(source, &header, start, end).await?;
             ui::log(&format!(
                 "layers {start}-{}: {} ({} from cache)",
                 end.saturating_sub(1),
