@@ -980,16 +980,16 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
     page.eval("document.querySelector('#consent').click()")
         .await;
     page.wait_status("joined", WAIT).await;
-    let browser_id = wait_for(
-        Duration::from_secs(120),
-        "the browser worker in the cluster",
-        || {
-            let c = get_json(&format!("{api}/api/cluster"))?;
-            c["peers"].as_array()?.iter().find_map(|p| {
-                (p["kind"] == "browser").then(|| p["peer_id"].as_str().map(str::to_owned))?
-            })
-        },
-    );
+    // Both workers calibrated (the placer only knows calibrated devices).
+    let browser_id = wait_for(SLOW, "both workers calibrated", || {
+        let c = get_json(&format!("{api}/api/cluster"))?;
+        let peers = c["peers"].as_array()?;
+        let calibrated = |p: &Value| p["calibration"].is_object();
+        let browser = peers.iter().find(|p| p["kind"] == "browser")?;
+        let native = peers.iter().find(|p| p["peer_id"] == native_id.as_str())?;
+        (calibrated(browser) && calibrated(native))
+            .then(|| browser["peer_id"].as_str().map(str::to_owned))?
+    });
 
     let stages = json!({"stages": [
         {"peer_id": browser_id, "start": 0, "end": SPLIT},
