@@ -16,7 +16,7 @@ var<workgroup> best_i: array<u32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32) {
-    var bv = -3.4028235e38;
+    var bv = -3.4028234e38;
     var bi = 0xffffffffu;
     for (var i = li; i < p.n; i += 256u) {
         let v = x[i];

@@ -36,13 +36,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         qs[li] = q[qbase + li];
     }
     workgroupBarrier();
-    var m = -3.4028235e38;
+    var m = -3.4028234e38;
     var l = 0.0;
     var o = 0.0;
     let n_chunks = (p.pos0 + p.tokens + CHUNK - 1u) / CHUNK;
     for (var c = 0u; c < n_chunks; c++) {
         let j = c * CHUNK + li;
-        var s = -3.4028235e38;
+        var s = -3.4028234e38;
         if (j < n_keys) {
             let kb = j * kv_stride + kvh * hd;
             var acc = 0.0;

@@ -90,7 +90,7 @@ fn argmax_pair(li: u32, v: f32, i: u32) -> u32 {
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32) {
     // Greedy pick, also the maximum logit for the top-p mass.
-    var bv = -3.4028235e38;
+    var bv = -3.4028234e38;
     var bi = 0xffffffffu;
     for (var i = li; i < p.n; i += 256u) {
         let v = logits[i];
@@ -145,7 +145,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
     }
 
     let inv_t = 1.0 / p.temperature;
-    var sv = -3.4028235e38;
+    var sv = -3.4028234e38;
     var si = 0xffffffffu;
     for (var i = li; i < p.n; i += 256u) {
         let l = logits[i];

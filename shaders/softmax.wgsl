@@ -17,7 +17,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) li: u32) {
     let r = wid.y * nwg.x + wid.x;
     let base = min(r, p.rows - 1u) * p.cols;
-    var m = -3.4028235e38;
+    var m = -3.4028234e38;
     for (var i = li; i < p.cols; i += 256u) {
         m = max(m, x[base + i]);
     }

@@ -1,1 +1,54 @@
-//! Browser worker (filled by the browser-worker issue).
+//! Cairn's browser worker: the engine compiled to wasm32, on the browser's WebGPU (or the
+//! engine's CPU backend where WebGPU is missing).
+//!
+//! - [`join_page`] runs `web/www/join.html`: it shows what the device offers, waits for
+//!   consent, joins the room through cairn-signal as a worker, answers the coordinator's
+//!   WebRTC offer and serves layers through `cairn_engine::worker::StageServer`, the code
+//!   native workers run.
+//! - [`Engine`] and [`Model`] are the package on its own: run a kernel or a model in a page
+//!   (`docs/browser.md`).
+//!
+//! Modules: `join` (the worker's flow and serving loop), `link` (the peer connection and
+//! framing), `signal` (the signaling socket), `fetch` (range requests and the weight cache),
+//! `ui` (the page), `js` (bindings to `probe.js`), `api` (the standalone API).
+
+// The engine's APIs share a device as `Arc<Device>`; on wasm32 wgpu's handles are neither
+// `Send` nor `Sync`, and the page is single-threaded.
+#![allow(clippy::arc_with_non_send_sync)]
+
+#[cfg(target_arch = "wasm32")]
+mod api;
+#[cfg(target_arch = "wasm32")]
+mod fetch;
+#[cfg(target_arch = "wasm32")]
+mod join;
+#[cfg(target_arch = "wasm32")]
+mod js;
+#[cfg(target_arch = "wasm32")]
+mod link;
+#[cfg(target_arch = "wasm32")]
+mod signal;
+#[cfg(target_arch = "wasm32")]
+mod ui;
+
+#[cfg(target_arch = "wasm32")]
+pub use api::{Engine, Model};
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen::prelude::*;
+
+/// Runs the join page (reads `signal`, `room`, `token` and optionally `backend=cpu` from
+/// the page's query). Resolves when the page leaves the room; failures show in `#status`.
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen(js_name = joinPage)]
+pub async fn join_page() -> Result<(), JsValue> {
+    let result = async {
+        let params = join::JoinParams::from_location()?;
+        join::run(params).await
+    }
+    .await;
+    if let Err(e) = &result {
+        ui::set_status(&format!("error: {e}"));
+    }
+    result.map_err(|e| JsError::new(&e).into())
+}

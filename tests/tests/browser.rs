@@ -1,0 +1,1033 @@
+//! The browser worker end to end: headless Chromium opens the join page (web/www/join.html
+//! with the wasm package from `scripts/build-web.sh`), consents, joins a real cairn-signal
+//! room and answers a native peer's WebRTC offer. The native side here plays the coordinator
+//! with `cairn_native::link::Mesh`: it checks `Hello` and telemetry, has the browser load the
+//! first layers of the default model over HTTP range requests, and generates greedily with
+//! the browser's layers followed by its own, which must match one native model.
+//!
+//! Chromium is driven through the DevTools protocol. The tests skip (saying so) only when no
+//! Chromium is installed and `CAIRN_TEST_REQUIRE_BROWSER` is unset.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn_engine::backend::Device;
+use cairn_engine::gguf::MappedGguf;
+use cairn_engine::kernels::SampleParams;
+use cairn_engine::model::generate::{GenerateOptions, generate};
+use cairn_engine::model::{ModelConfig, Shard, ShardInput, ShardOutput, Want};
+use cairn_engine::protocol::{DType, LayerRange, Message, Tensor};
+use cairn_engine::tokenizer::Tokenizer;
+use cairn_engine::worker::{Capabilities, PeerKind};
+use cairn_engine::{Selection, discover};
+use cairn_native::link::{Link, LinkConfig, Mesh, MeshEvent};
+use cairn_signal::token::{Claims, Role, issue};
+use cairn_signal::{MdnsMode, Server, SignalConfig};
+use cairn_tests::model_path;
+use futures::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::time::timeout;
+
+const ROOM: &str = "browser";
+const PROMPT: &str = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
+const TOKENS: usize = 16;
+/// Layers the browser serves (`0..SPLIT`); the native side runs the rest.
+const SPLIT: u32 = 15;
+const WAIT: Duration = Duration::from_secs(60);
+/// Loading and running layers on SwiftShader or the wasm CPU backend is slow; on 2 busy
+/// cores, generously so.
+const SLOW: Duration = Duration::from_secs(300);
+
+/// One browser at a time: the machines running this have few cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("CAIRN_CHROMIUM") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser", "google-chrome", "chrome"]
+        .iter()
+        .flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// Chromium, or `None` after saying why the test is skipped. Fails when it is required.
+fn chromium_or_skip() -> Option<PathBuf> {
+    let found = chromium();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CAIRN_TEST_REQUIRE_BROWSER").is_none(),
+            "CAIRN_TEST_REQUIRE_BROWSER is set but no Chromium was found (install chromium, or \
+             set CAIRN_CHROMIUM)"
+        );
+        eprintln!(
+            "SKIPPED: no Chromium on PATH (install chromium, or set CAIRN_CHROMIUM; set \
+             CAIRN_TEST_REQUIRE_BROWSER to make this a failure)"
+        );
+    }
+    found
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// `web/pkg`, checked to exist and to be newer than the crate's sources.
+fn web_pkg() -> PathBuf {
+    let pkg = repo().join("web/pkg");
+    let wasm = pkg.join("cairn_web_bg.wasm");
+    let built = std::fs::metadata(&wasm)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: run scripts/build-web.sh first",
+                wasm.display()
+            )
+        });
+    let mut stack = vec![repo().join("web/src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if entry.metadata().and_then(|m| m.modified()).unwrap() > built {
+                panic!(
+                    "web/pkg is older than {}: run scripts/build-web.sh",
+                    p.display()
+                );
+            }
+        }
+    }
+    pkg
+}
+
+/// Serves the join page at `/join`, the wasm package at `/pkg/` and the model at
+/// `/model.gguf` (with range requests), as the coordinator does.
+async fn page_server(pkg: PathBuf, model: PathBuf) -> SocketAddr {
+    use tower_http::services::{ServeDir, ServeFile};
+    let app = axum::Router::new()
+        .route_service("/join", ServeFile::new(repo().join("web/www/join.html")))
+        .route_service(
+            "/example",
+            ServeFile::new(repo().join("web/www/example.html")),
+        )
+        .nest_service("/pkg", ServeDir::new(pkg))
+        .route_service("/model.gguf", ServeFile::new(model));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+async fn signal_server() -> Server {
+    Server::bind(SignalConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        mdns: MdnsMode::Off,
+        ..SignalConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn token(server: &Server, role: Role) -> String {
+    issue(
+        server.secret(),
+        &Claims::new(ROOM, role, Duration::from_secs(600)),
+    )
+}
+
+/// Headless Chromium with a fresh profile, killed on drop.
+struct Browser {
+    child: Child,
+    port: u16,
+    profile: PathBuf,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
+}
+
+impl Browser {
+    fn launch(binary: &Path, url: &str, webgpu: bool) -> Browser {
+        let profile = std::env::temp_dir().join(format!(
+            "cairn-chromium-{}-{}",
+            std::process::id(),
+            if webgpu { "webgpu" } else { "cpu" }
+        ));
+        let _ = std::fs::remove_dir_all(&profile);
+        let mut cmd = Command::new(binary);
+        cmd.args([
+            "--headless=new",
+            "--no-sandbox",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-quic",
+            // WebRTC on loopback: 127.0.0.1 candidates, no mDNS names.
+            "--allow-loopback-in-peer-connection",
+            "--use-fake-ui-for-media-stream",
+            "--disable-features=WebRtcHideLocalIpsWithMdns",
+            // Keep timers running at full speed in the headless tab.
+            "--disable-background-timer-throttling",
+            "--disable-renderer-backgrounding",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=412,915",
+            "--remote-debugging-port=0",
+        ]);
+        if webgpu {
+            cmd.arg("--enable-unsafe-webgpu");
+        }
+        cmd.arg(format!("--user-data-dir={}", profile.display()));
+        cmd.arg(url);
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start chromium");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Everything Chromium says goes to a log beside the screenshots; the page's own
+        // status lines are echoed too.
+        let log_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "chromium-{}.log",
+            if webgpu { "webgpu" } else { "cpu" }
+        ));
+        let mut log = std::fs::File::create(&log_path).ok();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = log.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+                if let Some(rest) = line.strip_prefix("DevTools listening on ws://") {
+                    let port = rest
+                        .split('/')
+                        .next()
+                        .and_then(|hp| hp.rsplit(':').next())
+                        .and_then(|p| p.parse::<u16>().ok());
+                    let _ = tx.send(port);
+                } else if line.contains("\"cairn: ") {
+                    eprintln!("[chromium] {line}");
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(WAIT)
+            .ok()
+            .flatten()
+            .expect("chromium did not report its DevTools port");
+        Browser {
+            child,
+            port,
+            profile,
+        }
+    }
+
+    /// The page whose URL contains `part`, through its DevTools WebSocket.
+    async fn page(&self, part: &str) -> Page {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let list = http_get(self.port, "/json/list").await;
+            let targets: Value = serde_json::from_str(&list).unwrap_or(Value::Null);
+            let found = targets.as_array().and_then(|a| {
+                a.iter()
+                    .find(|t| t["type"] == "page" && t["url"].as_str().unwrap_or("").contains(part))
+                    .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+                    .map(str::to_owned)
+            });
+            if let Some(ws) = found {
+                return Page::connect(&ws).await;
+            }
+            assert!(Instant::now() < deadline, "no page at {part}: {list}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn http_get(port: u16, path: &str) -> String {
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    // Chromium's DevTools server answers HTTP/1.1 only.
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    loop {
+        let n = timeout(Duration::from_secs(5), tcp.read(&mut chunk))
+            .await
+            .unwrap_or(Ok(0))
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse::<usize>().ok())
+                    .flatten()
+            });
+            if len.is_some_and(|len| body.len() >= len) {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// One page over the DevTools protocol.
+struct Page {
+    ws: Ws,
+    next_id: u64,
+}
+
+impl Page {
+    async fn connect(url: &str) -> Page {
+        let authority = url
+            .strip_prefix("ws://")
+            .and_then(|r| r.split('/').next())
+            .unwrap();
+        let tcp = tokio::net::TcpStream::connect(authority).await.unwrap();
+        let (ws, _) = tokio_tungstenite::client_async(url, tcp).await.unwrap();
+        Page { ws, next_id: 1 }
+    }
+
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        use tokio_tungstenite::tungstenite::Message as WsMessage;
+        let id = self.next_id;
+        self.next_id += 1;
+        let request = json!({ "id": id, "method": method, "params": params }).to_string();
+        self.ws.send(WsMessage::Text(request.into())).await.unwrap();
+        loop {
+            let m = timeout(SLOW, self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("no answer to {method}"))
+                .expect("DevTools socket closed")
+                .unwrap();
+            let WsMessage::Text(text) = m else { continue };
+            let v: Value = serde_json::from_str(&text).unwrap();
+            if v["id"] == id {
+                assert!(v["error"].is_null(), "{method} failed: {}", v["error"]);
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// The value of a JS expression (promises awaited).
+    async fn eval(&mut self, expression: &str) -> Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
+            )
+            .await;
+        assert!(
+            r["exceptionDetails"].is_null(),
+            "`{expression}` threw: {}",
+            r["exceptionDetails"]
+        );
+        r["result"]["value"].clone()
+    }
+
+    async fn text(&mut self, id: &str) -> String {
+        self.eval(&format!(
+            "(document.getElementById('{id}') || {{}}).textContent || ''"
+        ))
+        .await
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+    }
+
+    /// Waits until `#status` contains `part`; the last status in the panic otherwise.
+    async fn wait_status(&mut self, part: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let status = self.text("status").await;
+            if status.contains(part) {
+                return status;
+            }
+            assert!(
+                !status.starts_with("error"),
+                "the page failed while waiting for {part:?}: {status}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "#status never said {part:?}; it says {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn screenshot(&mut self, path: &Path) {
+        let r = self
+            .call("Page.captureScreenshot", json!({ "format": "png" }))
+            .await;
+        let png = base64_decode(r["data"].as_str().unwrap());
+        assert!(png.starts_with(b"\x89PNG"), "the screenshot is not a PNG");
+        std::fs::write(path, png).unwrap();
+        eprintln!("screenshot: {}", path.display());
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = s
+        .bytes()
+        .filter(|&c| c != b'=' && !c.is_ascii_whitespace())
+        .collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= u32::from(value(c)) << (18 - 6 * i);
+        }
+        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}
+
+async fn next_event(mesh: &mut Mesh) -> MeshEvent {
+    timeout(WAIT, mesh.next_event())
+        .await
+        .expect("no mesh event in time")
+        .expect("mesh ended")
+}
+
+/// Connects to the first worker that shows up and returns the established link.
+async fn link_to_worker(mesh: &mut Mesh) -> Link {
+    let mut offered = false;
+    loop {
+        match next_event(mesh).await {
+            MeshEvent::PeerJoined(p) | MeshEvent::PeerMeta(p)
+                if !offered && p.meta.get("role").and_then(Value::as_str) == Some("worker") =>
+            {
+                assert_eq!(p.meta["kind"], "browser");
+                offered = true;
+                mesh.connect(&p.peer_id);
+            }
+            MeshEvent::LinkUp(link) => return link,
+            MeshEvent::LinkDown { peer, error } => eprintln!("link to {peer} down: {error}"),
+            _ => {}
+        }
+    }
+}
+
+/// The next message that is not telemetry (telemetry is counted into `telemetry`).
+async fn recv(link: &mut Link, telemetry: &mut Vec<Value>, within: Duration) -> Message {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let m = tokio::time::timeout_at(deadline, link.recv())
+            .await
+            .expect("no message from the browser in time")
+            .expect("the link failed");
+        match m {
+            Message::Telemetry(t) => {
+                telemetry.push(serde_json::from_str(&t.extra).unwrap_or(Value::Null))
+            }
+            // A loaded test machine does put the browser under pressure; it only asks.
+            Message::Pause { reason } => eprintln!("the browser asks to pause: {reason}"),
+            Message::Resume => eprintln!("the browser resumes"),
+            other => return other,
+        }
+    }
+}
+
+/// Waits for a `Pause` or `Resume` that `wanted` accepts (others and telemetry are skipped).
+async fn expect_pause_or_resume(link: &mut Link, wanted: impl Fn(&Message) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut seen = Vec::new();
+    loop {
+        let m = tokio::time::timeout_at(deadline, link.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no expected pause/resume; saw {seen:?}"))
+            .expect("the link failed");
+        if wanted(&m) {
+            return;
+        }
+        if matches!(m, Message::Pause { .. } | Message::Resume) {
+            seen.push(m);
+        }
+    }
+}
+
+fn cpu() -> Arc<Device> {
+    let d = pollster::block_on(discover());
+    Arc::new(
+        pollster::block_on(d.open(&Selection {
+            backend: Some("cpu".into()),
+            device: None,
+        }))
+        .unwrap(),
+    )
+}
+
+/// The prompt's tokens and one native model's greedy continuation.
+fn reference(file: &MappedGguf, tok: &Tokenizer) -> (Vec<u32>, Vec<u32>) {
+    let prompt = tok.encode_prompt(PROMPT, true).unwrap();
+    let n = ModelConfig::from_gguf(&file.file).unwrap().n_layers;
+    let whole = Shard::load(cpu(), file, 0, n, 256, &mut |_, _| {}).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: TOKENS,
+        sample: SampleParams::default(),
+        stop_at_eog: false,
+    };
+    let (out, _) = pollster::block_on(generate(&whole, tok, &prompt, &opts, &mut |_| {})).unwrap();
+    (prompt, out)
+}
+
+/// Greedy generation with layers `0..SPLIT` in the browser and the rest in `tail`.
+async fn generate_split(
+    link: &mut Link,
+    tail: &Shard,
+    prompt: &[u32],
+    telemetry: &mut Vec<Value>,
+) -> Vec<u32> {
+    let max_len = (prompt.len() + TOKENS) as u32;
+    let mut cache = tail.new_cache(max_len as usize).unwrap();
+    let mut out = Vec::new();
+    let mut input = prompt.to_vec();
+    let mut pos0 = 0u32;
+    for step in 0..TOKENS {
+        let tensor = Tensor::from_values(DType::U32, vec![input.len() as u64], &input).unwrap();
+        link.send(Message::Forward {
+            request: 7,
+            seq: step as u32,
+            layers: LayerRange {
+                start: 0,
+                end: SPLIT,
+            },
+            pos0,
+            max_len,
+            sample: None,
+            tensor,
+        })
+        .await
+        .unwrap();
+        let hidden = match recv(link, telemetry, SLOW).await {
+            Message::Activations {
+                request: 7,
+                seq,
+                pos0: p,
+                tensor,
+            } => {
+                assert_eq!((seq, p), (step as u32, pos0));
+                assert_eq!(
+                    tensor.shape(),
+                    [input.len() as u64, tail.config().dim as u64]
+                );
+                tensor.to_f32().unwrap()
+            }
+            other => panic!("expected activations, got {other:?}"),
+        };
+        let params = SampleParams {
+            step: step as u32,
+            ..SampleParams::default()
+        };
+        let next = match tail
+            .forward(
+                &mut cache,
+                ShardInput::Hidden(&hidden),
+                Want::Sample(params),
+            )
+            .await
+            .unwrap()
+        {
+            ShardOutput::Token(t) => t,
+            _ => panic!("the tail did not sample"),
+        };
+        out.push(next);
+        pos0 += input.len() as u32;
+        input = vec![next];
+    }
+    link.send(Message::EndRequest { request: 7 }).await.unwrap();
+    out
+}
+
+/// Everything both cases share: join, hello, telemetry, load, generate, leave.
+async fn serve_layers_in_browser(webgpu: bool) {
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let model = model_path();
+    let pkg = web_pkg();
+    let file = MappedGguf::open(&model).unwrap();
+    let tok = Tokenizer::from_spec(&file.file.tokenizer_spec().unwrap()).unwrap();
+    let (prompt, expected) = reference(&file, &tok);
+    let n_layers = ModelConfig::from_gguf(&file.file).unwrap().n_layers as u32;
+    let tail = Shard::load(
+        cpu(),
+        &file,
+        SPLIT as usize,
+        n_layers as usize,
+        256,
+        &mut |_, _| {},
+    )
+    .unwrap();
+
+    let signal = signal_server().await;
+    let http = page_server(pkg, model.clone()).await;
+    let mut coordinator = Mesh::join(
+        &signal.url(),
+        ROOM,
+        &token(&signal, Role::Coordinator),
+        LinkConfig {
+            capabilities: json!({ "role": "coordinator" }).to_string(),
+            ..LinkConfig::loopback()
+        },
+    )
+    .await
+    .unwrap();
+    let mut meta = serde_json::Map::new();
+    meta.insert("role".into(), json!("coordinator"));
+    coordinator.set_meta(meta);
+
+    let url = format!(
+        "http://{http}/join?signal={}&room={ROOM}&token={}",
+        signal.url(),
+        token(&signal, Role::Worker)
+    );
+    let browser = Browser::launch(&binary, &url, webgpu);
+    let mut page = browser.page("/join").await;
+    page.wait_status("press the button", WAIT).await;
+    let device = page.text("device").await;
+    eprintln!("#device: {device}");
+    if webgpu {
+        assert!(device.starts_with("WebGPU"), "#device: {device}");
+    } else {
+        assert!(device.contains("CPU fallback"), "#device: {device}");
+    }
+    let env = page.text("env").await;
+    assert!(
+        env.contains("CPU cores"),
+        "the environment is not shown: {env}"
+    );
+    page.eval("document.querySelector('#consent').click()")
+        .await;
+
+    let mut link = timeout(WAIT, link_to_worker(&mut coordinator))
+        .await
+        .expect("no link to the browser");
+    let caps = Capabilities::from_json(&link.remote_hello().capabilities)
+        .expect("the browser's capabilities parse");
+    assert_eq!(caps.kind, PeerKind::Browser);
+    assert_eq!(caps.backend, if webgpu { "wgpu" } else { "cpu" });
+    assert!(caps.extra["webgpu"].is_object(), "{}", caps.extra);
+    assert!(caps.extra["hardwareConcurrency"].is_u64(), "{}", caps.extra);
+    let status = page.wait_status("joined", WAIT).await;
+    eprintln!("#status: {status}");
+
+    let mut telemetry = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while telemetry.is_empty() {
+        assert!(Instant::now() < deadline, "no telemetry within 10 s");
+        if let Ok(Ok(Message::Telemetry(t))) = timeout(Duration::from_secs(3), link.recv()).await {
+            telemetry.push(serde_json::from_str::<Value>(&t.extra).unwrap());
+        }
+    }
+    let t = &telemetry[0];
+    for key in ["kernel_ms", "pressure", "battery", "visibility"] {
+        assert!(t.get(key).is_some(), "telemetry has no {key}: {t}");
+    }
+
+    let load = Message::LoadShard {
+        model_hash: cairn_engine::gguf::model_id(file.bytes(), file.bytes().len() as u64),
+        layers: LayerRange {
+            start: 0,
+            end: SPLIT,
+        },
+        source: format!("http://{http}/model.gguf"),
+    };
+    link.send(load.clone()).await.unwrap();
+    match recv(&mut link, &mut telemetry, SLOW).await {
+        Message::ShardLoaded { layers, .. } => {
+            assert_eq!((layers.start, layers.end), (0, SPLIT))
+        }
+        other => panic!("expected shard-loaded, got {other:?}"),
+    }
+    let status = page
+        .wait_status(&format!("serving layers 0-{}", SPLIT - 1), WAIT)
+        .await;
+    assert!(status.contains("joined"), "#status: {status}");
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "browser-{}.png",
+        if webgpu { "webgpu" } else { "cpu" }
+    ));
+    page.screenshot(&shot).await;
+
+    let t0 = Instant::now();
+    let got = generate_split(&mut link, &tail, &prompt, &mut telemetry).await;
+    eprintln!(
+        "{TOKENS} tokens through the browser's {SPLIT} layers in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        got,
+        expected,
+        "split generation {:?} differs from the native model's {:?}",
+        tok.decode(&got),
+        tok.decode(&expected)
+    );
+
+    // Calibration runs through the same stage server.
+    let cfg = ModelConfig::from_gguf(&file.file).unwrap();
+    link.send(Message::Calibrate {
+        config: serde_json::to_string(&cfg).unwrap(),
+    })
+    .await
+    .unwrap();
+    match recv(&mut link, &mut telemetry, SLOW).await {
+        Message::Calibration(c) => assert!(c.decode_s_per_layer > 0.0, "{c:?}"),
+        other => panic!("expected calibration, got {other:?}"),
+    }
+
+    // A second load of the same layers comes from Cache Storage.
+    link.send(load.clone()).await.unwrap();
+    match recv(&mut link, &mut telemetry, SLOW).await {
+        Message::ShardLoaded { .. } => {}
+        other => panic!("expected shard-loaded again, got {other:?}"),
+    }
+    let fetched = page
+        .eval(
+            "Array.from(document.querySelectorAll('#log li')).map(l => l.textContent)\
+             .filter(t => t.includes('from cache')).join('\\n')",
+        )
+        .await;
+    let fetched = fetched.as_str().unwrap_or("");
+    let last = fetched.lines().last().unwrap_or("");
+    assert!(
+        fetched.lines().count() == 2 && !last.contains("(0 B from cache)"),
+        "the second load was not served from the cache: {fetched}"
+    );
+
+    // A hidden tab asks to pause (pressure may already have asked, for its own reason).
+    page.eval(
+        "Object.defineProperty(document, 'visibilityState', { value: 'hidden', configurable: true }); \
+         document.dispatchEvent(new Event('visibilitychange')); true",
+    )
+    .await;
+    expect_pause_or_resume(
+        &mut link,
+        |m| matches!(m, Message::Pause { reason } if reason.contains("background")),
+    )
+    .await;
+    page.eval(
+        "delete document.visibilityState; document.dispatchEvent(new Event('visibilitychange')); true",
+    )
+    .await;
+    expect_pause_or_resume(&mut link, |m| {
+        matches!(m, Message::Resume)
+            || matches!(m, Message::Pause { reason } if reason.contains("pressure"))
+    })
+    .await;
+
+    // Leaving: the page says Close on pagehide and leaves the room.
+    page.eval("location.href = 'about:blank'; true").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut closed = false;
+    let mut left = false;
+    while !(closed && left) {
+        tokio::select! {
+            m = link.recv(), if !closed => {
+                match m {
+                    Ok(Message::Telemetry(_)) => {}
+                    Ok(other) => panic!("expected the link to close, got {other:?}"),
+                    Err(e) => { eprintln!("link ended: {e}"); closed = true; }
+                }
+            }
+            e = coordinator.next_event() => {
+                if let Some(MeshEvent::PeerLeft(p)) = e {
+                    assert_eq!(&p, link.peer());
+                    left = true;
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                panic!("after leaving the page: link closed {closed}, peer left {left}")
+            }
+        }
+    }
+    drop(browser);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_serves_layers_on_webgpu() {
+    serve_layers_in_browser(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_without_webgpu_falls_back_to_cpu() {
+    serve_layers_in_browser(false).await;
+}
+
+/// Waits until `#out` of the example page says `done` (or fails on `error`).
+async fn example_output(page: &mut Page) -> String {
+    let deadline = Instant::now() + SLOW;
+    loop {
+        let out = page.text("out").await;
+        assert!(!out.contains("error"), "the example failed: {out}");
+        if out.contains("\ndone") {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the example never finished: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The package on its own (web/www/example.html, as in docs/browser.md): a matmul on
+/// WebGPU, then a whole model on the CPU backend, whose greedy text must match native.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_package_runs_a_kernel_and_a_model() {
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let model = model_path();
+    let http = page_server(web_pkg(), model.clone()).await;
+    let browser = Browser::launch(&binary, &format!("http://{http}/example"), true);
+    let mut page = browser.page("/example").await;
+    let out = example_output(&mut page).await;
+    assert!(out.contains("engine: wgpu"), "{out}");
+    assert!(out.contains("matmul: [4, 5, 10, 11]"), "{out}");
+
+    let prompt = "1, 2, 3, 4, 5,";
+    let file = MappedGguf::open(&model).unwrap();
+    let tok = Tokenizer::from_spec(&file.file.tokenizer_spec().unwrap()).unwrap();
+    let n = ModelConfig::from_gguf(&file.file).unwrap().n_layers;
+    let whole = Shard::load(cpu(), &file, 0, n, 256, &mut |_, _| {}).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 8,
+        sample: SampleParams::default(),
+        stop_at_eog: true,
+    };
+    let ids = tok.encode_prompt(prompt, true).unwrap();
+    let (ids, _) = generate(&whole, &tok, &ids, &opts, &mut |_| {})
+        .await
+        .unwrap();
+    let expected =
+        serde_json::to_string(&format!("{prompt}{}", tok.decode(&ids).unwrap())).unwrap();
+
+    page.eval(&format!(
+        "location.href = '/example?backend=cpu&model=/model.gguf&prompt={}'; true",
+        prompt.replace(' ', "%20")
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let out = example_output(&mut page).await;
+    assert!(out.contains("engine: cpu"), "{out}");
+    assert!(out.contains(&format!("model: {n} layers")), "{out}");
+    assert!(
+        out.contains(&format!("generate: {expected}")),
+        "expected generate: {expected}; the page says {out}"
+    );
+    drop(browser);
+}
+
+/// `cairn run`'s greedy tokens for the prompt (the single-device reference).
+fn cairn_run_tokens() -> Vec<u64> {
+    let out = std::process::Command::new(cairn_tests::procs::bin("cairn"))
+        .args([
+            "run",
+            "--backend",
+            "cpu",
+            "--raw",
+            "--temperature",
+            "0",
+            "--json",
+        ])
+        .args([
+            "--max-tokens",
+            &TOKENS.to_string(),
+            "--prompt",
+            PROMPT,
+            "--model",
+        ])
+        .arg(model_path())
+        .output()
+        .expect("cairn run");
+    assert!(
+        out.status.success(),
+        "cairn run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("cairn run --json prints an object");
+    json["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+/// The whole cluster as real processes: cairn-signal, `cairn serve` (which serves the join
+/// page, the package and the model), a native `cairn worker`, and the browser joining from
+/// the coordinator's own join URL. A placement puts layers 0-14 in the browser and 15-29 on
+/// the native worker; a greedy completion through the coordinator's API equals `cairn run`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_with_a_browser_worker_matches_cairn_run() {
+    use cairn_tests::procs::{
+        Proc, Signal, artifacts, bin, free_port, get_json, post_json, wait_for,
+    };
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    web_pkg();
+    let dir = artifacts("browser-cluster");
+    let expected = cairn_run_tokens();
+    let model = model_path();
+    let signal = Signal::start(&dir);
+    let worker_token = signal.token("main", "worker");
+    let coord_token = signal.token("main", "coordinator");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let api = format!("http://{listen}");
+    let _coord = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "serve",
+            "--signal",
+            &signal.url,
+            "--token",
+            &coord_token,
+            "--no-local-worker",
+            "--listen",
+            &listen,
+            "--ctx",
+            "256",
+            "--wait-timeout",
+            "300",
+            "--model",
+            model.to_str().expect("utf-8 path"),
+        ],
+        &dir,
+        "coordinator",
+    );
+    wait_for(Duration::from_secs(60), "the coordinator's API", || {
+        get_json(&format!("{api}/v1/models"))
+    });
+    let mut native = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "worker",
+            "--signal",
+            &signal.url,
+            "--token",
+            &worker_token,
+            "--backend",
+            "cpu",
+            "--loopback",
+            "--model",
+            model.to_str().expect("utf-8 path"),
+        ],
+        &dir,
+        "native-worker",
+    );
+    let native_id = native
+        .wait_line("joined room")
+        .rsplit(' ')
+        .next()
+        .expect("peer id")
+        .to_owned();
+
+    // The page the coordinator serves, as a person would open it (pressure ignored: this
+    // machine is busy, and the placement below is forced anyway).
+    let url = format!(
+        "{api}/join?signal={}&room=main&token={worker_token}&pressure=ignore",
+        signal.url
+    );
+    let browser = Browser::launch(&binary, &url, true);
+    let mut page = browser.page("/join").await;
+    page.wait_status("press the button", WAIT).await;
+    page.eval("document.querySelector('#consent').click()")
+        .await;
+    page.wait_status("joined", WAIT).await;
+    // Both workers calibrated (the placer only knows calibrated devices).
+    let browser_id = wait_for(SLOW, "both workers calibrated", || {
+        let c = get_json(&format!("{api}/api/cluster"))?;
+        let peers = c["peers"].as_array()?;
+        let calibrated = |p: &Value| p["calibration"].is_object();
+        let browser = peers.iter().find(|p| p["kind"] == "browser")?;
+        let native = peers.iter().find(|p| p["peer_id"] == native_id.as_str())?;
+        (calibrated(browser) && calibrated(native))
+            .then(|| browser["peer_id"].as_str().map(str::to_owned))?
+    });
+
+    let stages = json!({"stages": [
+        {"peer_id": browser_id, "start": 0, "end": SPLIT},
+        {"peer_id": native_id, "start": SPLIT, "end": 30},
+    ]});
+    let (status, body) = post_json(&format!("{api}/api/placement"), &stages);
+    assert_eq!(status, 202, "{body}");
+    wait_for(SLOW, "the forced placement to be ready", || {
+        let c = get_json(&format!("{api}/api/cluster"))?;
+        let s = c["placement"]["stages"].as_array()?.clone();
+        (c["placement"]["state"] == "ready"
+            && s.len() == 2
+            && s[0]["peer_id"] == browser_id.as_str()
+            && s[0]["end"] == SPLIT)
+            .then_some(())
+    });
+    let status = page
+        .wait_status(&format!("serving layers 0-{}", SPLIT - 1), WAIT)
+        .await;
+    assert!(status.contains("joined"), "#status: {status}");
+    page.screenshot(&dir.join("browser-joined.png")).await;
+
+    let request = json!({"model": "SmolLM2-135M-Instruct", "prompt": PROMPT,
+        "max_tokens": TOKENS, "temperature": 0, "stream": false});
+    let body =
+        tokio::task::spawn_blocking(move || post_json(&format!("{api}/v1/completions"), &request))
+            .await
+            .unwrap();
+    assert_eq!(body.0, 200, "{}", body.1);
+    let tokens: Vec<u64> = body.1["cairn"]["tokens"]
+        .as_array()
+        .expect("token ids")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        tokens, expected,
+        "browser + native greedy tokens differ from cairn run's"
+    );
+    drop(browser);
+}
