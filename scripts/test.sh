@@ -42,8 +42,12 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cairn-engine for wasm32"
-cargo build -p cairn-engine --target wasm32-unknown-unknown
+echo "== the browser worker's package (web/pkg; the engine for wasm32 with it)"
+scripts/build-web.sh
 echo "== tests"
+# The end-to-end tests start the cairn and cairn-signal binaries of this build as real
+# processes, and the browser tests must not skip for want of Chromium.
+export CAIRN_TEST_REQUIRE_BROWSER=1
 # Kernel and model tests must also run on a wgpu adapter (lavapipe here), not only the CPU.
+cargo build -p cairn -p cairn-signal
 CAIRN_TEST_REQUIRE_GPU=1 cargo test --workspace

@@ -12,7 +12,7 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_engine::backend::Device;
@@ -44,7 +44,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const SLOW: Duration = Duration::from_secs(300);
 
 /// One browser at a time: the machines running this have few cores.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn chromium() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("CAIRN_CHROMIUM") {
@@ -580,7 +580,7 @@ async fn serve_layers_in_browser(webgpu: bool) {
     let Some(binary) = chromium_or_skip() else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let model = model_path();
     let pkg = web_pkg();
     let file = MappedGguf::open(&model).unwrap();
@@ -815,7 +815,7 @@ async fn standalone_package_runs_a_kernel_and_a_model() {
     let Some(binary) = chromium_or_skip() else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let model = model_path();
     let http = page_server(web_pkg(), model.clone()).await;
     let browser = Browser::launch(&binary, &format!("http://{http}/example"), true);
@@ -910,7 +910,7 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
     let Some(binary) = chromium_or_skip() else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     web_pkg();
     let dir = artifacts("browser-cluster");
     let expected = cairn_run_tokens();
