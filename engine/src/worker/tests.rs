@@ -138,7 +138,7 @@ fn two_stages_match_one_shard() {
         let fwd = Message::Forward {
             request: 7,
             seq: 9,
-            layers: LayerRange { start: 0, end: 2 },
+            layers: LayerRange { start: 2, end: 4 },
             pos0: 0,
             max_len: 16,
             sample: None,
