@@ -244,3 +244,46 @@ impl SseReader {
         None
     }
 }
+
+/// `cairn run`'s greedy tokens and text for a raw prompt on the cpu backend:
+/// the single-device reference distributed runs are compared with.
+pub fn cairn_run_greedy(prompt: &str, max_tokens: usize) -> (Vec<u64>, String) {
+    let out = Command::new(bin("cairn"))
+        .args([
+            "run",
+            "--backend",
+            "cpu",
+            "--raw",
+            "--temperature",
+            "0",
+            "--json",
+        ])
+        .args([
+            "--max-tokens",
+            &max_tokens.to_string(),
+            "--prompt",
+            prompt,
+            "--model",
+        ])
+        .arg(crate::model_path())
+        .output()
+        .expect("cairn run");
+    assert!(
+        out.status.success(),
+        "cairn run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("cairn run --json prints an object");
+    let tokens = json["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter_map(|t| t.as_u64())
+        .collect();
+    (tokens, json["text"].as_str().expect("text").to_owned())
+}

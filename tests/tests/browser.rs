@@ -859,43 +859,7 @@ async fn standalone_package_runs_a_kernel_and_a_model() {
 
 /// `cairn run`'s greedy tokens for the prompt (the single-device reference).
 fn cairn_run_tokens() -> Vec<u64> {
-    let out = std::process::Command::new(cairn_tests::procs::bin("cairn"))
-        .args([
-            "run",
-            "--backend",
-            "cpu",
-            "--raw",
-            "--temperature",
-            "0",
-            "--json",
-        ])
-        .args([
-            "--max-tokens",
-            &TOKENS.to_string(),
-            "--prompt",
-            PROMPT,
-            "--model",
-        ])
-        .arg(model_path())
-        .output()
-        .expect("cairn run");
-    assert!(
-        out.status.success(),
-        "cairn run failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("cairn run --json prints an object");
-    json["tokens"]
-        .as_array()
-        .expect("tokens")
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
+    cairn_tests::procs::cairn_run_greedy(PROMPT, TOKENS).0
 }
 
 /// The whole cluster as real processes: cairn-signal, `cairn serve` (which serves the join

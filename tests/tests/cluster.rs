@@ -29,44 +29,7 @@ const TOKENS: usize = 20;
 const BUDGET: &str = "100000000";
 
 fn reference() -> (Vec<u64>, String) {
-    let out = std::process::Command::new(bin("cairn"))
-        .args([
-            "run",
-            "--backend",
-            "cpu",
-            "--raw",
-            "--temperature",
-            "0",
-            "--json",
-        ])
-        .args([
-            "--max-tokens",
-            &TOKENS.to_string(),
-            "--prompt",
-            PROMPT,
-            "--model",
-        ])
-        .arg(model_path())
-        .output()
-        .expect("cairn run");
-    assert!(
-        out.status.success(),
-        "cairn run failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("cairn run --json prints an object");
-    let tokens = json["tokens"]
-        .as_array()
-        .expect("tokens")
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
-    (tokens, json["text"].as_str().expect("text").to_owned())
+    cairn_tests::procs::cairn_run_greedy(PROMPT, TOKENS)
 }
 
 fn worker(
