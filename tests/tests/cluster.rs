@@ -92,6 +92,16 @@ fn stages(api: &str) -> Vec<(String, u64, u64)> {
         .unwrap_or_default()
 }
 
+/// PROMPT as the API tokenizes it.
+fn prompt_ids() -> Vec<u32> {
+    let file = cairn_engine::gguf::MappedGguf::open(model_path()).expect("the model opens");
+    let spec = file.file.tokenizer_spec().expect("tokenizer metadata");
+    cairn_engine::tokenizer::Tokenizer::from_spec(&spec)
+        .expect("tokenizer")
+        .encode_prompt(PROMPT, true)
+        .expect("encodes")
+}
+
 fn request(stream: bool) -> Value {
     json!({"model": "SmolLM2-135M-Instruct", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "stream": stream})
 }
@@ -233,6 +243,33 @@ fn cluster_serves_survives_a_kill_and_a_join() {
     assert_eq!(body["choices"][0]["text"], ref_text);
     assert_eq!(body["usage"]["completion_tokens"], TOKENS);
     assert_eq!(body["choices"][0]["finish_reason"], "length");
+
+    // The prompt as token ids (OpenAI's other prompt form) gives the same tokens;
+    // an id outside the vocabulary is refused before any stage sees it.
+    let ids = prompt_ids();
+    let (status, body) = post_json(
+        &format!("{api}/v1/completions"),
+        &json!({"prompt": ids, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["cairn"]["tokens"],
+        json!(ref_tokens),
+        "token-id prompt"
+    );
+    assert_eq!(body["usage"]["prompt_tokens"], ids.len());
+    let (status, body) = post_json(
+        &format!("{api}/v1/completions"),
+        &json!({"prompt": [ids[0], 49152], "max_tokens": 2}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "prompt");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("outside the vocabulary")),
+        "{body}"
+    );
 
     // kill -9 a worker that holds layers, mid-stream.
     let victim = placed[placed.len() / 2].0.clone();

@@ -9,7 +9,7 @@ use half::f16;
 
 use super::config::ModelConfig;
 use super::weights::shard_tensors;
-use crate::gguf::{GgufError, GgufFile, Metadata, TensorInfo, TensorSource, Value};
+use crate::gguf::{GgufError, GgufFile, GgufWriter, Metadata, TensorInfo, TensorSource, Value};
 use crate::quant::GgmlType;
 
 pub struct SyntheticModel {
@@ -86,6 +86,42 @@ impl SyntheticModel {
     }
 }
 
+impl SyntheticModel {
+    /// The model as a GGUF file, so processes that load models from files (the coordinator,
+    /// workers) can run synthetic shapes. Its vocabulary is a stand-in (`<0>`, `<1>`, ...)
+    /// with no merges: text does not encode usefully, so callers send token ids. Holds
+    /// every tensor in memory while writing: meant for the small shapes.
+    pub fn write_gguf(&self, out: impl std::io::Write) -> std::io::Result<()> {
+        let mut w = GgufWriter::new();
+        w.alignment(self.file.alignment as u32);
+        for (k, v) in self.file.metadata.iter() {
+            w.add(k, v.clone());
+        }
+        let vocab = self
+            .file
+            .tensor("token_embd.weight")
+            .map_or(0, |t| t.dims[1] as usize);
+        w.add("general.name", "synthetic");
+        w.add("tokenizer.ggml.model", "gpt2");
+        w.add(
+            "tokenizer.ggml.tokens",
+            Value::Array(
+                (0..vocab)
+                    .map(|i| Value::String(format!("<{i}>")))
+                    .collect(),
+            ),
+        );
+        w.add("tokenizer.ggml.bos_token_id", 0u32);
+        w.add("tokenizer.ggml.eos_token_id", 0u32);
+        w.add("tokenizer.ggml.add_bos_token", false);
+        for t in &self.file.tensors {
+            let data = self.tensor_data(&t.name).map_err(std::io::Error::other)?;
+            w.add_tensor(t.name.clone(), &t.dims, t.ty, data.to_vec());
+        }
+        w.write_to(out)
+    }
+}
+
 impl TensorSource for SyntheticModel {
     fn gguf(&self) -> &GgufFile {
         &self.file
@@ -137,5 +173,41 @@ fn random_tensor(ty: GgmlType, rows: usize, cols: usize, rng: &mut u64) -> Vec<u
             }
             out
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::BytesGguf;
+    use crate::tokenizer::Tokenizer;
+
+    #[test]
+    fn written_gguf_reads_back_as_the_same_model() {
+        let mut cfg = ModelConfig::synthetic("135m").expect("135m shape");
+        cfg.n_layers = 2;
+        cfg.vocab_size = 300;
+        let model = SyntheticModel::new(&cfg, 11);
+        let mut bytes = Vec::new();
+        model.write_gguf(&mut bytes).expect("writes");
+        let file = BytesGguf::new(bytes).expect("parses");
+        let read = ModelConfig::from_gguf(file.gguf()).expect("config");
+        assert_eq!(
+            (read.n_layers, read.dim, read.ffn_dim, read.vocab_size),
+            (cfg.n_layers, cfg.dim, cfg.ffn_dim, cfg.vocab_size)
+        );
+        assert_eq!(read.n_kv_heads, cfg.n_kv_heads);
+        assert_eq!(file.gguf().tensors.len(), model.gguf().tensors.len());
+        for t in &model.gguf().tensors {
+            assert_eq!(
+                file.tensor_data(&t.name).expect("tensor present"),
+                model.tensor_data(&t.name).expect("tensor present"),
+                "{}",
+                t.name
+            );
+        }
+        let spec = file.gguf().tokenizer_spec().expect("tokenizer metadata");
+        let tok = Tokenizer::from_spec(&spec).expect("tokenizer builds");
+        assert_eq!(tok.decode(&[7, 42]).expect("decodes"), "<7><42>");
     }
 }

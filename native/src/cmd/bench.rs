@@ -43,7 +43,16 @@ pub struct Args {
     json: bool,
     /// Something other than the model to measure (`cairn bench link`).
     #[command(subcommand)]
-    which: Option<super::link_bench::Which>,
+    which: Option<Which>,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Which {
+    /// Peer links: RTT and throughput between two native peers on loopback.
+    Link(super::link_bench::Args),
+    /// The cluster: decode with 1, 2, 3 workers against one device, concurrent requests,
+    /// recovery after a worker is killed, and the placement preview against measurement.
+    Cluster(super::cluster_bench::Args),
 }
 
 enum Source {
@@ -355,8 +364,10 @@ fn one_run(shard: &Shard, tok: &Tokenizer, prompt: &[u32], n_gen: usize) -> Resu
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if let Some(super::link_bench::Which::Link(link)) = a.which {
-        return super::link_bench::run(link);
+    match a.which {
+        Some(Which::Link(link)) => return super::link_bench::run(link),
+        Some(Which::Cluster(cluster)) => return super::cluster_bench::run(cluster),
+        None => {}
     }
     if a.prompt_tokens == 0 || a.gen_tokens < 2 || a.runs == 0 {
         bail!("--prompt-tokens must be at least 1, --gen-tokens at least 2, --runs at least 1");

@@ -13,12 +13,6 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
 
-#[derive(clap::Subcommand)]
-pub enum Which {
-    /// Peer links: RTT and throughput between two native peers on loopback.
-    Link(Args),
-}
-
 #[derive(clap::Args)]
 pub struct Args {
     /// Round trips timed (after 50 warm-up ones).

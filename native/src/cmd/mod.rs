@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod cluster_bench;
 pub mod devices;
 pub mod link_bench;
 pub mod run;

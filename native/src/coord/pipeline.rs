@@ -21,6 +21,9 @@ pub struct GenRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
     pub sample: SampleParams,
+    /// Generate `max_tokens` whatever tokens come (end-of-generation ones are
+    /// then streamed like any other).
+    pub ignore_eos: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,7 +205,7 @@ async fn run(
                 last_active = Some(active);
                 out.push(token);
                 shared.metrics.token();
-                let eog = shared.model.tokenizer.is_end_of_generation(token);
+                let eog = !req.ignore_eos && shared.model.tokenizer.is_end_of_generation(token);
                 if !eog && tx.send(GenEvent::Token(token)).await.is_err() {
                     break Err("the client went away".into());
                 }

@@ -80,6 +80,10 @@ struct Common {
     stream_options: Option<StreamOptions>,
     #[serde(default)]
     stop: Option<Stop>,
+    /// Keep generating past end-of-generation tokens (as vLLM and llama.cpp's
+    /// server offer): for benchmarks that need a fixed length.
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 #[derive(Deserialize)]
@@ -89,11 +93,14 @@ struct ChatRequest {
     common: Common,
 }
 
+/// OpenAI's four prompt forms: text, texts, token ids, lists of token ids.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Prompt {
     One(String),
     Many(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
 }
 
 #[derive(Deserialize)]
@@ -132,6 +139,7 @@ struct Job {
     stream: bool,
     include_usage: bool,
     stops: Vec<String>,
+    ignore_eos: bool,
 }
 
 fn validate(shared: &Shared, c: &Common, prompt: Vec<u32>) -> Result<Job, ApiError> {
@@ -220,6 +228,7 @@ fn validate(shared: &Shared, c: &Common, prompt: Vec<u32>) -> Result<Job, ApiErr
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         stops,
+        ignore_eos: c.ignore_eos,
     })
 }
 
@@ -284,23 +293,18 @@ pub async fn completions(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(&body)?;
-    let text = match req.prompt {
-        Prompt::One(s) => s,
-        Prompt::Many(mut v) if v.len() == 1 => v.remove(0),
-        Prompt::Many(_) => {
+    let prompt = match req.prompt {
+        Prompt::One(text) => encode_text(&shared, &text)?,
+        Prompt::Many(mut v) if v.len() == 1 => encode_text(&shared, &v.remove(0))?,
+        Prompt::Tokens(ids) => checked_ids(&shared, &ids)?,
+        Prompt::TokenLists(lists) if lists.len() == 1 => checked_ids(&shared, &lists[0])?,
+        Prompt::Many(_) | Prompt::TokenLists(_) => {
             return Err(ApiError::invalid(
                 "only one prompt per request is supported",
                 Some("prompt"),
             ));
         }
     };
-    let prompt = shared
-        .model
-        .tokenizer
-        .encode_prompt(&text, true)
-        .map_err(|e| {
-            ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
-        })?;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
     }
@@ -387,6 +391,34 @@ impl TextOut {
     }
 }
 
+fn encode_text(shared: &Shared, text: &str) -> Result<Vec<u32>, ApiError> {
+    shared
+        .model
+        .tokenizer
+        .encode_prompt(text, true)
+        .map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt")))
+}
+
+/// Token ids from a client are checked against the vocabulary before any
+/// stage sees them.
+fn checked_ids(shared: &Shared, ids: &[i64]) -> Result<Vec<u32>, ApiError> {
+    let vocab = shared.model.config.vocab_size;
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            u32::try_from(id)
+                .ok()
+                .filter(|&t| (t as usize) < vocab)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("prompt token {i} is {id}, outside the vocabulary of {vocab}"),
+                        Some("prompt"),
+                    )
+                })
+        })
+        .collect()
+}
+
 async fn respond(shared: Arc<Shared>, job: Job, kind: Kind) -> Result<Response, ApiError> {
     let id = completion_id(match kind {
         Kind::Chat => "chatcmpl",
@@ -400,6 +432,7 @@ async fn respond(shared: Arc<Shared>, job: Job, kind: Kind) -> Result<Response, 
             prompt: job.prompt,
             max_tokens: job.max_tokens,
             sample: job.sample,
+            ignore_eos: job.ignore_eos,
         },
     );
     let ctx = Ctx {

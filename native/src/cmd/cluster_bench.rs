@@ -1,0 +1,747 @@
+//! `cairn bench cluster`: what distribution costs. Real processes on
+//! loopback (`cairn serve --no-local-worker` with its embedded cairn-signal,
+//! and N `cairn worker`s) serve one model; the figures come from the
+//! OpenAI API's token stream, as a client sees them, beside `cairn bench` on
+//! one device with the same backend, measured in the same run.
+//!
+//! For each worker count: single-request decode tokens/s (the layers split
+//! evenly, in order, by a manual placement), the placement preview's
+//! prediction for that placement, and the aggregate tokens/s of concurrent
+//! requests. Then, on the largest cluster, one worker is killed (SIGKILL) in
+//! the middle of a stream: the stall it causes, and whether the output
+//! still equals the uninterrupted one.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use cairn_engine::model::ModelConfig;
+use cairn_engine::model::synthetic::SyntheticModel;
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+
+use super::bench::prompt_ids;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model (default: $CAIRN_MODEL, then the default model's cache location).
+    #[arg(long, conflicts_with = "synthetic")]
+    model: Option<PathBuf>,
+    /// A model of random weights in a known shape (135m, 1b), written to a
+    /// temporary GGUF file with a stand-in vocabulary.
+    #[arg(long)]
+    synthetic: Option<String>,
+    /// Backend of every worker and of the one-device baseline.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Device id (from `cairn devices`) for every worker and the baseline.
+    #[arg(long)]
+    device: Option<String>,
+    /// Worker counts to measure.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 3])]
+    workers: Vec<usize>,
+    /// Prompt length; the prompt is token ids (1000 + 7919 i) mod vocab, as in `cairn bench`.
+    #[arg(long, default_value_t = 32)]
+    prompt_tokens: usize,
+    /// Tokens generated per request (greedy, past end-of-generation).
+    #[arg(long, default_value_t = 32)]
+    gen_tokens: usize,
+    /// Measured single requests per worker count (after one warm-up); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Requests at once for the aggregate figure (0 skips it).
+    #[arg(long, default_value_t = 4)]
+    concurrent: usize,
+    /// Skip killing a worker on the largest cluster.
+    #[arg(long)]
+    no_recovery: bool,
+    /// Keep the processes' logs in this directory.
+    #[arg(long)]
+    logs: Option<PathBuf>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A child process killed when dropped; its stdout lines arrive on a channel.
+struct Proc {
+    name: String,
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(exe: &Path, args: &[String], logs: &Path, name: &str) -> Result<Proc> {
+        let log = std::fs::File::create(logs.join(format!("{name}.log")))
+            .with_context(|| format!("creating a log file in {}", logs.display()))?;
+        let mut child = Command::new(exe)
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,cairn_native=info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        let stdout = child.stdout.take().context("stdout is piped")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Proc {
+            name: name.to_owned(),
+            child,
+            lines,
+        })
+    }
+
+    /// The first stdout line containing `needle`.
+    fn wait_line(&mut self, needle: &str, within: Duration) -> Result<String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return Ok(line),
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    bail!("{} printed no '{needle}' within {within:?}", self.name)
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    bail!(
+                        "{} exited before printing '{needle}' (see its log)",
+                        self.name
+                    )
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A model file for the run: the one given, or a synthetic one written out.
+fn model_file(a: &Args, dir: &Path) -> Result<(PathBuf, String)> {
+    match &a.synthetic {
+        Some(name) => {
+            let cfg = ModelConfig::synthetic(name)
+                .with_context(|| format!("no synthetic model '{name}'; choose 135m or 1b"))?;
+            let path = dir.join(format!("synthetic-{name}.gguf"));
+            let file = std::fs::File::create(&path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            // Seed 1, as `cairn bench --synthetic` uses.
+            SyntheticModel::new(&cfg, 1)
+                .write_gguf(std::io::BufWriter::new(file))
+                .with_context(|| format!("writing {}", path.display()))?;
+            Ok((path, format!("synthetic {name}")))
+        }
+        None => {
+            let path = crate::model_path::resolve(a.model.clone())?;
+            let name = path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            Ok((path, name))
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `n` contiguous layer ranges, as even as the layer count allows.
+fn even_split(layers: usize, n: usize) -> Vec<(usize, usize)> {
+    (0..n)
+        .map(|i| (layers * i / n, layers * (i + 1) / n))
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One streamed completion as the client saw it.
+struct Streamed {
+    sent: Instant,
+    /// When each chunk carrying text arrived.
+    stamps: Vec<Instant>,
+    text: String,
+    completion_tokens: u64,
+}
+
+impl Streamed {
+    fn decode_tok_s(&self) -> f64 {
+        match (self.stamps.first(), self.stamps.last()) {
+            (Some(a), Some(b)) if self.stamps.len() > 1 => {
+                (self.stamps.len() - 1) as f64 / (*b - *a).as_secs_f64()
+            }
+            _ => f64::NAN,
+        }
+    }
+    fn ttft_ms(&self) -> f64 {
+        self.stamps
+            .first()
+            .map_or(f64::NAN, |t| (*t - self.sent).as_secs_f64() * 1e3)
+    }
+}
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn get(&self, path: &str) -> Result<Value> {
+        let r = self.http.get(format!("{}{path}", self.base)).send().await?;
+        let status = r.status();
+        let body: Value = r.json().await?;
+        if !status.is_success() {
+            bail!("GET {path}: {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await?;
+        let status = r.status();
+        let body: Value = r.json().await?;
+        if !status.is_success() {
+            bail!("POST {path}: {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    /// Streams a greedy completion of `prompt`; `on_chunk(i)` runs as text chunk `i` arrives.
+    async fn stream(
+        &self,
+        prompt: &[u32],
+        max_tokens: usize,
+        mut on_chunk: impl FnMut(usize),
+    ) -> Result<Streamed> {
+        let body = json!({
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "ignore_eos": true,
+        });
+        let sent = Instant::now();
+        let r = self
+            .http
+            .post(format!("{}/v1/completions", self.base))
+            .json(&body)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            let status = r.status();
+            bail!("completion refused: {status}: {}", r.text().await?);
+        }
+        let mut out = Streamed {
+            sent,
+            stamps: Vec::new(),
+            text: String::new(),
+            completion_tokens: 0,
+        };
+        let mut bytes = r.bytes_stream();
+        let mut buf = Vec::new();
+        while let Some(piece) = bytes.next().await {
+            buf.extend_from_slice(&piece?);
+            while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+                let event: Vec<u8> = buf.drain(..end + 2).collect();
+                let event = String::from_utf8_lossy(&event);
+                for data in event.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                    if data == "[DONE]" {
+                        continue;
+                    }
+                    let v: Value = serde_json::from_str(data)
+                        .with_context(|| format!("a stream event is not JSON: {data}"))?;
+                    if let Some(err) = v.get("error") {
+                        bail!("the stream failed: {err}");
+                    }
+                    if let Some(t) = v["choices"][0]["text"].as_str()
+                        && !t.is_empty()
+                    {
+                        out.stamps.push(Instant::now());
+                        out.text.push_str(t);
+                        on_chunk(out.stamps.len() - 1);
+                    }
+                    if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                        out.completion_tokens = n;
+                    }
+                }
+            }
+        }
+        if out.completion_tokens != max_tokens as u64 {
+            bail!(
+                "asked for {max_tokens} tokens, the stream reported {}",
+                out.completion_tokens
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// A coordinator and its workers.
+struct Cluster {
+    api: Api,
+    port: u16,
+    token: String,
+    _serve: Proc,
+    workers: Vec<(Proc, String)>,
+}
+
+impl Cluster {
+    fn start(a: &Args, exe: &Path, model: &Path, logs: &Path, tag: &str) -> Result<Cluster> {
+        let port = free_port()?;
+        let ctx = (a.prompt_tokens + 3 * a.gen_tokens + 16).max(256);
+        let args: Vec<String> = [
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--model",
+            &model.to_string_lossy(),
+            "--no-local-worker",
+            "--no-mdns",
+            "--parallel",
+            &a.concurrent.max(1).to_string(),
+            "--ctx",
+            &ctx.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut serve = Proc::spawn(exe, &args, logs, &format!("{tag}-serve"))?;
+        let join = serve.wait_line("join:", Duration::from_secs(60))?;
+        let token = join
+            .split("token=")
+            .nth(1)
+            .context("the join URL has no token")?
+            .trim()
+            .to_owned();
+        Ok(Cluster {
+            api: Api {
+                base: format!("http://127.0.0.1:{port}"),
+                http: reqwest::Client::new(),
+            },
+            port,
+            token,
+            _serve: serve,
+            workers: Vec::new(),
+        })
+    }
+
+    fn add_worker(
+        &mut self,
+        a: &Args,
+        exe: &Path,
+        model: &Path,
+        logs: &Path,
+        name: &str,
+    ) -> Result<()> {
+        let mut args: Vec<String> = [
+            "worker",
+            "--signal",
+            &format!("ws://127.0.0.1:{}", self.port),
+            "--token",
+            &self.token,
+            "--model",
+            &model.to_string_lossy(),
+            "--backend",
+            &a.backend,
+            "--loopback",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some(d) = &a.device {
+            args.extend(["--device".to_owned(), d.clone()]);
+        }
+        let mut p = Proc::spawn(exe, &args, logs, name)?;
+        let line = p.wait_line("joined room", Duration::from_secs(60))?;
+        let id = line
+            .rsplit(' ')
+            .next()
+            .context("no peer id in the join line")?
+            .to_owned();
+        self.workers.push((p, id));
+        Ok(())
+    }
+
+    /// The stages of the ready placement, once it is ready.
+    async fn ready_stages(&self) -> Result<Option<Vec<(String, u64, u64)>>> {
+        let c = self.api.get("/api/cluster").await?;
+        if c["placement"]["state"] != "ready" {
+            return Ok(None);
+        }
+        Ok(c["placement"]["stages"].as_array().map(|a| {
+            a.iter()
+                .map(|s| {
+                    (
+                        s["peer_id"].as_str().unwrap_or_default().to_owned(),
+                        s["start"].as_u64().unwrap_or(0),
+                        s["end"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        }))
+    }
+
+    /// Places `split` on the workers in order and waits until it is loaded.
+    async fn place(&self, split: &[(usize, usize)]) -> Result<Vec<(String, u64, u64)>> {
+        let want: Vec<(String, u64, u64)> = self
+            .workers
+            .iter()
+            .zip(split)
+            .map(|((_, id), &(s, e))| (id.clone(), s as u64, e as u64))
+            .collect();
+        let stages: Vec<Value> = want
+            .iter()
+            .map(|(id, s, e)| json!({"peer_id": id, "start": s, "end": e}))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(300);
+        // A worker that has joined is unknown to the placer until its
+        // capabilities and calibration arrive.
+        loop {
+            match self
+                .api
+                .post("/api/placement", &json!({ "stages": stages }))
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if e.to_string().contains("unknown device") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        loop {
+            if self.ready_stages().await?.as_ref() == Some(&want) {
+                return Ok(want);
+            }
+            if Instant::now() > deadline {
+                bail!("the placement {want:?} was not ready within 300 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// `cairn bench` on one device in a child process: the baseline.
+fn baseline(a: &Args, exe: &Path, model: &Path, logs: &Path) -> Result<Value> {
+    let mut args: Vec<String> = [
+        "bench",
+        "--model",
+        &model.to_string_lossy(),
+        "--backend",
+        &a.backend,
+        "--prompt-tokens",
+        &a.prompt_tokens.to_string(),
+        "--gen-tokens",
+        &a.gen_tokens.to_string(),
+        "--runs",
+        &a.runs.to_string(),
+        "--json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(d) = &a.device {
+        args.extend(["--device".to_owned(), d.clone()]);
+    }
+    let mut p = Proc::spawn(exe, &args, logs, "baseline")?;
+    let line = p.wait_line("decode_tokens_per_s", Duration::from_secs(1800))?;
+    Ok(serde_json::from_str(&line)?)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.workers.is_empty() || a.workers.contains(&0) || a.runs == 0 || a.gen_tokens < 4 {
+        bail!("--workers needs counts of at least 1, --runs at least 1, --gen-tokens at least 4");
+    }
+    let tmp = std::env::temp_dir().join(format!("cairn-bench-cluster-{}", std::process::id()));
+    let logs = a.logs.clone().unwrap_or_else(|| tmp.clone());
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    std::fs::create_dir_all(&tmp)?;
+    let exe = std::env::current_exe().context("finding the cairn executable")?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let result = rt.block_on(measure(&a, &exe, &tmp, &logs));
+    match &result {
+        Ok(_) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Err(_) => eprintln!("logs kept in {}", logs.display()),
+    }
+    let out = result?;
+    if a.json {
+        println!("{out}");
+    } else {
+        print_table(&out);
+    }
+    Ok(())
+}
+
+async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value> {
+    let (model, what) = model_file(a, tmp)?;
+    let cfg = {
+        let f = cairn_engine::gguf::MappedGguf::open(&model)
+            .with_context(|| format!("opening {}", model.display()))?;
+        ModelConfig::from_gguf(&f.file)?
+    };
+    let say = |s: String| {
+        if !a.json {
+            eprintln!("{s}");
+        }
+    };
+    say(format!(
+        "baseline: cairn bench on one {} device, {what}",
+        a.backend
+    ));
+    let base = baseline(a, exe, &model, logs)?;
+    let base_tok_s = base["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN);
+    let prompt = prompt_ids(a.prompt_tokens, cfg.vocab_size);
+    let mut clusters = Vec::new();
+    let mut recovery = Value::Null;
+    let largest = a.workers.iter().copied().max().unwrap_or(1);
+    for &n in &a.workers {
+        if n > cfg.n_layers {
+            bail!("{n} workers for {} layers", cfg.n_layers);
+        }
+        say(format!("{n} worker(s): starting"));
+        let tag = format!("w{n}");
+        let mut c = Cluster::start(a, exe, &model, logs, &tag)?;
+        for i in 0..n {
+            c.add_worker(a, exe, &model, logs, &format!("{tag}-worker{i}"))?;
+        }
+        let stages = c.place(&even_split(cfg.n_layers, n)).await?;
+        let preview = c
+            .api
+            .get(&format!(
+                "/api/placement/preview?prompt_tokens={}",
+                a.prompt_tokens
+            ))
+            .await?;
+        let predicted = preview["chosen"]["tokens_per_s"].as_f64();
+        // Warm-up: every stage compiles its kernels and fills its caches once.
+        c.api.stream(&prompt, 4, |_| {}).await?;
+        let mut decode = Vec::new();
+        let mut ttft = Vec::new();
+        let mut e2e = Vec::new();
+        let mut reference = String::new();
+        for r in 0..a.runs {
+            let s = c.api.stream(&prompt, a.gen_tokens, |_| {}).await?;
+            say(format!(
+                "  run {r}: decode {:.2} tok/s, first token {:.0} ms",
+                s.decode_tok_s(),
+                s.ttft_ms()
+            ));
+            decode.push(s.decode_tok_s());
+            ttft.push(s.ttft_ms());
+            if let Some(t) = s.stamps.last() {
+                e2e.push(a.gen_tokens as f64 / (*t - s.sent).as_secs_f64());
+            }
+            reference = s.text;
+        }
+        let decode_tok_s = median(decode);
+        let single_e2e = median(e2e);
+        let mut row = json!({
+            "workers": n,
+            "stages": stages.iter().map(|(p, s, e)| json!({"peer_id": p, "start": s, "end": e})).collect::<Vec<_>>(),
+            "decode_tokens_per_s": decode_tok_s,
+            "vs_one_device": decode_tok_s / base_tok_s,
+            "first_token_ms": median(ttft),
+            "single_request_tokens_per_s_end_to_end": single_e2e,
+            "predicted_tokens_per_s": predicted,
+            "predicted_over_measured": predicted.map(|p| p / decode_tok_s),
+            "preview": preview["chosen"],
+        });
+        if a.concurrent > 0 {
+            let t0 = Instant::now();
+            let runs = (0..a.concurrent).map(|_| c.api.stream(&prompt, a.gen_tokens, |_| {}));
+            let done = futures::future::try_join_all(runs).await?;
+            let wall = t0.elapsed().as_secs_f64();
+            let tokens: u64 = done.iter().map(|s| s.completion_tokens).sum();
+            let identical = done.iter().all(|s| s.text == reference);
+            say(format!(
+                "  {} at once: {:.2} tok/s in all ({:.2}x one request), identical outputs: {identical}",
+                a.concurrent,
+                tokens as f64 / wall,
+                tokens as f64 / wall / single_e2e
+            ));
+            row["concurrent"] = json!({
+                "requests": a.concurrent,
+                "aggregate_tokens_per_s": tokens as f64 / wall,
+                "vs_single_request": tokens as f64 / wall / single_e2e,
+                "outputs_identical": identical,
+            });
+        }
+        if n == largest && n >= 2 && !a.no_recovery {
+            recovery = measure_recovery(a, &mut c, &prompt, &reference).await?;
+            say(format!(
+                "  recovery after killing a worker: stall {:.0} ms (steps {:.0} ms), output identical: {}",
+                recovery["stall_ms"].as_f64().unwrap_or(f64::NAN),
+                recovery["median_step_ms"].as_f64().unwrap_or(f64::NAN),
+                recovery["output_identical"]
+            ));
+        }
+        clusters.push(row);
+        drop(c);
+    }
+    Ok(json!({
+        "model": what,
+        "backend": a.backend,
+        "device": base["device_name"],
+        "prompt_tokens": a.prompt_tokens,
+        "gen_tokens": a.gen_tokens,
+        "runs": a.runs,
+        "one_device": {
+            "decode_tokens_per_s": base_tok_s,
+            "prefill_tokens_per_s": base["prefill_tokens_per_s"],
+        },
+        "clusters": clusters,
+        "recovery": recovery,
+    }))
+}
+
+/// Kills the worker of the last stage a third of the way through a stream.
+async fn measure_recovery(
+    a: &Args,
+    c: &mut Cluster,
+    prompt: &[u32],
+    reference: &str,
+) -> Result<Value> {
+    let victim = c.workers.len() - 1;
+    let kill_at = a.gen_tokens / 3;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let mut killed_at = None;
+    let streamed = {
+        let api = &c.api;
+        let stream = api.stream(prompt, a.gen_tokens, |i| {
+            if i + 1 == kill_at {
+                let _ = tx.send(());
+            }
+        });
+        tokio::pin!(stream);
+        loop {
+            tokio::select! {
+                r = &mut stream => break r?,
+                _ = tokio::time::sleep(Duration::from_millis(1)), if killed_at.is_none() => {
+                    if rx.try_recv().is_ok() {
+                        c.workers[victim].0.kill();
+                        killed_at = Some(Instant::now());
+                    }
+                }
+            }
+        }
+    };
+    let killed_at = killed_at.context("the stream ended before the kill")?;
+    let next = streamed
+        .stamps
+        .iter()
+        .find(|t| **t > killed_at)
+        .context("no token came after the kill")?;
+    let steps: Vec<f64> = streamed.stamps[..kill_at]
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        .collect();
+    let metrics = c.api.get("/api/cluster").await.unwrap_or(Value::Null);
+    Ok(json!({
+        "workers_before": c.workers.len(),
+        "killed_after_tokens": kill_at,
+        "stall_ms": (*next - killed_at).as_secs_f64() * 1e3,
+        "median_step_ms": median(steps),
+        "output_identical": streamed.text == reference,
+        "placement_after": metrics["placement"]["stages"],
+    }))
+}
+
+fn print_table(v: &Value) {
+    let f = |x: &Value| x.as_f64().map_or("-".to_owned(), |x| format!("{x:.2}"));
+    println!(
+        "{} on {} ({}), prompt {} tokens, {} generated, medians of {}",
+        v["model"].as_str().unwrap_or_default(),
+        v["backend"].as_str().unwrap_or_default(),
+        v["device"].as_str().unwrap_or_default(),
+        v["prompt_tokens"],
+        v["gen_tokens"],
+        v["runs"]
+    );
+    println!(
+        "  one device (cairn bench): decode {} tok/s",
+        f(&v["one_device"]["decode_tokens_per_s"])
+    );
+    println!(
+        "  {:<8} {:>12} {:>10} {:>14} {:>10} {:>16}",
+        "workers", "decode tok/s", "vs one", "predicted", "first ms", "concurrent tok/s"
+    );
+    for c in v["clusters"].as_array().into_iter().flatten() {
+        println!(
+            "  {:<8} {:>12} {:>10} {:>14} {:>10} {:>16}",
+            c["workers"],
+            f(&c["decode_tokens_per_s"]),
+            f(&c["vs_one_device"]),
+            f(&c["predicted_tokens_per_s"]),
+            f(&c["first_token_ms"]),
+            f(&c["concurrent"]["aggregate_tokens_per_s"])
+        );
+    }
+    let r = &v["recovery"];
+    if !r.is_null() {
+        println!(
+            "  recovery: a worker killed after {} tokens stalled the stream {} ms (steps {} ms); output identical: {}",
+            r["killed_after_tokens"],
+            f(&r["stall_ms"]),
+            f(&r["median_step_ms"]),
+            r["output_identical"]
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::even_split;
+
+    #[test]
+    fn even_split_covers_every_layer_once() {
+        for layers in 1..40 {
+            for n in 1..=layers.min(8) {
+                let s = even_split(layers, n);
+                assert_eq!(s.len(), n);
+                assert_eq!(s[0].0, 0);
+                assert_eq!(s[n - 1].1, layers);
+                assert!(s.windows(2).all(|w| w[0].1 == w[1].0));
+                assert!(s.iter().all(|(a, b)| b > a));
+            }
+        }
+    }
+}
