@@ -57,9 +57,21 @@ pub struct Proc {
 impl Proc {
     /// Starts `bin` with `args`; stderr goes to `<log_dir>/<name>.log`.
     pub fn spawn(bin: &Path, args: &[&str], log_dir: &Path, name: &str) -> Proc {
+        Proc::spawn_env(bin, args, &[], log_dir, name)
+    }
+
+    /// [`Proc::spawn`] with extra environment variables.
+    pub fn spawn_env(
+        bin: &Path,
+        args: &[&str],
+        env: &[(&str, &Path)],
+        log_dir: &Path,
+        name: &str,
+    ) -> Proc {
         let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).expect("log file");
         let mut child = Command::new(bin)
             .args(args)
+            .envs(env.iter().copied())
             .env(
                 "RUST_LOG",
                 "warn,cairn=info,cairn_native=info,cairn_signal=info",

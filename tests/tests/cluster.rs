@@ -446,3 +446,211 @@ fn bounded(cmd: &mut std::process::Command) -> std::process::Output {
         }
     }
 }
+
+/// `cairn worker` without `--signal` finds the coordinator's embedded
+/// cairn-signal on the LAN through mDNS, says which one it chose, and joins.
+#[test]
+fn worker_finds_the_signal_over_mdns() {
+    let dir = artifacts("cluster-mdns");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let api = format!("http://{listen}");
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let mut serve = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--no-local-worker",
+            "--model",
+            model,
+        ],
+        &dir,
+        "serve",
+    );
+    let join = serve.wait_line("join:");
+    let token = join
+        .split("token=")
+        .nth(1)
+        .expect("the join URL carries a worker token")
+        .trim()
+        .to_owned();
+    let mut worker = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "worker",
+            "--token",
+            &token,
+            "--backend",
+            "cpu",
+            "--loopback",
+            "--model",
+            model,
+        ],
+        &dir,
+        "worker",
+    );
+    let found = worker.wait_line("found cairn-signal");
+    assert!(
+        found.ends_with(&format!("at ws://127.0.0.1:{port}")),
+        "the worker chose another server: {found}"
+    );
+    let joined = worker.wait_line("joined room main as ");
+    let peer = joined.rsplit(' ').next().expect("peer id").to_owned();
+    wait_for(
+        Duration::from_secs(60),
+        "the coordinator to list the worker",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            c["peers"]
+                .as_array()?
+                .iter()
+                .any(|p| p["peer_id"] == peer.as_str())
+                .then_some(())
+        },
+    );
+}
+
+/// A fake sysfs thermal zone: `temp_c` against trip points at 80 °C
+/// (passive: throttling) and 100 °C (critical: 95 °C and up takes the
+/// worker out of placement).
+fn set_zone(root: &std::path::Path, temp_c: u32) {
+    let z = root.join("class/thermal/thermal_zone0");
+    std::fs::create_dir_all(&z).expect("zone dir");
+    std::fs::write(z.join("type"), "x86_pkg_temp\n").expect("type");
+    std::fs::write(z.join("trip_point_0_type"), "passive\n").expect("trip type");
+    std::fs::write(z.join("trip_point_0_temp"), "80000\n").expect("trip temp");
+    std::fs::write(z.join("trip_point_1_type"), "critical\n").expect("trip type");
+    std::fs::write(z.join("trip_point_1_temp"), "100000\n").expect("trip temp");
+    // Written whole then renamed, so the worker never reads half a number.
+    let tmp = z.join("temp.new");
+    std::fs::write(&tmp, format!("{}\n", temp_c * 1000)).expect("temp");
+    std::fs::rename(tmp, z.join("temp")).expect("rename");
+}
+
+/// A worker whose host overheats (reported through sysfs, here a directory
+/// the test controls) loses its layers to the other worker between
+/// requests, is shown as throttled, and the cluster keeps answering
+/// correctly.
+#[test]
+fn a_throttled_worker_loses_its_layers() {
+    let dir = artifacts("cluster-throttle");
+    let (ref_tokens, _) = reference();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let api = format!("http://{listen}");
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let mut serve = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--no-local-worker",
+            "--no-mdns",
+            "--ctx",
+            "256",
+            "--model",
+            model,
+        ],
+        &dir,
+        "serve",
+    );
+    let join = serve.wait_line("join:");
+    let token = join
+        .split("token=")
+        .nth(1)
+        .expect("the join URL carries a worker token")
+        .trim()
+        .to_owned();
+    let signal = format!("ws://{listen}");
+    let mut workers = Vec::new();
+    for name in ["a", "b"] {
+        let sys = dir.join(format!("sys-{name}"));
+        let _ = std::fs::remove_dir_all(&sys);
+        set_zone(&sys, 45);
+        let mut p = Proc::spawn_env(
+            &bin("cairn"),
+            &[
+                "worker",
+                "--signal",
+                &signal,
+                "--token",
+                &token,
+                "--backend",
+                "cpu",
+                "--loopback",
+                "--model",
+                model,
+            ],
+            &[("CAIRN_SYSFS_ROOT", &sys)],
+            &dir,
+            &format!("worker-{name}"),
+        );
+        let line = p.wait_line("joined room");
+        let id = line.rsplit(' ').next().expect("peer id").to_owned();
+        workers.push((p, id, sys));
+    }
+    let peer = |c: &Value, id: &str| -> Option<Value> {
+        c["peers"]
+            .as_array()?
+            .iter()
+            .find(|p| p["peer_id"] == id)
+            .cloned()
+    };
+    wait_for(
+        Duration::from_secs(120),
+        "both workers calibrated, with thermal telemetry",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            workers
+                .iter()
+                .all(|(_, id, _)| {
+                    peer(&c, id).is_some_and(|p| {
+                        p["calibration"].is_object()
+                            && p["telemetry"].to_string().contains("x86_pkg_temp")
+                    })
+                })
+                .then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let layers_of = |s: &[(String, u64, u64)], id: &str| -> u64 {
+        s.iter().filter(|x| x.0 == id).map(|x| x.2 - x.1).sum()
+    };
+    let before = wait_for(Duration::from_secs(180), "a placement", || {
+        let s = stages(&api);
+        (!s.is_empty()).then_some(s)
+    });
+    let (_, hot, sys) = workers
+        .iter()
+        .max_by_key(|(_, id, _)| layers_of(&before, id))
+        .expect("two workers");
+    let held = layers_of(&before, hot);
+    assert!(held > 0, "{before:?}");
+    // Critical: whatever the two calibrations measured (they are noisy on a
+    // loaded machine), the hot worker must give up every layer.
+    set_zone(sys, 97);
+    let after = wait_for(
+        Duration::from_secs(60),
+        "a placement without the overheating worker",
+        || {
+            let s = stages(&api);
+            (!s.is_empty() && layers_of(&s, hot) == 0).then_some(s)
+        },
+    );
+    let c = get_json(&format!("{api}/api/cluster")).expect("cluster state");
+    assert_eq!(
+        peer(&c, hot).map(|p| p["status"].clone()),
+        Some(json!("throttled")),
+        "{c}"
+    );
+    assert_eq!(after.first().map(|s| s.1), Some(0));
+    assert_eq!(after.last().map(|s| s.2), Some(30));
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
+}

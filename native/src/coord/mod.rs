@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use cairn_engine::placement::Stage;
+use cairn_engine::placement::{Stage, slowdown};
 use cairn_engine::protocol::{Message, error_code};
 use cairn_engine::worker::{Capabilities, Role as CapRole};
 use cairn_signal::Role;
@@ -364,10 +364,13 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                     serde_json::from_str(&t.extra).unwrap_or(serde_json::Value::Null);
                 let mut st = shared.state();
                 if let Some(p) = st.peers.get_mut(&peer) {
-                    let was = (p.throttled(), p.background());
+                    // Placement cares when the condition's weight changes
+                    // (throttling, pressure, battery, visibility), not
+                    // every reading.
+                    let was = slowdown(&p.condition());
                     p.extra = extra;
                     p.telemetry = Some(t);
-                    if was != (p.throttled(), p.background()) {
+                    if slowdown(&p.condition()) != was {
                         drop(st);
                         shared.replace();
                         continue;

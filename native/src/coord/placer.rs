@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_engine::placement::{self, DeviceCondition, DeviceProfile, Stage};
+use cairn_engine::placement::{self, DeviceProfile, Stage};
 use cairn_engine::protocol::{LayerRange, Message};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -32,15 +32,6 @@ pub fn profiles(st: &State) -> Vec<DeviceProfile> {
                 .as_ref()
                 .and_then(|s| s.throughput_bytes_per_s)
                 .unwrap_or(50e6);
-            let (battery_level, charging) = p.battery();
-            let condition = DeviceCondition {
-                throttled: p.extra.get("throttled").and_then(|t| t.as_bool()) == Some(true),
-                pressure: p.pressure(),
-                battery_level,
-                charging,
-                background: p.background(),
-                paused: p.paused.is_some(),
-            };
             Some(DeviceProfile {
                 id: id.to_string(),
                 memory_bytes: p.caps.memory_budget_bytes,
@@ -49,7 +40,7 @@ pub fn profiles(st: &State) -> Vec<DeviceProfile> {
                 call_overhead_s: c.call_overhead_s,
                 link_rtt_s: rtt,
                 link_bytes_per_s: bw,
-                slowdown: placement::slowdown(&condition),
+                slowdown: placement::slowdown(&p.condition()),
             })
         })
         .collect()

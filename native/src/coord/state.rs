@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use cairn_engine::placement::{Prediction, Stage};
+use cairn_engine::placement::{DeviceCondition, Prediction, Stage};
 use cairn_engine::protocol::{Calibration, Telemetry};
 use cairn_engine::worker::Capabilities;
 use cairn_signal::protocol::PeerId;
@@ -86,6 +86,19 @@ impl PeerState {
             b.and_then(|b| b.get("level")).and_then(|l| l.as_f64()),
             b.and_then(|b| b.get("charging")).and_then(|c| c.as_bool()),
         )
+    }
+
+    /// What placement weighs besides measured speed.
+    pub fn condition(&self) -> DeviceCondition {
+        let (battery_level, charging) = self.battery();
+        DeviceCondition {
+            throttled: self.extra.get("throttled").and_then(|t| t.as_bool()) == Some(true),
+            pressure: self.pressure(),
+            battery_level,
+            charging,
+            background: self.background(),
+            paused: self.paused.is_some(),
+        }
     }
 
     pub fn background(&self) -> bool {

@@ -6,6 +6,7 @@
 //! a channel; its replies go straight back to the link, so the link task
 //! keeps reading (and answering pings) while a step computes.
 
+pub mod host;
 mod source;
 mod stage_thread;
 
@@ -133,6 +134,7 @@ async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::Shar
         }
     });
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let host = host::HostCondition::from_env();
     loop {
         tokio::select! {
             m = link.recv() => match m {
@@ -163,11 +165,24 @@ async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::Shar
                 }
             },
             _ = tick.tick() => {
-                if let Ok(t) = stage.call(Job::Telemetry).await {
+                if let Ok(mut t) = stage.call(Job::Telemetry).await {
+                    t.extra = with_host(&t.extra, host.read());
                     let _ = out_tx.send(Message::Telemetry(t));
                 }
             }
         }
     }
     forward_out.abort();
+}
+
+/// The stage's telemetry object with the host's condition added.
+fn with_host(extra: &str, host: serde_json::Map<String, serde_json::Value>) -> String {
+    let mut v = serde_json::from_str::<serde_json::Value>(extra)
+        .ok()
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    if let Some(obj) = v.as_object_mut() {
+        obj.extend(host);
+    }
+    v.to_string()
 }

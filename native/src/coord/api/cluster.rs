@@ -60,6 +60,8 @@ pub fn cluster_json(shared: &Shared) -> Value {
                 "kernel_ms": p.extra.get("kernel_ms"),
                 "tokens_per_s": t.map(|t| t.tokens_per_s),
                 "pressure": p.pressure(),
+                "throttled": p.throttled(),
+                "thermal": p.extra.get("thermal"),
                 "battery": level.map(|l| json!({"level": l, "charging": charging})),
                 "visibility": p.extra.get("visibility"),
             },
