@@ -7,8 +7,8 @@ use crate::model::synthetic::SyntheticModel;
 use crate::model::{ModelConfig, ModelError, Shard, ShardInput, Want};
 use crate::protocol::Calibration;
 
-/// Decode steps timed per shard; enough to average out a noisy first call.
-const DECODE_STEPS: usize = 4;
+/// Decode steps timed per shard, after a warm-up; the median counts.
+const DECODE_STEPS: usize = 9;
 /// Prompt length of the timed prefill.
 const PREFILL_TOKENS: usize = 16;
 
@@ -56,9 +56,15 @@ async fn time_shard(
     dev.sync().await?;
     let prompt = vec![0.01f32; PREFILL_TOKENS * cfg.dim];
     let mut cache = shard.new_cache(PREFILL_TOKENS + DECODE_STEPS + 2)?;
-    // Warm-up: pipelines compiled, buffers touched.
+    let one = vec![0.01f32; cfg.dim];
+    // Warm-up of both paths: prefill and decode use different kernels, and a
+    // pipeline compiled inside a timed call would be counted as a layer's
+    // work (the difference of two shards then comes out negative or wild).
     shard
         .forward(&mut cache, ShardInput::Hidden(&prompt), Want::Hidden)
+        .await?;
+    shard
+        .forward(&mut cache, ShardInput::Hidden(&one), Want::Hidden)
         .await?;
     cache.truncate(0);
     let t0 = Instant::now();
@@ -66,13 +72,15 @@ async fn time_shard(
         .forward(&mut cache, ShardInput::Hidden(&prompt), Want::Hidden)
         .await?;
     let prefill = t0.elapsed().as_secs_f64();
-    let one = vec![0.01f32; cfg.dim];
-    let t1 = Instant::now();
+    // The median step: one preempted step on a busy machine does not count.
+    let mut steps = Vec::with_capacity(DECODE_STEPS);
     for _ in 0..DECODE_STEPS {
+        let t = Instant::now();
         shard
             .forward(&mut cache, ShardInput::Hidden(&one), Want::Hidden)
             .await?;
+        steps.push(t.elapsed().as_secs_f64());
     }
-    let decode = t1.elapsed().as_secs_f64() / DECODE_STEPS as f64;
-    Ok((decode, prefill))
+    steps.sort_by(f64::total_cmp);
+    Ok((steps[DECODE_STEPS / 2], prefill))
 }

@@ -37,9 +37,10 @@ pub struct Args {
     /// Backend of every worker and of the one-device baseline.
     #[arg(long, default_value = "cpu")]
     backend: String,
-    /// Device id (from `cairn devices`) for every worker and the baseline.
-    #[arg(long)]
-    device: Option<String>,
+    /// Device ids (from `cairn devices`), given to the workers in turn; the
+    /// baseline runs on the first. Default: each process's automatic choice.
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<String>,
     /// Worker counts to measure.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 3])]
     workers: Vec<usize>,
@@ -385,7 +386,8 @@ impl Cluster {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        if let Some(d) = &a.device {
+        if !a.devices.is_empty() {
+            let d = &a.devices[self.workers.len() % a.devices.len()];
             args.extend(["--device".to_owned(), d.clone()]);
         }
         let mut p = Proc::spawn(exe, &args, logs, name)?;
@@ -477,7 +479,7 @@ fn baseline(a: &Args, exe: &Path, model: &Path, logs: &Path) -> Result<Value> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    if let Some(d) = &a.device {
+    if let Some(d) = a.devices.first() {
         args.extend(["--device".to_owned(), d.clone()]);
     }
     let mut p = Proc::spawn(exe, &args, logs, "baseline")?;
@@ -621,6 +623,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         "model": what,
         "backend": a.backend,
         "device": base["device_name"],
+        "devices": a.devices,
         "prompt_tokens": a.prompt_tokens,
         "gen_tokens": a.gen_tokens,
         "runs": a.runs,
