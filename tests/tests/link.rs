@@ -206,9 +206,9 @@ async fn a_malformed_frame_closes_the_link_with_an_error_and_it_comes_back() {
     let server = server().await;
     let (mut a, mut link_a, mut b, mut link_b) = pair(&server, config()).await;
     let session = link_a.session().to_owned();
-    // A frame whose header claims version 1, one chunk of 16 bytes, with a wrong checksum.
+    // A frame whose header claims this version, one chunk of 16 bytes, with a wrong checksum.
     let mut frame = vec![0u8; 28 + 16];
-    frame[0] = 1;
+    frame[0] = cairn_engine::protocol::PROTOCOL_VERSION;
     frame[1] = 3;
     frame[12..16].copy_from_slice(&16u32.to_le_bytes());
     frame[16..24].copy_from_slice(&16u64.to_le_bytes());

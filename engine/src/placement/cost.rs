@@ -115,9 +115,14 @@ pub(super) fn decode_link_s(device: &DeviceProfile, model: &ModelCost, role: Rol
     device.link_rtt_s + transfer_s(device, decode_bytes(model, role))
 }
 
-/// Per-token compute time of a stage: call overhead + layers × per-layer time.
-pub(super) fn decode_compute_s(device: &DeviceProfile, layers: usize) -> f64 {
-    device.call_overhead_s + layers as f64 * decode_layer_s(device)
+/// Per-token compute time of a stage: call overhead + layers × per-layer
+/// time, plus the output head for the stage that holds it.
+pub(super) fn decode_compute_s(device: &DeviceProfile, role: Role, layers: usize) -> f64 {
+    let head = match role {
+        Role::Only | Role::Last => device.head_s * device.slowdown,
+        Role::First | Role::Middle => 0.0,
+    };
+    device.call_overhead_s + head + layers as f64 * decode_layer_s(device)
 }
 
 /// One layer's decode time on `device`, slowdown included.
@@ -156,6 +161,7 @@ pub(super) fn check_profiles(devices: &[DeviceProfile]) -> Result<(), PlacementE
                 device.prefill_s_per_layer_token,
             ),
             ("call_overhead_s", device.call_overhead_s),
+            ("head_s", device.head_s),
             ("link_rtt_s", device.link_rtt_s),
         ] {
             if !(value.is_finite() && value >= 0.0) {

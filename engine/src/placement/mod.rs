@@ -44,6 +44,9 @@ pub struct DeviceProfile {
     pub prefill_s_per_layer_token: f64,
     /// Fixed cost of one call into the stage (dispatch, synchronisation).
     pub call_overhead_s: f64,
+    /// What holding the output head adds per token (last stage only).
+    #[serde(default)]
+    pub head_s: f64,
     /// Round trip to the coordinator.
     pub link_rtt_s: f64,
     /// Bandwidth to the coordinator; `f64::INFINITY` for an in-process device.

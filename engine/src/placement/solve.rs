@@ -77,8 +77,9 @@ pub(super) fn candidates<'a>(
         .filter(|device| !cost::avoided(device) && Some(device.id.as_str()) != without)
         .filter(|device| cost::max_layers(device, model, Role::Middle) >= 1)
         .map(|device| {
-            let fixed =
-                |role| cost::decode_compute_s(device, 0) + cost::decode_link_s(device, model, role);
+            let fixed = |role| {
+                cost::decode_compute_s(device, role, 0) + cost::decode_link_s(device, model, role)
+            };
             let layer_s = cost::decode_layer_s(device);
             let only_s = (cost::max_layers(device, model, Role::Only) >= model.n_layers)
                 .then(|| fixed(Role::Only) + model.n_layers as f64 * layer_s);
@@ -437,7 +438,7 @@ pub fn evaluate(
                 device.memory_bytes
             ));
         }
-        let compute_s = cost::decode_compute_s(device, n);
+        let compute_s = cost::decode_compute_s(device, role, n);
         let link_s = cost::decode_link_s(device, model, role);
         s_per_token += compute_s + link_s;
         prefill_s += cost::prefill_s(device, model, role, n, prompt_tokens);

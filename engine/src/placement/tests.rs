@@ -21,6 +21,7 @@ fn device(id: &str, memory_bytes: u64, decode_s_per_layer: f64) -> DeviceProfile
         decode_s_per_layer,
         prefill_s_per_layer_token: decode_s_per_layer / 10.0,
         call_overhead_s: 1e-4,
+        head_s: 0.0,
         link_rtt_s: 2e-3,
         link_bytes_per_s: 1e8,
         slowdown: 1.0,
@@ -76,8 +77,12 @@ fn spec_latency(on: &[&DeviceProfile], layers: &[usize], model: &ModelCost) -> O
         } else {
             bytes as f64 / d.link_bytes_per_s
         };
-        total +=
-            d.link_rtt_s + link + d.call_overhead_s + n as f64 * d.decode_s_per_layer * d.slowdown;
+        let head = if last { d.head_s * d.slowdown } else { 0.0 };
+        total += d.link_rtt_s
+            + link
+            + d.call_overhead_s
+            + head
+            + n as f64 * d.decode_s_per_layer * d.slowdown;
     }
     Some(total)
 }
@@ -149,6 +154,7 @@ fn arb_case() -> impl Strategy<Value = (Vec<DeviceProfile>, ModelCost)> {
         prop_oneof![Just(0.0), 0.0..1e-2f64],
         prop_oneof![Just(f64::INFINITY), 1e4..1e9f64],
         prop_oneof![4 => Just(1.0), 1 => Just(1.5), 1 => Just(4.0), 1 => Just(f64::INFINITY)],
+        prop_oneof![Just(0.0), 0.0..2e-2f64],
     );
     let model = (
         1usize..=8,
@@ -165,12 +171,13 @@ fn arb_case() -> impl Strategy<Value = (Vec<DeviceProfile>, ModelCost)> {
             .into_iter()
             .enumerate()
             .map(
-                |(i, (memory, decode, prefill, overhead, rtt, bw, slow))| DeviceProfile {
+                |(i, (memory, decode, prefill, overhead, rtt, bw, slow, head))| DeviceProfile {
                     id: format!("d{i}"),
                     memory_bytes: memory,
                     decode_s_per_layer: decode,
                     prefill_s_per_layer_token: prefill,
                     call_overhead_s: overhead,
+                    head_s: head,
                     link_rtt_s: rtt,
                     link_bytes_per_s: bw,
                     slowdown: slow,
@@ -266,6 +273,7 @@ fn sixty_four_devices_and_a_hundred_layers_solve_in_under_100_ms() {
             decode_s_per_layer: rng.random_range(1e-4..5e-3),
             prefill_s_per_layer_token: rng.random_range(1e-5..5e-4),
             call_overhead_s: rng.random_range(0.0..1e-3),
+            head_s: rng.random_range(0.0..5e-3),
             link_rtt_s: rng.random_range(1e-4..2e-2),
             link_bytes_per_s: rng.random_range(1e6..1e9),
             slowdown: [1.0, 1.0, 1.5, 2.0, 4.0][rng.random_range(0..5)],

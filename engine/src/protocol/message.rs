@@ -354,6 +354,9 @@ pub struct Calibration {
     pub prefill_s_per_layer_token: f64,
     /// Fixed cost of one forward call, whatever the layers (submission, sync).
     pub call_overhead_s: f64,
+    /// What the last stage adds per token: the final norm, the output head
+    /// over the whole vocabulary, and sampling.
+    pub head_s: f64,
 }
 
 impl Message {

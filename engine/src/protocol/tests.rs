@@ -330,13 +330,14 @@ fn arb_message() -> impl Strategy<Value = Message> {
         ),
         any::<u64>().prop_map(|request| Message::EndRequest { request }),
         ".{0,64}".prop_map(|config| Message::Calibrate { config }),
-        (0f64..1.0, 0f64..1.0, 0f64..1.0).prop_map(|(a, b, c)| Message::Calibration(
-            super::Calibration {
+        (0f64..1.0, 0f64..1.0, 0f64..1.0, 0f64..1.0).prop_map(|(a, b, c, d)| {
+            Message::Calibration(super::Calibration {
                 decode_s_per_layer: a,
                 prefill_s_per_layer_token: b,
                 call_overhead_s: c,
-            }
-        )),
+                head_s: d,
+            })
+        }),
         (any::<u64>(), any::<u32>(), any::<u16>(), ".{0,40}").prop_map(
             |(request, seq, code, text)| Message::RequestError {
                 request,

@@ -38,6 +38,7 @@ pub fn profiles(st: &State) -> Vec<DeviceProfile> {
                 decode_s_per_layer: c.decode_s_per_layer,
                 prefill_s_per_layer_token: c.prefill_s_per_layer_token,
                 call_overhead_s: c.call_overhead_s,
+                head_s: c.head_s,
                 link_rtt_s: rtt,
                 link_bytes_per_s: bw,
                 slowdown: placement::slowdown(&p.condition()),
