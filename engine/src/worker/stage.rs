@@ -283,6 +283,9 @@ impl StageServer {
             extra: serde_json::json!({
                 "utilization": (self.window_busy_s / window).min(1.0),
                 "kernel_ms": self.last_kernel_ms,
+                // The mean over this window's calls: steadier than the last.
+                "forward_ms": (self.window_calls > 0)
+                    .then(|| self.window_busy_s * 1e3 / self.window_calls as f64),
                 "forwards": self.window_calls,
                 "requests": self.caches.len(),
                 "layers": self.layers().map(|(a, b)| [a, b]),

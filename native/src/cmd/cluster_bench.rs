@@ -575,6 +575,29 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             reference = s.text;
         }
         let decode_tok_s = median(decode);
+        // Where a step goes: the coordinator's round trip to each stage
+        // against the compute the worker reports for its last call.
+        let state = c.api.get("/api/cluster").await?;
+        let stage_times: Vec<Value> = stages
+            .iter()
+            .map(|(id, _, _)| {
+                let p = state["peers"]
+                    .as_array()
+                    .and_then(|ps| ps.iter().find(|p| p["peer_id"] == id.as_str()))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let step = p["step_ms"].as_f64();
+                let kernel = p["telemetry"]["forward_ms"]
+                    .as_f64()
+                    .or(p["telemetry"]["kernel_ms"].as_f64());
+                json!({
+                    "peer_id": id,
+                    "round_trip_ms": step,
+                    "compute_ms": kernel,
+                    "overhead_ms": step.zip(kernel).map(|(s, k)| s - k),
+                })
+            })
+            .collect();
         let single_e2e = median(e2e);
         let mut row = json!({
             "workers": n,
@@ -586,6 +609,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             "predicted_tokens_per_s": predicted,
             "predicted_over_measured": predicted.map(|p| p / decode_tok_s),
             "preview": preview["chosen"],
+            "stage_times": stage_times,
         });
         if a.concurrent > 0 {
             let t0 = Instant::now();
@@ -704,18 +728,31 @@ fn print_table(v: &Value) {
         f(&v["one_device"]["decode_tokens_per_s"])
     );
     println!(
-        "  {:<8} {:>12} {:>10} {:>14} {:>10} {:>16}",
-        "workers", "decode tok/s", "vs one", "predicted", "first ms", "concurrent tok/s"
+        "  {:<8} {:>12} {:>10} {:>14} {:>10} {:>16} {:>22}",
+        "workers",
+        "decode tok/s",
+        "vs one",
+        "predicted",
+        "first ms",
+        "concurrent tok/s",
+        "per-stage overhead ms"
     );
     for c in v["clusters"].as_array().into_iter().flatten() {
+        let overheads: Vec<String> = c["stage_times"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| f(&t["overhead_ms"]))
+            .collect();
         println!(
-            "  {:<8} {:>12} {:>10} {:>14} {:>10} {:>16}",
+            "  {:<8} {:>12} {:>10} {:>14} {:>10} {:>16} {:>22}",
             c["workers"],
             f(&c["decode_tokens_per_s"]),
             f(&c["vs_one_device"]),
             f(&c["predicted_tokens_per_s"]),
             f(&c["first_token_ms"]),
-            f(&c["concurrent"]["aggregate_tokens_per_s"])
+            f(&c["concurrent"]["aggregate_tokens_per_s"]),
+            overheads.join(" ")
         );
     }
     let r = &v["recovery"];

@@ -277,6 +277,7 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
             stats: None,
             link_gen: 0,
             calibration: None,
+            step_ms: None,
             telemetry: None,
             extra: serde_json::Value::Null,
             paused: None,

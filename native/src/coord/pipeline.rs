@@ -349,6 +349,7 @@ async fn step(
             sample: (i == last).then_some(params),
             tensor,
         };
+        let sent = std::time::Instant::now();
         if let Err(e) = stage.sender.send(msg).await {
             shared
                 .pending
@@ -376,6 +377,12 @@ async fn step(
                 )))
             }
         };
+        if reply.is_ok() && input.len() == 1 {
+            let ms = sent.elapsed().as_secs_f64() * 1e3;
+            if let Some(p) = shared.state().peers.get_mut(&stage.peer) {
+                p.step_ms = Some(p.step_ms.map_or(ms, |s| 0.8 * s + 0.2 * ms));
+            }
+        }
         match reply {
             Ok(Message::Activations { tensor: t, .. }) if i < last => tensor = t,
             Ok(Message::Token { id: token, .. }) if i == last => return Ok(token),

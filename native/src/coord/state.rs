@@ -34,6 +34,9 @@ pub struct PeerState {
     /// successor offline.
     pub link_gen: u64,
     pub calibration: Option<Calibration>,
+    /// A decode step's round trip as the coordinator sees it (send to
+    /// reply, compute included), smoothed; set while the peer holds a stage.
+    pub step_ms: Option<f64>,
     pub telemetry: Option<Telemetry>,
     pub extra: serde_json::Value,
     pub paused: Option<String>,

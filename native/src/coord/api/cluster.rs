@@ -58,6 +58,7 @@ pub fn cluster_json(shared: &Shared) -> Value {
                 "memory_total_bytes": t.map(|t| t.memory_total_bytes),
                 "utilization": p.extra.get("utilization"),
                 "kernel_ms": p.extra.get("kernel_ms"),
+                "forward_ms": p.extra.get("forward_ms"),
                 "tokens_per_s": t.map(|t| t.tokens_per_s),
                 "pressure": p.pressure(),
                 "throttled": p.throttled(),
@@ -66,6 +67,7 @@ pub fn cluster_json(shared: &Shared) -> Value {
                 "visibility": p.extra.get("visibility"),
             },
             "calibration": p.calibration,
+            "step_ms": p.step_ms,
             "joined_s_ago": p.joined.elapsed().as_secs(),
         }));
         if let Some(stats) = &p.stats {
