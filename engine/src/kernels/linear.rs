@@ -30,13 +30,18 @@ pub fn linear(
     // Work is split over output rows; `y` is token-major, so each worker writes a
     // transposed tile and we scatter afterwards. For decode (one token) the tile is `y`.
     let mut yt = vec![0f32; rows * tokens];
-    for_each_chunk(&mut yt, tokens, rows * cols * tokens, |r, out| {
-        let mut deq = vec![0f32; cols];
-        dequantize_row(wtype, &w[r * row_bytes..][..row_bytes], &mut deq);
-        for (t, o) in out.iter_mut().enumerate() {
-            *o = dot(&deq, &x[t * cols..][..cols]);
-        }
-    });
+    for_each_row_with(
+        &mut yt,
+        tokens,
+        rows * cols * tokens,
+        || vec![0f32; cols],
+        |r, out, deq| {
+            dequantize_row(wtype, &w[r * row_bytes..][..row_bytes], deq);
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = dot(deq, &x[t * cols..][..cols]);
+            }
+        },
+    );
     for r in 0..rows {
         for t in 0..tokens {
             y[t * rows + r] = yt[r * tokens + t];
@@ -58,54 +63,73 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Calls `f(row_index, row)` for every `row_len`-sized row of `out`, on several threads when
-/// the work (`flops`) is large enough to pay for them.
+/// Calls `f(row_index, row)` for every `row_len`-sized row of `out`, on the CPU backend's
+/// threads when the work (`flops`) is large enough to pay for them. `scratch()` makes one
+/// working buffer per block of rows, handed to `f` for each row (so a per-row dequantized
+/// copy is not allocated per row).
 pub(crate) fn for_each_chunk<F>(out: &mut [f32], row_len: usize, flops: usize, f: F)
 where
     F: Fn(usize, &mut [f32]) + Sync,
 {
+    for_each_row_with(out, row_len, flops, || (), |i, r, _| f(i, r));
+}
+
+pub(crate) fn for_each_row_with<S, F>(
+    out: &mut [f32],
+    row_len: usize,
+    flops: usize,
+    scratch: impl Fn() -> S + Sync,
+    f: F,
+) where
+    F: Fn(usize, &mut [f32], &mut S) + Sync,
+{
     if row_len == 0 {
         return;
     }
-    let threads = worker_threads();
-    if threads <= 1 || flops < 1 << 18 {
-        out.chunks_exact_mut(row_len)
-            .enumerate()
-            .for_each(|(i, r)| f(i, r));
+    let serial = |out: &mut [f32], first: usize| {
+        let mut s = scratch();
+        for (j, r) in out.chunks_exact_mut(row_len).enumerate() {
+            f(first + j, r, &mut s);
+        }
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(pool) = pool().filter(|_| flops >= 1 << 18) {
+        use rayon::prelude::*;
+        let n_rows = out.len() / row_len;
+        // A few blocks per thread, so a thread that is preempted does not hold
+        // up the op.
+        let per = n_rows.div_ceil(pool.current_num_threads() * 4).max(1);
+        pool.install(|| {
+            out.par_chunks_mut(per * row_len)
+                .enumerate()
+                .for_each(|(ci, block)| serial(block, ci * per));
+        });
         return;
     }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        let n_rows = out.len() / row_len;
-        let per = n_rows.div_ceil(threads);
-        std::thread::scope(|s| {
-            for (ci, chunk) in out.chunks_mut(per * row_len).enumerate() {
-                let f = &f;
-                s.spawn(move || {
-                    for (j, r) in chunk.chunks_exact_mut(row_len).enumerate() {
-                        f(ci * per + j, r);
-                    }
-                });
-            }
-        });
-    }
+    let _ = flops;
+    serial(out, 0);
 }
 
-fn worker_threads() -> usize {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static N: OnceLock<usize> = OnceLock::new();
-        *N.get_or_init(|| {
-            std::env::var("CAIRN_CPU_THREADS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-                .max(1)
-        })
-    }
-    #[cfg(target_arch = "wasm32")]
-    {
-        1
-    }
+/// The CPU backend's threads (`CAIRN_CPU_THREADS`, default one per core), started once;
+/// `None` when there is one.
+#[cfg(not(target_arch = "wasm32"))]
+fn pool() -> Option<&'static rayon::ThreadPool> {
+    use std::sync::OnceLock;
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let n = std::env::var("CAIRN_CPU_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1);
+        if n == 1 {
+            return None;
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("cairn-cpu-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
 }
