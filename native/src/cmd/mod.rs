@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod devices;
+pub mod ice_args;
 pub mod link_bench;
 pub mod run;
 pub mod score;
