@@ -140,26 +140,19 @@ impl Relay {
         })
         .await
         .map_err(|e| fail(e.to_string()))?;
+        // From here the client has a reading task: close it on every way
+        // out, this future being dropped (the link ended) included.
+        let mut guard = CloseOnDrop(Some(client.clone()));
         client.listen().await.map_err(|e| fail(e.to_string()))?;
         let allocated = match tokio::time::timeout(timeout, client.allocate()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => {
-                let _ = client.close().await;
-                return Err(fail(refusal(&e.to_string())));
-            }
-            Err(_) => {
-                let _ = client.close().await;
-                return Err(fail(format!("no allocation within {timeout:?}")));
-            }
+            Ok(Err(e)) => return Err(fail(refusal(&e.to_string()))),
+            Err(_) => return Err(fail(format!("no allocation within {timeout:?}"))),
         };
         let conn: Arc<dyn Conn + Send + Sync> = Arc::new(allocated);
-        let relayed = match conn.local_addr() {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = client.close().await;
-                return Err(fail(e.to_string()));
-            }
-        };
+        let relayed = conn.local_addr().map_err(|e| fail(e.to_string()))?;
+        // The relay closes it from now on (and releases the allocation).
+        guard.0 = None;
         let (outgoing, mut out_rx) = mpsc::channel::<(Vec<u8>, SocketAddr)>(RELAY_QUEUE);
         let (in_tx, incoming) = mpsc::channel(RELAY_QUEUE);
         let send_conn = Arc::clone(&conn);
@@ -222,6 +215,20 @@ impl Drop for Relay {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let _ = tokio::time::timeout(CLOSE_WAIT, conn.close()).await;
+                let _ = client.close().await;
+            });
+        }
+    }
+}
+
+/// Closes a TURN client that never became a [`Relay`] (its reading task
+/// would otherwise run for as long as the process).
+struct CloseOnDrop(Option<Client>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if let (Some(client), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(async move {
                 let _ = client.close().await;
             });
         }
