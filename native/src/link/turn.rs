@@ -38,8 +38,10 @@ pub(crate) struct TurnServer {
 /// Datagrams queued between the driver and a relay's tasks. A full queue
 /// drops the datagram (a lost packet, which SCTP and ICE retransmit).
 const RELAY_QUEUE: usize = 1024;
-/// Largest datagram read from the allocation (str0m keeps them at its MTU).
-const RELAY_RECV_BYTES: usize = 2048;
+/// Read buffer for the allocation: the largest datagram the `turn` client
+/// passes on, so a peer's oversized datagram cannot fail the read (which
+/// would end the relay) however large it is.
+const RELAY_RECV_BYTES: usize = u16::MAX as usize;
 /// How long closing an allocation may take when a link ends.
 const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
