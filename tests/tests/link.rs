@@ -2,11 +2,15 @@
 //! cairn-signal server, exchanging the engine's wire protocol over WebRTC
 //! data channels. Every wait is bounded; heartbeats are short.
 
+use std::net::{IpAddr, SocketAddr};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_engine::protocol::{DType, Message, Telemetry, Tensor};
-use cairn_native::link::{Link, LinkConfig, LinkError, Mesh, MeshEvent, SignalPayload};
+use cairn_native::link::{
+    IceServer, IceTransportPolicy, Link, LinkConfig, LinkError, Mesh, MeshEvent, SignalPayload,
+};
 use cairn_signal::client::SignalClient;
 use cairn_signal::protocol::{ClientMessage, PeerId, ServerMessage};
 use cairn_signal::token::{Claims, Role, issue};
@@ -393,6 +397,8 @@ async fn measurements_are_published() {
     assert!(s.tx_bytes > 2 * 1024 * 1024 && s.rx_bytes > 0);
     assert!(s.loss < 0.5);
     assert_eq!(s.max_frame_bytes, LinkConfig::default().frame_bytes);
+    // Host candidates on loopback: nothing goes through a relay.
+    assert!(!s.relayed && s.tx_relayed_bytes == 0);
     // Probes never reach the application.
     assert!(
         timeout(Duration::from_millis(200), link_b.recv())
@@ -483,4 +489,148 @@ async fn an_sdp_fingerprint_other_than_the_announced_one_is_refused() {
     .await
     .unwrap();
     assert!(matches!(bye, SignalPayload::Bye { .. }), "{bye:?}");
+}
+
+const TURN_USER: &str = "cairn";
+const TURN_PASSWORD: &str = "relay-secret";
+
+/// Long-term credentials for one user (RFC 8656 section 9.2).
+struct TurnAuth;
+
+impl turn::auth::AuthHandler for TurnAuth {
+    fn auth_handle(
+        &self,
+        username: &str,
+        realm: &str,
+        _src: SocketAddr,
+    ) -> Result<Vec<u8>, turn::Error> {
+        if username == TURN_USER {
+            Ok(turn::auth::generate_auth_key(
+                username,
+                realm,
+                TURN_PASSWORD,
+            ))
+        } else {
+            Err(turn::Error::ErrFakeErr)
+        }
+    }
+}
+
+/// A real TURN server (the `turn` crate's) on loopback, relaying on loopback.
+async fn turn_server() -> (turn::server::Server, SocketAddr) {
+    use turn::relay::relay_static::RelayAddressGeneratorStatic;
+    use turn::server::config::{ConnConfig, ServerConfig};
+    let conn = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let addr = conn.local_addr().unwrap();
+    let server = turn::server::Server::new(ServerConfig {
+        conn_configs: vec![ConnConfig {
+            conn,
+            relay_addr_generator: Box::new(RelayAddressGeneratorStatic {
+                relay_address: IpAddr::from([127, 0, 0, 1]),
+                address: "127.0.0.1".into(),
+                net: Arc::new(webrtc_util::vnet::net::Net::new(None)),
+            }),
+        }],
+        realm: "cairn.test".into(),
+        auth_handler: Arc::new(TurnAuth),
+        channel_bind_timeout: Duration::ZERO,
+        alloc_close_notify: None,
+    })
+    .await
+    .unwrap();
+    (server, addr)
+}
+
+/// Links that may only use relay candidates on the TURN server at `turn`.
+fn relay_only(turn: SocketAddr, credential: &str) -> LinkConfig {
+    LinkConfig {
+        ice_servers: vec![IceServer {
+            urls: vec![format!("turn:{turn}?transport=udp")],
+            username: Some(TURN_USER.into()),
+            credential: Some(credential.into()),
+        }],
+        ice_transport_policy: IceTransportPolicy::Relay,
+        // The relay adds hops and tasks on a loaded machine: be lenient.
+        ping_interval: Duration::from_millis(500),
+        heartbeat_timeout: Duration::from_secs(5),
+        ..config()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_only_link_carries_a_tensor_through_a_turn_server() {
+    let (turn, turn_addr) = turn_server().await;
+    let server = server().await;
+    let (_a, mut link_a, _b, mut link_b) =
+        pair(&server, relay_only(turn_addr, TURN_PASSWORD)).await;
+    let tensor = random_tensor(1536 * 1024, 11); // 6 MiB
+    let sent = Message::Activations {
+        request: 3,
+        seq: 0,
+        pos0: 0,
+        tensor: tensor.clone(),
+    };
+    link_a.send(sent.clone()).await.unwrap();
+    let got = recv(&mut link_b).await;
+    assert!(
+        got == sent,
+        "the tensor changed on its way through the relay"
+    );
+    link_b.send(got).await.unwrap();
+    let Message::Activations { tensor: back, .. } = recv(&mut link_a).await else {
+        panic!("expected activations");
+    };
+    assert!(back.bytes() == tensor.bytes(), "tensor bytes differ");
+    // Stats are refreshed every ping.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let bytes = tensor.bytes().len() as u64;
+    for (name, link) in [("a", &link_a), ("b", &link_b)] {
+        let s = link.stats();
+        eprintln!(
+            "{name}: relayed {} tx_relayed_bytes {}",
+            s.relayed, s.tx_relayed_bytes
+        );
+        assert!(s.relayed, "{name}: the selected pair is not the relay");
+        assert!(
+            s.tx_relayed_bytes > bytes,
+            "{name}: {} bytes relayed",
+            s.tx_relayed_bytes
+        );
+    }
+    // The server saw both allocations, and each relayed the whole tensor out.
+    let allocations = turn.get_allocations_info(None).await.unwrap();
+    let ours: Vec<_> = allocations
+        .values()
+        .filter(|a| a.username == TURN_USER)
+        .collect();
+    assert_eq!(ours.len(), 2, "{allocations:?}");
+    for a in ours {
+        assert!(
+            a.relayed_bytes as u64 > bytes,
+            "allocation {} relayed {} bytes",
+            a.relay_addr,
+            a.relayed_bytes
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_turn_credentials_fail_the_link_with_a_clear_error() {
+    let (_turn, turn_addr) = turn_server().await;
+    let server = server().await;
+    // Only b's credential is wrong, so b's own allocation is what fails
+    // (not a `bye` from a peer whose allocation failed first).
+    let a = join(&server, relay_only(turn_addr, TURN_PASSWORD)).await;
+    let mut b = join(&server, relay_only(turn_addr, "not-the-password")).await;
+    let start = Instant::now();
+    b.connect(a.local_id());
+    let error = next_down(&mut b).await;
+    let took = start.elapsed();
+    eprintln!("refused after {took:?}: {error}");
+    let LinkError::Turn { reason, .. } = &error else {
+        panic!("expected a TURN error, got {error}");
+    };
+    assert!(reason.contains("credential"), "{error}");
+    // Refused by the server, not timed out.
+    assert!(took < Duration::from_secs(5), "{took:?}");
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cairn_engine::protocol::{DType, Message, Tensor};
-use cairn_native::link::{Link, LinkConfig, Mesh, MeshEvent};
+use cairn_native::link::{IceServer, IceTransportPolicy, Link, LinkConfig, Mesh, MeshEvent};
 use cairn_signal::token::{Claims, Role, issue};
 use cairn_signal::{MdnsMode, Server, SignalConfig};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -36,6 +36,10 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Relay the link through a TURN server on loopback started in this
+    /// process (relay-only candidates): the relay path's figures.
+    #[arg(long)]
+    relay: bool,
 }
 
 const fn str0m_mtu() -> usize {
@@ -86,6 +90,18 @@ async fn bench(args: Args) -> Result<()> {
     if let Some(f) = args.frame_kib {
         config.frame_bytes = f << 10;
     }
+    let _turn = if args.relay {
+        let (turn, addr) = loopback_turn().await?;
+        config.ice_servers = vec![IceServer {
+            urls: vec![format!("turn:{addr}")],
+            username: Some(TURN_USER.into()),
+            credential: Some(TURN_USER.into()),
+        }];
+        config.ice_transport_policy = IceTransportPolicy::Relay;
+        Some(turn)
+    } else {
+        None
+    };
     let mut a = Mesh::join(&server.url(), "bench", &token(), config.clone()).await?;
     let mut b = Mesh::join(&server.url(), "bench", &token(), config).await?;
     b.connect(a.local_id());
@@ -185,15 +201,21 @@ async fn bench(args: Args) -> Result<()> {
             "setup_ms": round2(setup.as_secs_f64() * 1e3),
             "frame_bytes": link_a.max_frame_bytes(),
             "mtu": args.mtu,
+            "relayed": stats.relayed,
             "mib_per_size": args.mib,
             "throughput": sizes,
         });
         println!("{out}");
     } else {
         println!(
-            "peer link on loopback (str0m, data channel frames of {} bytes, mtu {})",
+            "peer link on loopback (str0m, data channel frames of {} bytes, mtu {}{})",
             link_a.max_frame_bytes(),
-            args.mtu
+            args.mtu,
+            if stats.relayed {
+                ", through a TURN relay"
+            } else {
+                ""
+            }
         );
         println!(
             "setup (offer to both hellos): {:.1} ms",
@@ -310,4 +332,50 @@ fn round2(x: f64) -> f64 {
 
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+const TURN_USER: &str = "bench";
+
+/// The bench's TURN server accepts one user whose password is its name.
+struct BenchAuth;
+
+impl turn::auth::AuthHandler for BenchAuth {
+    fn auth_handle(
+        &self,
+        username: &str,
+        realm: &str,
+        _src: std::net::SocketAddr,
+    ) -> std::result::Result<Vec<u8>, turn::Error> {
+        if username == TURN_USER {
+            Ok(turn::auth::generate_auth_key(username, realm, TURN_USER))
+        } else {
+            Err(turn::Error::ErrFakeErr)
+        }
+    }
+}
+
+/// A TURN server (the `turn` crate's) on loopback, relaying on loopback.
+async fn loopback_turn() -> Result<(turn::server::Server, std::net::SocketAddr)> {
+    use std::sync::Arc;
+    use turn::relay::relay_static::RelayAddressGeneratorStatic;
+    use turn::server::config::{ConnConfig, ServerConfig};
+    let conn = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await?);
+    let addr = conn.local_addr()?;
+    let server = turn::server::Server::new(ServerConfig {
+        conn_configs: vec![ConnConfig {
+            conn,
+            relay_addr_generator: Box::new(RelayAddressGeneratorStatic {
+                relay_address: std::net::IpAddr::from([127, 0, 0, 1]),
+                address: "127.0.0.1".into(),
+                net: Arc::new(webrtc_util::vnet::net::Net::new(None)),
+            }),
+        }],
+        realm: "cairn-bench".into(),
+        auth_handler: Arc::new(BenchAuth),
+        channel_bind_timeout: Duration::ZERO,
+        alloc_close_notify: None,
+    })
+    .await
+    .context("starting the TURN server")?;
+    Ok((server, addr))
 }

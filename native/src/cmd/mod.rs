@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cluster_bench;
 pub mod devices;
+pub mod ice_args;
 pub mod link_bench;
 pub mod run;
 pub mod score;

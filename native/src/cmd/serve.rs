@@ -18,6 +18,7 @@ use cairn_native::worker::{self, WorkerOptions};
 use cairn_signal::{Claims, MdnsMode, Role, Server, SignalConfig};
 use tower::ServiceExt;
 
+use crate::cmd::ice_args::IceArgs;
 use crate::loading::{self, DeviceArgs};
 
 #[derive(clap::Args)]
@@ -69,6 +70,9 @@ pub struct Args {
     /// Do not announce the embedded cairn-signal on the LAN.
     #[arg(long)]
     no_mdns: bool,
+    /// STUN and TURN servers for the links.
+    #[command(flatten)]
+    ice: IceArgs,
 }
 
 /// `PEER:0-14,PEER:15-29` (inclusive) as stages.
@@ -194,11 +198,12 @@ async fn serve(a: Args) -> Result<()> {
             urlencode(&a.room)
         )
     });
-    let link = if ip.is_loopback() {
+    let mut link = if ip.is_loopback() {
         LinkConfig::loopback()
     } else {
         LinkConfig::default()
     };
+    a.ice.apply(&mut link);
     let coord = Coordinator::start(CoordinatorOptions {
         model_path: model.clone(),
         signal_url: signal_url.clone(),

@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
 
+use crate::cmd::ice_args::IceArgs;
 use crate::loading::{self, DeviceArgs};
 
 #[derive(clap::Args)]
@@ -33,6 +34,9 @@ pub struct Args {
     /// Gather link candidates on loopback only (tests, one machine).
     #[arg(long)]
     loopback: bool,
+    /// STUN and TURN servers for the links.
+    #[command(flatten)]
+    ice: IceArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -68,10 +72,14 @@ async fn serve(a: Args) -> Result<()> {
         token: a.token.clone(),
         model: a.model.clone(),
         cache_dir,
-        link: if a.loopback {
-            LinkConfig::loopback()
-        } else {
-            LinkConfig::default()
+        link: {
+            let mut link = if a.loopback {
+                LinkConfig::loopback()
+            } else {
+                LinkConfig::default()
+            };
+            a.ice.apply(&mut link);
+            link
         },
         memory_budget: a.memory_budget,
     };

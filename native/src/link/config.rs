@@ -14,6 +14,19 @@ pub struct IceServer {
     pub credential: Option<String>,
 }
 
+/// Which local candidates a link may use, as the browser's
+/// `RTCIceTransportPolicy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IceTransportPolicy {
+    /// Host, server-reflexive (STUN) and relay (TURN) candidates.
+    #[default]
+    All,
+    /// Only relay candidates: every datagram goes through a TURN server
+    /// (hides our addresses from the peer; tests of the relay path).
+    Relay,
+}
+
 /// Everything a [`Mesh`](super::Mesh) and its links are configured with.
 #[derive(Clone, Debug)]
 pub struct LinkConfig {
@@ -21,10 +34,12 @@ pub struct LinkConfig {
     /// Empty: every non-loopback address of the host that is up (loopback
     /// when there is none).
     pub bind: Vec<IpAddr>,
-    /// STUN servers give server-reflexive candidates for peers behind NAT.
-    /// TURN servers are passed on to browsers; the native side does not
-    /// allocate relays yet (it logs a warning).
+    /// STUN servers give server-reflexive candidates for peers behind NAT;
+    /// on each TURN server (`turn:`, UDP, with `username` and `credential`)
+    /// every link allocates a relay candidate (src/link/turn.rs).
     pub ice_servers: Vec<IceServer>,
+    /// `Relay`: gather only TURN relay candidates (needs a TURN server).
+    pub ice_transport_policy: IceTransportPolicy,
     /// Largest data channel message this peer accepts, advertised in the
     /// SDP (`a=max-message-size`); the peer's value caps what we send.
     pub max_message_size: u32,
@@ -72,6 +87,7 @@ impl Default for LinkConfig {
         Self {
             bind: Vec::new(),
             ice_servers: Vec::new(),
+            ice_transport_policy: IceTransportPolicy::All,
             max_message_size: 256 * 1024,
             frame_bytes: 32 * 1024,
             max_reassembly_bytes: 256 * 1024 * 1024,
@@ -123,6 +139,14 @@ impl LinkConfig {
         }
         if self.send_queue_bytes == 0 || self.receive_queue == 0 {
             return bad("queues must hold something");
+        }
+        let has_turn = self.ice_servers.iter().any(|s| {
+            s.urls
+                .iter()
+                .any(|u| u.starts_with("turn:") || u.starts_with("turns:"))
+        });
+        if self.ice_transport_policy == IceTransportPolicy::Relay && !has_turn {
+            return bad("ice_transport_policy relay needs a turn: server in ice_servers");
         }
         Ok(())
     }

@@ -18,10 +18,12 @@ use str0m::{Candidate, Event, IceConnectionState, Input, Output, Rtc};
 use tokio::io::ReadBuf;
 use tokio::net::UdpSocket;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tokio::task::{JoinError, JoinSet};
 use tracing::{debug, info, warn};
 
 use super::stats::{Estimator, LinkStats};
 use super::stun;
+use super::turn::{Relay, TurnServer};
 use super::{LinkConfig, LinkError};
 
 /// What the mesh tells a driver.
@@ -226,6 +228,8 @@ pub(crate) struct Setup {
     pub reports: mpsc::UnboundedSender<Report>,
     /// Extra local candidates to gather (STUN servers resolved by the mesh).
     pub stun_servers: Vec<SocketAddr>,
+    /// TURN servers to allocate a relay candidate on.
+    pub turn_servers: Vec<TurnServer>,
 }
 
 /// The mesh's handle on a running driver.
@@ -261,6 +265,14 @@ pub(crate) fn spawn(setup: Setup) -> DriverHandle {
 struct Driver {
     rtc: Rtc,
     sockets: Vec<UdpSocket>,
+    /// TURN allocations that are ready, after the sockets in `locals`.
+    relays: Vec<Relay>,
+    /// TURN allocations under way.
+    allocations: JoinSet<Result<Relay, LinkError>>,
+    /// Why the last allocation failed, for a relay-only link that has none.
+    relay_error: Option<LinkError>,
+    relay_only: bool,
+    /// Local addresses: one per socket, then one (relayed) per relay.
     locals: Vec<SocketAddr>,
     config: Arc<LinkConfig>,
     peer: PeerId,
@@ -307,7 +319,9 @@ struct Driver {
 /// One of the things the driver waits for.
 enum Wake {
     Control(Option<Control>),
+    /// (endpoint: a socket's index, or sockets.len() + a relay's, bytes, from)
     Datagram(usize, usize, SocketAddr),
+    Allocated(Option<Result<Result<Relay, LinkError>, JoinError>>),
     Outgoing(Option<Outgoing>),
     Deliverable(Option<mpsc::OwnedPermit<Message>>),
     Timer,
@@ -370,9 +384,19 @@ impl Driver {
                     .is_ok_and(|a| a.is_ipv4() == q.server.is_ipv4() && !a.ip().is_loopback())
             })
             .collect();
+        let mut allocations = JoinSet::new();
+        for server in setup.turn_servers {
+            let buffer = config.udp_buffer_bytes;
+            let timeout = config.connect_timeout / 2;
+            allocations.spawn(async move { Relay::allocate(&server, buffer, timeout).await });
+        }
         Self {
             rtc: setup.rtc,
             sockets: setup.sockets,
+            relays: Vec::new(),
+            allocations,
+            relay_error: None,
+            relay_only: config.ice_transport_policy == super::IceTransportPolicy::Relay,
             locals,
             peer: setup.peer,
             local_peer: setup.local_peer,
@@ -463,7 +487,8 @@ impl Driver {
             let reading = self.pending_in.is_empty();
             let wake = tokio::select! {
                 c = self.control.recv() => Wake::Control(c),
-                r = recv_any(&self.sockets, &mut buf), if reading => match r {
+                a = self.allocations.join_next(), if !self.allocations.is_empty() => Wake::Allocated(a),
+                r = recv_any(&self.sockets, &mut self.relays, &mut buf), if reading => match r {
                     Ok((i, n, from)) => Wake::Datagram(i, n, from),
                     Err(e) => Wake::SocketError(e),
                 },
@@ -499,12 +524,22 @@ impl Driver {
                                 Err(e) => return Err(e.into()),
                             }
                         }
+                        for r in 0..self.relays.len() {
+                            if let Ok((data, from)) = self.relays[r].incoming.try_recv() {
+                                got = true;
+                                let endpoint = self.sockets.len() + r;
+                                self.on_datagram(endpoint, &data, from).await?;
+                                self.drain().await?;
+                            }
+                        }
                         if !got {
                             break 'batch;
                         }
                     }
                 }
                 Wake::SocketError(e) => return Err(e.into()),
+                Wake::Allocated(Some(result)) => self.on_allocated(result)?,
+                Wake::Allocated(None) => {}
                 Wake::Outgoing(Some(o)) => self.start_outgoing(o)?,
                 Wake::Outgoing(None) => self.begin_close(LinkError::Closed, true),
                 Wake::Deliverable(Some(permit)) => {
@@ -685,6 +720,60 @@ impl Driver {
         }
     }
 
+    /// A TURN allocation finished: its relay becomes a local candidate, or
+    /// its failure ends a relay-only link that has no relay left to try.
+    fn on_allocated(
+        &mut self,
+        result: Result<Result<Relay, LinkError>, JoinError>,
+    ) -> Result<(), LinkError> {
+        let relay = match result {
+            Ok(Ok(relay)) => relay,
+            Ok(Err(e)) => {
+                warn!(peer = %self.peer, error = %e, "no TURN relay");
+                self.relay_error = Some(e);
+                return self.check_relays();
+            }
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "TURN allocation task failed");
+                self.relay_error = Some(LinkError::Rtc(format!("TURN allocation: {e}")));
+                return self.check_relays();
+            }
+        };
+        match Candidate::relayed(relay.relayed, relay.base, "udp") {
+            Ok(c) => {
+                let sdp = c.to_sdp_string();
+                info!(peer = %self.peer, server = %relay.server, relayed = %relay.relayed, "TURN relay allocated");
+                self.locals.push(relay.relayed);
+                self.relays.push(relay);
+                if self.rtc.add_local_candidate(c).is_some() {
+                    let _ = self.reports.send(Report::LocalCandidate {
+                        peer: self.peer.clone(),
+                        session: self.session.clone(),
+                        candidate: sdp,
+                    });
+                }
+            }
+            Err(e) => {
+                self.relay_error = Some(LinkError::Turn {
+                    server: relay.server.clone(),
+                    reason: format!("unusable relayed address {}: {e}", relay.relayed),
+                });
+            }
+        }
+        self.check_relays()
+    }
+
+    /// A relay-only link fails as soon as no relay is left, with the reason.
+    fn check_relays(&mut self) -> Result<(), LinkError> {
+        if self.relay_only && self.relays.is_empty() && self.allocations.is_empty() {
+            return Err(self.relay_error.take().unwrap_or(LinkError::Turn {
+                server: "(none)".into(),
+                reason: "no relay allocated".into(),
+            }));
+        }
+        Ok(())
+    }
+
     fn on_control(&mut self, control: Control) -> Result<(), LinkError> {
         match control {
             Control::Answer(answer) => {
@@ -765,8 +854,24 @@ impl Driver {
                     if self.blackhole {
                         continue;
                     }
-                    let socket = self.locals.iter().position(|a| *a == t.source).unwrap_or(0);
-                    let Some(s) = self.sockets.get(socket) else {
+                    let endpoint = self.locals.iter().position(|a| *a == t.source).unwrap_or(0);
+                    // DTLS (and so SCTP) records, not ICE's STUN checks:
+                    // they go over the pair ICE nominated.
+                    let dtls = t.contents.first().is_some_and(|b| (20..64).contains(b));
+                    if let Some(r) = endpoint.checked_sub(self.sockets.len()) {
+                        let Some(relay) = self.relays.get(r) else {
+                            continue;
+                        };
+                        // A full queue drops the datagram: a lost packet.
+                        if relay.send(&t.contents, t.destination) {
+                            self.estimator.relayed(t.contents.len(), dtls);
+                        }
+                        continue;
+                    }
+                    if dtls {
+                        self.estimator.direct();
+                    }
+                    let Some(s) = self.sockets.get(endpoint) else {
                         continue;
                     };
                     match s.try_send_to(&t.contents, t.destination) {
@@ -1004,19 +1109,26 @@ impl Driver {
     }
 }
 
-/// Waits for a datagram on any of the sockets.
+/// Waits for a datagram on any of the sockets or relays; the endpoint is
+/// a socket's index, or `sockets.len()` plus a relay's.
 async fn recv_any(
     sockets: &[UdpSocket],
+    relays: &mut [Relay],
     buf: &mut [u8],
 ) -> std::io::Result<(usize, usize, SocketAddr)> {
-    if sockets.is_empty() {
-        return std::future::pending().await;
-    }
     poll_fn(|cx| {
         for (i, s) in sockets.iter().enumerate() {
             let mut rb = ReadBuf::new(buf);
             if let Poll::Ready(r) = s.poll_recv_from(cx, &mut rb) {
                 return Poll::Ready(r.map(|from| (i, rb.filled().len(), from)));
+            }
+        }
+        for (i, r) in relays.iter_mut().enumerate() {
+            // A closed relay (its task ended) just stops delivering.
+            if let Poll::Ready(Some((data, from))) = r.incoming.poll_recv(cx) {
+                let n = data.len().min(buf.len());
+                buf[..n].copy_from_slice(&data[..n]);
+                return Poll::Ready(Ok((sockets.len() + i, n, from)));
             }
         }
         Poll::Pending

@@ -22,7 +22,8 @@ use super::signal_msg::{
     FINGERPRINT_META_KEY, SignalPayload, normalize_fingerprint, sdp_fingerprint,
     sdp_max_message_size,
 };
-use super::{LinkConfig, LinkError};
+use super::turn::{TurnServer, turn_host};
+use super::{IceTransportPolicy, LinkConfig, LinkError};
 
 /// What a [`Mesh`] reports.
 #[derive(Debug)]
@@ -111,7 +112,12 @@ impl Mesh {
             .send(ClientMessage::Meta { meta: meta.clone() })
             .await
             .map_err(|e| LinkError::Signal(e.to_string()))?;
-        let stun_servers = resolve_stun(&config).await;
+        let (stun_servers, turn_servers) = resolve_ice_servers(&config).await;
+        if config.ice_transport_policy == IceTransportPolicy::Relay && turn_servers.is_empty() {
+            return Err(LinkError::Config(
+                "relay-only links, but no usable TURN server (see the warnings)".into(),
+            ));
+        }
         let (commands_tx, commands) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
         let (reports_tx, reports) = mpsc::unbounded_channel();
@@ -137,6 +143,7 @@ impl Mesh {
             events: events_tx,
             reports_tx,
             stun_servers,
+            turn_servers,
         };
         let task = tokio::spawn(task.run(client, commands, reports));
         info!(peer = %local, "joined the room for peer links");
@@ -216,6 +223,7 @@ struct MeshTask {
     events: mpsc::UnboundedSender<MeshEvent>,
     reports_tx: mpsc::UnboundedSender<Report>,
     stun_servers: Vec<SocketAddr>,
+    turn_servers: Vec<TurnServer>,
 }
 
 impl MeshTask {
@@ -470,6 +478,7 @@ impl MeshTask {
             config: Arc::clone(&self.config),
             reports: self.reports_tx.clone(),
             stun_servers: self.stun_servers.clone(),
+            turn_servers: self.turn_servers.clone(),
         });
         self.sessions.insert(
             from.clone(),
@@ -500,6 +509,11 @@ impl MeshTask {
             .set_sctp_max_buffered_amount(c.flow.high_water)
             .set_mtu(c.mtu..=usize::MAX)
             .build(Instant::now());
+        if c.ice_transport_policy == IceTransportPolicy::Relay {
+            // No host sockets at all: the relays' own sockets talk to the
+            // TURN servers, and the driver adds the relay candidates.
+            return Ok((rtc, Vec::new()));
+        }
         let sockets = bind_sockets(c).await?;
         for s in &sockets {
             let addr = s.local_addr()?;
@@ -552,6 +566,7 @@ impl MeshTask {
             config: Arc::clone(&self.config),
             reports: self.reports_tx.clone(),
             stun_servers: self.stun_servers.clone(),
+            turn_servers: self.turn_servers.clone(),
         });
         self.sessions.insert(
             peer.clone(),
@@ -716,7 +731,7 @@ async fn bind_sockets(config: &LinkConfig) -> Result<Vec<UdpSocket>, LinkError> 
     Ok(sockets)
 }
 
-fn bind_one(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
+pub(crate) fn bind_one(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, None)?;
     // Best effort: the kernel caps these (net.core.rmem_max).
@@ -727,24 +742,67 @@ fn bind_one(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
     UdpSocket::from_std(socket.into())
 }
 
-/// Resolves the configured STUN servers; warns about TURN.
-async fn resolve_stun(config: &LinkConfig) -> Vec<SocketAddr> {
-    let mut out = Vec::new();
+/// Resolves the configured STUN and TURN servers; warns about (and
+/// skips) what native links cannot use.
+async fn resolve_ice_servers(config: &LinkConfig) -> (Vec<SocketAddr>, Vec<TurnServer>) {
+    let relay_only = config.ice_transport_policy == IceTransportPolicy::Relay;
+    let mut stun = Vec::new();
+    let mut turn = Vec::new();
     for server in &config.ice_servers {
         for url in &server.urls {
-            if url.starts_with("turn:") || url.starts_with("turns:") {
-                warn!(%url, "TURN is not supported by native links yet; ignoring");
-                continue;
+            let is_turn = url.starts_with("turn:") || url.starts_with("turns:");
+            let (host, port) = if is_turn {
+                match turn_host(url) {
+                    Ok(hp) => hp,
+                    Err(why) => {
+                        warn!(%url, %why, "ignoring TURN server");
+                        continue;
+                    }
+                }
+            } else {
+                match super::stun::stun_host(url) {
+                    Some(hp) => hp,
+                    None => {
+                        warn!(%url, "not a stun: or turn: URL; ignoring");
+                        continue;
+                    }
+                }
+            };
+            if !is_turn && relay_only {
+                continue; // no server-reflexive candidates under a relay-only policy
             }
-            let Some((host, port)) = super::stun::stun_host(url) else {
-                warn!(%url, "not a STUN URL; ignoring");
+            let (Some(username), Some(credential)) = (&server.username, &server.credential) else {
+                if is_turn {
+                    warn!(%url, "TURN server without username and credential; ignoring");
+                    continue;
+                }
+                match tokio::net::lookup_host((host.as_str(), port)).await {
+                    Ok(addrs) => stun.extend(addrs),
+                    Err(e) => warn!(%url, error = %e, "cannot resolve STUN server"),
+                }
                 continue;
             };
-            match tokio::net::lookup_host((host.as_str(), port)).await {
-                Ok(addrs) => out.extend(addrs),
-                Err(e) => warn!(%url, error = %e, "cannot resolve STUN server"),
+            let addrs = match tokio::net::lookup_host((host.as_str(), port)).await {
+                Ok(addrs) => addrs,
+                Err(e) => {
+                    warn!(%url, error = %e, "cannot resolve ICE server");
+                    continue;
+                }
+            };
+            for addr in addrs {
+                if is_turn {
+                    // One allocation per server, not per resolved address.
+                    turn.push(TurnServer {
+                        url: url.clone(),
+                        addr,
+                        username: username.clone(),
+                        credential: credential.clone(),
+                    });
+                    break;
+                }
+                stun.push(addr);
             }
         }
     }
-    out
+    (stun, turn)
 }

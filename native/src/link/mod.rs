@@ -20,10 +20,11 @@ mod mesh;
 mod signal_msg;
 mod stats;
 mod stun;
+mod turn;
 
 use cairn_engine::protocol::ProtocolError;
 
-pub use config::{IceServer, LinkConfig};
+pub use config::{IceServer, IceTransportPolicy, LinkConfig};
 pub use driver::{Link, LinkSender};
 pub use mesh::{Mesh, MeshEvent};
 pub use signal_msg::SignalPayload;
@@ -54,6 +55,8 @@ pub enum LinkError {
     Closed,
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("TURN server {server}: {reason}")]
+    Turn { server: String, reason: String },
 }
 
 impl From<std::io::Error> for LinkError {

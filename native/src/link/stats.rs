@@ -32,6 +32,11 @@ pub struct LinkStats {
     pub max_frame_bytes: usize,
     /// Bytes the data channel holds unacknowledged.
     pub buffered_amount: usize,
+    /// Whether the link's DTLS records (its data) last went out through a
+    /// TURN relay rather than straight to the peer: the pair ICE selected.
+    pub relayed: bool,
+    /// UDP payload bytes sent through TURN relays (ICE checks included).
+    pub tx_relayed_bytes: u64,
     pub updated: Instant,
 }
 
@@ -71,6 +76,8 @@ impl Estimator {
                 since_last_heard: Duration::ZERO,
                 max_frame_bytes: 0,
                 buffered_amount: 0,
+                relayed: false,
+                tx_relayed_bytes: 0,
                 updated: now,
             },
             srtt: None,
@@ -94,6 +101,19 @@ impl Estimator {
     pub fn received(&mut self, bytes: usize, now: Instant) {
         self.stats.rx_bytes += bytes as u64;
         self.last_heard = now;
+    }
+
+    /// A datagram went out through a TURN relay; `data`: a DTLS record.
+    pub fn relayed(&mut self, bytes: usize, data: bool) {
+        self.stats.tx_relayed_bytes += bytes as u64;
+        if data {
+            self.stats.relayed = true;
+        }
+    }
+
+    /// A DTLS record went straight to the peer.
+    pub fn direct(&mut self) {
+        self.stats.relayed = false;
     }
 
     pub fn received_message(&mut self) {
