@@ -96,9 +96,13 @@ pub(crate) fn open(adapter: &wgpu::Adapter, info: &DeviceInfo) -> Result<WgpuBac
     }
     .map_err(|e| BackendError::Gpu(format!("create_device_from_hal: {e}")))?;
     let subgroups = features.contains(wgpu::Features::SUBGROUP);
-    // Opt-in: push constants came back as zeros on lavapipe (Mesa 22.3.6), see spirv.rs.
+    // Experimental: kernels read zeros from push constants on lavapipe and on the H100 alike
+    // (docs/vulkan.md), so they are off unless asked for while that is investigated.
     let push_constants = features.contains(wgpu::Features::IMMEDIATES)
         && std::env::var("CAIRN_VULKAN_PUSH_CONSTANTS").is_ok_and(|v| v == "1");
+    if push_constants {
+        tracing::warn!("CAIRN_VULKAN_PUSH_CONSTANTS=1: known to give wrong results");
+    }
     tracing::info!(id = %info.id, name = %info.name, subgroups, push_constants, "opened raw Vulkan device");
     let kernels = spirv::SpirvKernels {
         subgroups,

@@ -5,7 +5,8 @@
 //! - the parameters at binding 0 are a uniform with a dynamic offset, so one bind group per
 //!   set of buffers serves every step whatever its parameters; or, with
 //!   `CAIRN_VULKAN_PUSH_CONSTANTS=1`, push constants (naga's `Immediate` address space), which
-//!   read back as zeros on lavapipe (Mesa 22.3.6) and so are not the default;
+//!   the kernels read as zeros on lavapipe and on the H100 alike (not yet understood), so they
+//!   are off by default;
 //! - no bounds checks and no loop-bounding or division guards: the kernels index within
 //!   shapes that `validate_op` has already checked against the buffers' sizes;
 //! - `linear_matvec` is replaced by its subgroup twin where the device has subgroups.

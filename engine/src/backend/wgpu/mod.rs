@@ -34,6 +34,11 @@ pub(crate) struct Compiled {
 
 /// How a kernel receives its `[u32; 8]` of parameters.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+// Only the `vulkan` backend's SPIR-V kernels use the last two.
+#[cfg_attr(
+    not(all(feature = "vulkan", not(target_arch = "wasm32"))),
+    allow(dead_code)
+)]
 pub(crate) enum ParamMode {
     /// Uniform binding 0 at the dispatch's slot, fixed in the bind group (wgpu's WGSL path,
     /// whose layouts wgpu derives and which therefore have no dynamic offsets).
