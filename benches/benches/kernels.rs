@@ -2,7 +2,7 @@
 //! of weights read), RMSNorm and decode attention, a device-to-device copy and a streaming
 //! kernel (`a + b`) as the bandwidth ceiling, and what one tiny dispatch costs.
 //!
-//! The device: `CAIRN_BENCH_BACKEND` (`wgpu` or `cpu`) and `CAIRN_BENCH_DEVICE` (an id from
+//! The device: `CAIRN_BENCH_BACKEND` (`wgpu`, `cpu`, or `vulkan` with `--features vulkan`) and `CAIRN_BENCH_DEVICE` (an id from
 //! `cairn devices`); by default the best wgpu adapter, else the CPU backend. Software
 //! adapters (lavapipe) and the CPU backend get small sizes so `cargo bench` finishes in
 //! minutes; real GPUs get sizes up to 8192 x 8192 (`CAIRN_BENCH_SIZES=small|full` overrides).
@@ -726,7 +726,7 @@ fn summary(dev: &Device, tier: &Tier) {
 fn main() {
     let dev = open_device();
     let info = dev.info().clone();
-    let gpu = dev.kind() == BackendKind::Wgpu;
+    let gpu = dev.kind() != BackendKind::Cpu;
     let tier = match std::env::var("CAIRN_BENCH_SIZES").as_deref() {
         Ok("full") => Tier::full(),
         Ok("small") => Tier::small(),

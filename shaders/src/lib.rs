@@ -29,6 +29,7 @@ kernels! {
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
     LINEAR_MATMAT = "linear_matmat", true;
+    LINEAR_MATVEC_SUBGROUP = "linear_matvec_subgroup", true;
     RMSNORM = "rmsnorm", false;
     ROPE = "rope", false;
     SOFTMAX = "softmax", false;

@@ -5,6 +5,12 @@
 //! so the bar is teacher-forced: at every position where llama.cpp's own top-2 margin is at
 //! least MARGIN logits our argmax must equal llama.cpp's, and it must agree on at least 95% of
 //! all positions.
+//!
+//! A software adapter seen by both the `wgpu` and the `vulkan` backend (lavapipe when the
+//! `vulkan` feature is on) runs the full model tests once, on `wgpu`: on lavapipe they take
+//! minutes per device. Its `vulkan` twin gets one short teacher-forced check instead
+//! (`real_model_short_check_on_software_vulkan_twins`); `CAIRN_TEST_ALL_DEVICES=1` runs
+//! everything on every device.
 
 use std::sync::Arc;
 
@@ -27,11 +33,18 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// A `vulkan` device on a software adapter that the `wgpu` backend also lists.
+fn software_vulkan_twin(info: &cairn_engine::DeviceInfo) -> bool {
+    info.backend == BackendKind::Vulkan
+        && info.is_software()
+        && std::env::var_os("CAIRN_TEST_ALL_DEVICES").is_none()
+}
+
 fn devices() -> Vec<Arc<Device>> {
     let found = cairn_engine::device::discover_blocking();
     let mut out = Vec::new();
     for info in &found.devices {
-        if info.support == Support::Unsupported || info.api == "gl" {
+        if info.support == Support::Unsupported || info.api == "gl" || software_vulkan_twin(info) {
             continue;
         }
         out.push(Arc::new(
@@ -162,6 +175,46 @@ fn real_model_greedy_generation_matches_llama_cpp_until_the_first_near_tie() {
                 dev.info().id,
                 case["name"]
             );
+        }
+    }
+}
+
+/// The devices `devices()` leaves out as duplicates get the first case's first positions,
+/// teacher-forced, against llama.cpp at firm positions.
+#[test]
+fn real_model_short_check_on_software_vulkan_twins() {
+    const POSITIONS: usize = 6;
+    let found = cairn_engine::device::discover_blocking();
+    let twins: Vec<_> = found
+        .devices
+        .iter()
+        .filter(|d| d.support != Support::Unsupported && software_vulkan_twin(d))
+        .collect();
+    if twins.is_empty() {
+        return;
+    }
+    let file = MappedGguf::open(model_path()).unwrap();
+    let r = reference();
+    let case = &r["cases"][0];
+    let prompt = ids(&case["prompt_tokens"]);
+    let cont: Vec<u32> = ids(&case["continuation"])
+        .into_iter()
+        .take(POSITIONS)
+        .collect();
+    let want = ids(&case["top1"]);
+    let margins = case["margin"].as_array().unwrap();
+    for info in twins {
+        let dev = Arc::new(pollster::block_on(found.open_info(info.clone())).expect("open"));
+        let shard = load(&dev, &file);
+        let got = pollster::block_on(score(&shard, &prompt, &cont)).expect("score");
+        for (i, g) in got.top1.iter().enumerate() {
+            if margins[i].as_f64().unwrap() >= MARGIN {
+                assert_eq!(
+                    *g, want[i],
+                    "{}: case {} position {i}: top-1 differs from llama.cpp's",
+                    info.id, case["name"]
+                );
+            }
         }
     }
 }

@@ -7,10 +7,12 @@
 
 pub mod cpu;
 mod validate;
+#[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+pub(crate) mod vulkan;
 pub mod wgpu;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
@@ -83,6 +85,10 @@ pub(crate) struct Accounting {
     live_bytes: AtomicU64,
     peak_bytes: AtomicU64,
     next_id: AtomicU64,
+    /// Set by backends that cache objects per buffer (wgpu bind groups): ids of dropped buffers
+    /// are then queued in `dropped` so the backend can let go of what it holds for them.
+    track_drops: AtomicBool,
+    dropped: Mutex<Vec<u64>>,
 }
 
 impl Accounting {
@@ -90,6 +96,14 @@ impl Accounting {
         let now = self.live_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak_bytes.fetch_max(now, Ordering::Relaxed);
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Ids of buffers dropped since the last call.
+    pub(crate) fn take_dropped(&self) -> Vec<u64> {
+        self.dropped
+            .lock()
+            .map(|mut d| std::mem::take(&mut *d))
+            .unwrap_or_default()
     }
 }
 
@@ -135,6 +149,11 @@ impl Drop for Buffer {
         self.accounting
             .live_bytes
             .fetch_sub(self.size, Ordering::Relaxed);
+        if self.accounting.track_drops.load(Ordering::Relaxed)
+            && let Ok(mut d) = self.accounting.dropped.lock()
+        {
+            d.push(self.id);
+        }
     }
 }
 
@@ -160,10 +179,14 @@ impl Device {
     }
 
     pub(crate) fn new_wgpu(info: DeviceInfo, backend: wgpu::WgpuBackend) -> Device {
+        let accounting = Accounting {
+            track_drops: AtomicBool::new(true),
+            ..Default::default()
+        };
         Device {
             inner: Inner::Wgpu(Box::new(backend)),
             info,
-            accounting: Default::default(),
+            accounting: Arc::new(accounting),
         }
     }
 
@@ -174,6 +197,8 @@ impl Device {
     pub fn kind(&self) -> BackendKind {
         match self.inner {
             Inner::Cpu(_) => BackendKind::Cpu,
+            // The `vulkan` backend drives its own VkDevice through the wgpu executor.
+            Inner::Wgpu(_) if self.info.backend == BackendKind::Vulkan => BackendKind::Vulkan,
             Inner::Wgpu(_) => BackendKind::Wgpu,
         }
     }
@@ -257,7 +282,7 @@ impl Device {
         }
         match &self.inner {
             Inner::Cpu(b) => b.run(ops),
-            Inner::Wgpu(b) => b.run(ops),
+            Inner::Wgpu(b) => b.run(ops, &self.accounting),
         }
     }
 

@@ -57,6 +57,10 @@ pub struct DeviceInfo {
     pub memory_bytes: u64,
     /// True when the platform reported the figure (Vulkan memory heaps, the OS for the CPU).
     pub memory_exact: bool,
+    /// What the driver says this process may still allocate on the device-local heaps
+    /// (VK_EXT_memory_budget, read at discovery), where it says so: the `vulkan` backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_bytes: Option<u64>,
     pub support: Support,
     pub support_reason: String,
     pub features: Vec<String>,
@@ -105,7 +109,9 @@ impl DeviceInfo {
             "vulkan" | "metal" | "dx12" | "webgpu" => 2,
             _ => 0,
         };
-        support + kind + api
+        // Where the `vulkan` fast path is compiled in, it wins over wgpu on the same GPU.
+        let fast = u32::from(self.backend == BackendKind::Vulkan);
+        support + kind + api + fast
     }
 }
 
@@ -243,6 +249,7 @@ pub(crate) fn describe_adapter(
         driver,
         memory_bytes,
         memory_exact,
+        memory_budget_bytes: None,
         support,
         support_reason,
         features,
@@ -321,6 +328,7 @@ pub(crate) fn describe_cpu() -> DeviceInfo {
         driver: format!("cairn cpu backend ({})", std::env::consts::ARCH),
         memory_bytes,
         memory_exact,
+        memory_budget_bytes: None,
         support: Support::Full,
         support_reason: "reference backend: every kernel, multi-threaded".into(),
         features: Vec::new(),

@@ -86,6 +86,11 @@ pub async fn discover() -> Discovery {
         kept.push((info.id.clone(), adapter));
         devices.push(info);
     }
+    #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+    for (info, adapter) in crate::backend::vulkan::discover(&kept, &devices) {
+        kept.push((info.id.clone(), adapter));
+        devices.push(info);
+    }
     devices.push(info::describe_cpu());
     Discovery {
         devices,
@@ -130,6 +135,11 @@ impl Discovery {
             Some(b) => Some(match b.as_str() {
                 "wgpu" | "gpu" | "webgpu" => BackendKind::Wgpu,
                 "cpu" => BackendKind::Cpu,
+                #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+                "vulkan" => BackendKind::Vulkan,
+                #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+                "cuda" => return Err(SelectError::NotCompiled { backend: b }),
+                #[cfg(not(all(feature = "vulkan", not(target_arch = "wasm32"))))]
                 "cuda" | "vulkan" => return Err(SelectError::NotCompiled { backend: b }),
                 _ => {
                     return Err(SelectError::UnknownBackend {
@@ -199,12 +209,15 @@ impl Discovery {
                         within: String::new(),
                         available: self.available(),
                     })?;
-                let backend = WgpuBackend::open(adapter, &info).await.map_err(|source| {
-                    SelectError::Open {
-                        id: info.id.clone(),
-                        name: info.name.clone(),
-                        source: Box::new(source),
-                    }
+                let opened = match info.backend {
+                    #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+                    BackendKind::Vulkan => crate::backend::vulkan::open(adapter, &info),
+                    _ => WgpuBackend::open(adapter, &info).await,
+                };
+                let backend = opened.map_err(|source| SelectError::Open {
+                    id: info.id.clone(),
+                    name: info.name.clone(),
+                    source: Box::new(source),
                 })?;
                 Ok(Device::new_wgpu(info, backend))
             }

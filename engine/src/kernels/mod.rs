@@ -175,7 +175,9 @@ mod shader_validation {
                 naga::valid::Validator::new(
                     naga::valid::ValidationFlags::all(),
                     // unpack2x16float is core WGSL; naga files it under this capability.
-                    naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+                    // Subgroup variants are used only where the device has subgroups.
+                    naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
+                        | naga::valid::Capabilities::SUBGROUP,
                 )
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{} {format:?}: {e:?}", kernel.name));

@@ -193,7 +193,7 @@ fn copy_bandwidth(dev: &Device, free: u64) -> Result<CopyCeiling> {
             stream_gb_per_s: f64::NAN,
         });
     }
-    let real_gpu = dev.kind() == BackendKind::Wgpu && !dev.info().is_software();
+    let real_gpu = dev.kind() != BackendKind::Cpu && !dev.info().is_software();
     let want: u64 = if real_gpu { 512 << 20 } else { 32 << 20 };
     let bytes = want.min(dev.max_buffer_bytes()).min(free / 4).max(1 << 20) / 4 * 4;
     let src = dev.upload("copy src", &vec![0x5a; bytes as usize])?;

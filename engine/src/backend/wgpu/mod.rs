@@ -2,25 +2,89 @@
 //!
 //! A `run` becomes one command buffer and one queue submission: all dispatches of a decode
 //! step share a compute pass (split only around buffer copies), with their parameters packed
-//! into one uniform buffer at 256-byte slots.
+//! into one uniform buffer at 256-byte slots. Bind groups are cached across `run`s, keyed by
+//! the buffers they bind, so a decode step that repeats the last one's bindings creates none.
+//!
+//! The `vulkan` backend reuses this executor on a device it creates itself; its kernels are
+//! SPIR-V (see `backend/vulkan/spirv.rs`) and take their parameters as push constants.
 
 mod plan;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use super::{BackendError, Buffer, Result, Storage};
+use super::{Accounting, BackendError, Buffer, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
 use plan::Step;
 
 const PARAM_SLOT: u64 = 256;
+/// Bytes of parameters every kernel takes (`[u32; 8]`), as a uniform slot or push constants.
+pub(crate) const PARAM_BYTES: u32 = 32;
+/// Past this many cached bind groups the cache starts over, bounding what it keeps alive.
+const MAX_CACHED_BIND_GROUPS: usize = 8192;
+
+/// A kernel ready to dispatch.
+#[derive(Clone)]
+pub(crate) struct Compiled {
+    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) layout: wgpu::BindGroupLayout,
+    pub(crate) params: ParamMode,
+}
+
+/// How a kernel receives its `[u32; 8]` of parameters.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+// Only the `vulkan` backend's SPIR-V kernels use the last two.
+#[cfg_attr(
+    not(all(feature = "vulkan", not(target_arch = "wasm32"))),
+    allow(dead_code)
+)]
+pub(crate) enum ParamMode {
+    /// Uniform binding 0 at the dispatch's slot, fixed in the bind group (wgpu's WGSL path,
+    /// whose layouts wgpu derives and which therefore have no dynamic offsets).
+    Uniform,
+    /// Uniform binding 0 with a dynamic offset: one bind group serves every slot.
+    DynamicUniform,
+    /// Push constants; binding 0 is gone.
+    Immediates,
+}
+
+/// Which bind group a dispatch needs: its layout (kernel and format), the parameter slot when
+/// parameters are a uniform binding, and the buffers by id.
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    kernel: &'static str,
+    format: Option<&'static str>,
+    param_offset: Option<u64>,
+    buffers: Vec<u64>,
+}
+
+#[derive(Default)]
+struct BindCache {
+    groups: HashMap<BindKey, wgpu::BindGroup>,
+}
+
+impl BindCache {
+    /// Cached bind groups hold their buffers alive: forget those naming a dropped buffer.
+    fn evict(&mut self, dropped: &[u64]) {
+        if dropped.is_empty() || self.groups.is_empty() {
+            return;
+        }
+        let gone: HashSet<u64> = dropped.iter().copied().collect();
+        self.groups
+            .retain(|k, _| !k.buffers.iter().any(|id| gone.contains(id)));
+    }
+}
 
 pub struct WgpuBackend {
     device: wgpu::Device,
     queue: wgpu::Queue,
     limits: wgpu::Limits,
-    pipelines: Mutex<HashMap<(&'static str, Option<&'static str>), wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<(&'static str, Option<&'static str>), Compiled>>,
+    bind_groups: Mutex<BindCache>,
+    /// Set on the `vulkan` backend: kernels become SPIR-V through naga and are passed through.
+    #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+    spirv: Option<super::vulkan::spirv::SpirvKernels>,
     params: Mutex<Option<wgpu::Buffer>>,
     /// Errors wgpu reports asynchronously (validation, out of memory, device loss), surfaced
     /// by the next call instead of aborting the process.
@@ -44,6 +108,15 @@ impl WgpuBackend {
             })
             .await
             .map_err(|e| BackendError::Gpu(format!("request_device: {e}")))?;
+        Ok(Self::from_device(device, queue, required_limits))
+    }
+
+    /// The executor over an already opened device (the `vulkan` backend opens its own).
+    pub(crate) fn from_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        limits: wgpu::Limits,
+    ) -> WgpuBackend {
         let errors: Arc<Mutex<Vec<String>>> = Default::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -60,15 +133,24 @@ impl WgpuBackend {
                 *l = Some(format!("{reason:?}: {msg}"));
             }
         });
-        Ok(WgpuBackend {
+        WgpuBackend {
             device,
             queue,
-            limits: required_limits,
+            limits,
             pipelines: Mutex::new(HashMap::new()),
+            bind_groups: Mutex::new(BindCache::default()),
+            #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+            spirv: None,
             params: Mutex::new(None),
             errors,
             lost,
-        })
+        }
+    }
+
+    #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+    pub(crate) fn with_spirv(mut self, spirv: super::vulkan::spirv::SpirvKernels) -> WgpuBackend {
+        self.spirv = Some(spirv);
+        self
     }
 
     pub(crate) fn max_binding_bytes(&self) -> u64 {
@@ -139,13 +221,19 @@ impl WgpuBackend {
         &self,
         kernel: cairn_shaders::Kernel,
         format: Option<&'static str>,
-    ) -> Result<wgpu::ComputePipeline> {
+    ) -> Result<Compiled> {
         let mut cache = self
             .pipelines
             .lock()
             .map_err(|_| BackendError::Gpu("poisoned".into()))?;
         if let Some(p) = cache.get(&(kernel.name, format)) {
             return Ok(p.clone());
+        }
+        #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+        if let Some(spirv) = &self.spirv {
+            let compiled = spirv.compile(&self.device, kernel, format)?;
+            cache.insert((kernel.name, format), compiled.clone());
+            return Ok(compiled);
         }
         let src = cairn_shaders::source(kernel, format).ok_or_else(|| {
             BackendError::Unsupported(format!("{}: no kernel for format {format:?}", kernel.name))
@@ -175,10 +263,17 @@ impl WgpuBackend {
         if let Some(e) = block_on_native(scope.pop()) {
             return Err(BackendError::Gpu(format!("compiling {label}: {e}")));
         }
-        cache.insert((kernel.name, format), pipeline.clone());
-        Ok(pipeline)
+        let compiled = Compiled {
+            layout: pipeline.get_bind_group_layout(0),
+            pipeline,
+            params: ParamMode::Uniform,
+        };
+        cache.insert((kernel.name, format), compiled.clone());
+        Ok(compiled)
     }
 
+    /// The uniform buffer for `bytes` of parameters; a new one empties the bind group cache,
+    /// whose groups point at the old one.
     fn param_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
         let mut slot = self
             .params
@@ -195,12 +290,15 @@ impl WgpuBackend {
                     mapped_at_creation: false,
                 });
                 *slot = Some(b.clone());
+                if let Ok(mut c) = self.bind_groups.lock() {
+                    c.groups.clear();
+                }
                 Ok(b)
             }
         }
     }
 
-    pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
+    pub(crate) fn run(&self, ops: &[Op<'_>], accounting: &Accounting) -> Result<()> {
         self.check_errors()?;
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
         let steps = ops
@@ -214,7 +312,16 @@ impl WgpuBackend {
         let slot = PARAM_SLOT.max(u64::from(self.limits.min_uniform_buffer_offset_alignment));
         let params_buf = self.param_buffer((n_dispatch.max(1)) * slot)?;
         let mut param_bytes = vec![0u8; (n_dispatch.max(1) * slot) as usize];
+        let mut uniform_params = false;
 
+        let mut cache = self
+            .bind_groups
+            .lock()
+            .map_err(|_| BackendError::Gpu("poisoned".into()))?;
+        cache.evict(&accounting.take_dropped());
+        if cache.groups.len() > MAX_CACHED_BIND_GROUPS {
+            cache.groups.clear();
+        }
         let mut bind_groups = Vec::with_capacity(steps.len());
         let mut di = 0u64;
         for step in &steps {
@@ -226,35 +333,64 @@ impl WgpuBackend {
                 ..
             } = step
             {
-                let pipeline = self.pipeline(*kernel, *format)?;
+                let compiled = self.pipeline(*kernel, *format)?;
                 let off = di * slot;
-                param_bytes[off as usize..][..32].copy_from_slice(bytemuck::cast_slice(params));
-                let mut entries = vec![wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &params_buf,
-                        offset: off,
-                        size: wgpu::BufferSize::new(32),
-                    }),
-                }];
-                for (i, b) in buffers.iter().enumerate() {
-                    entries.push(wgpu::BindGroupEntry {
-                        binding: i as u32 + 1,
-                        resource: raw(b)?.as_entire_binding(),
-                    });
+                if compiled.params != ParamMode::Immediates {
+                    param_bytes[off as usize..][..PARAM_BYTES as usize]
+                        .copy_from_slice(bytemuck::cast_slice(params));
+                    uniform_params = true;
                 }
-                let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(kernel.name),
-                    layout: &pipeline.get_bind_group_layout(0),
-                    entries: &entries,
-                });
-                bind_groups.push(Some((pipeline, bg)));
+                // A fixed uniform slot is part of the bind group; a dynamic one is not.
+                let bound_offset = match compiled.params {
+                    ParamMode::Uniform => Some(off),
+                    ParamMode::DynamicUniform => Some(0),
+                    ParamMode::Immediates => None,
+                };
+                let key = BindKey {
+                    kernel: kernel.name,
+                    format: *format,
+                    param_offset: bound_offset,
+                    buffers: buffers.iter().map(|b| b.id()).collect(),
+                };
+                let bg = match cache.groups.get(&key) {
+                    Some(bg) => bg.clone(),
+                    None => {
+                        let mut entries = Vec::with_capacity(buffers.len() + 1);
+                        if let Some(offset) = bound_offset {
+                            entries.push(wgpu::BindGroupEntry {
+                                binding: 0,
+                                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                    buffer: &params_buf,
+                                    offset,
+                                    size: wgpu::BufferSize::new(u64::from(PARAM_BYTES)),
+                                }),
+                            });
+                        }
+                        for (i, b) in buffers.iter().enumerate() {
+                            entries.push(wgpu::BindGroupEntry {
+                                binding: i as u32 + 1,
+                                resource: raw(b)?.as_entire_binding(),
+                            });
+                        }
+                        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                            label: Some(kernel.name),
+                            layout: &compiled.layout,
+                            entries: &entries,
+                        });
+                        cache.groups.insert(key, bg.clone());
+                        bg
+                    }
+                };
+                bind_groups.push(Some((compiled, bg, params, di)));
                 di += 1;
             } else {
                 bind_groups.push(None);
             }
         }
-        self.queue.write_buffer(&params_buf, 0, &param_bytes);
+        drop(cache);
+        if uniform_params {
+            self.queue.write_buffer(&params_buf, 0, &param_bytes);
+        }
 
         let mut enc = self
             .device
@@ -283,9 +419,18 @@ impl WgpuBackend {
                 let Step::Dispatch { groups, .. } = &steps[i] else {
                     break;
                 };
-                if let Some((pipeline, bg)) = &bind_groups[i] {
-                    pass.set_pipeline(pipeline);
-                    pass.set_bind_group(0, bg, &[]);
+                if let Some((compiled, bg, params, di)) = &bind_groups[i] {
+                    pass.set_pipeline(&compiled.pipeline);
+                    match compiled.params {
+                        ParamMode::Uniform => pass.set_bind_group(0, bg, &[]),
+                        ParamMode::DynamicUniform => {
+                            pass.set_bind_group(0, bg, &[(di * slot) as u32]);
+                        }
+                        ParamMode::Immediates => {
+                            pass.set_immediates(0, bytemuck::cast_slice(&params[..]));
+                            pass.set_bind_group(0, bg, &[]);
+                        }
+                    }
                     pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                 }
                 i += 1;
