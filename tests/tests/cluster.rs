@@ -513,18 +513,25 @@ fn worker_finds_the_signal_over_mdns() {
     );
 }
 
-/// A fake sysfs thermal zone: `temp_c` against trip points at 80 °C
+/// A fake sysfs thermal zone at `temp_c`, with trip points at 80 °C
 /// (passive: throttling) and 100 °C (critical: 95 °C and up takes the
-/// worker out of placement).
+/// worker out of placement). The trip points are written once; the
+/// temperature is replaced whole (write, then rename), so the worker never
+/// reads a half-written file.
 fn set_zone(root: &std::path::Path, temp_c: u32) {
     let z = root.join("class/thermal/thermal_zone0");
-    std::fs::create_dir_all(&z).expect("zone dir");
-    std::fs::write(z.join("type"), "x86_pkg_temp\n").expect("type");
-    std::fs::write(z.join("trip_point_0_type"), "passive\n").expect("trip type");
-    std::fs::write(z.join("trip_point_0_temp"), "80000\n").expect("trip temp");
-    std::fs::write(z.join("trip_point_1_type"), "critical\n").expect("trip type");
-    std::fs::write(z.join("trip_point_1_temp"), "100000\n").expect("trip temp");
-    // Written whole then renamed, so the worker never reads half a number.
+    if !z.join("type").exists() {
+        std::fs::create_dir_all(&z).expect("zone dir");
+        for (name, value) in [
+            ("type", "x86_pkg_temp"),
+            ("trip_point_0_type", "passive"),
+            ("trip_point_0_temp", "80000"),
+            ("trip_point_1_type", "critical"),
+            ("trip_point_1_temp", "100000"),
+        ] {
+            std::fs::write(z.join(name), format!("{value}\n")).expect("zone file");
+        }
+    }
     let tmp = z.join("temp.new");
     std::fs::write(&tmp, format!("{}\n", temp_c * 1000)).expect("temp");
     std::fs::rename(tmp, z.join("temp")).expect("rename");
@@ -634,6 +641,14 @@ fn a_throttled_worker_loses_its_layers() {
     // Critical: whatever the two calibrations measured (they are noisy on a
     // loaded machine), the hot worker must give up every layer.
     set_zone(sys, 97);
+    wait_for(
+        Duration::from_secs(30),
+        "the coordinator to see the worker's critical pressure",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            (peer(&c, hot)?["telemetry"]["pressure"] == "critical").then_some(())
+        },
+    );
     let after = wait_for(
         Duration::from_secs(60),
         "a placement without the overheating worker",

@@ -371,7 +371,9 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                     let was = slowdown(&p.condition());
                     p.extra = extra;
                     p.telemetry = Some(t);
-                    if slowdown(&p.condition()) != was {
+                    let now = slowdown(&p.condition());
+                    if now != was {
+                        info!(%peer, was, now, "a worker's condition changed; placing again");
                         drop(st);
                         shared.replace();
                         continue;

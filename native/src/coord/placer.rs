@@ -76,6 +76,7 @@ pub async fn run(shared: Arc<Shared>) {
         let wanted = match target(&shared) {
             Ok(t) => t,
             Err(msg) => {
+                warn!(%msg, "no placement");
                 let mut st = shared.state();
                 if st.active.is_none() {
                     st.status = if st.peers.values().any(|p| p.online) {

@@ -2,9 +2,11 @@
 //! worker's telemetry: the coordinator gives a throttled or low-battery
 //! device fewer layers (`placement::slowdown`).
 //!
-//! A thermal zone counts as throttling once it reaches its lowest `passive`
-//! trip point (where the kernel starts cutting clocks), or 5 °C short of its
-//! `critical` one when it has no passive trip. Hosts without these files
+//! Thermal pressure uses the levels browsers and Apple platforms report: a
+//! zone at or above its lowest `passive` trip point (where the kernel starts
+//! cutting clocks) is `serious`, and within 5 °C of its `critical` (or `hot`)
+//! trip point, where the machine is about to shut down, `critical`, which
+//! takes the device out of placement altogether. Hosts without these files
 //! (containers, other systems) report nothing, which counts as nominal.
 
 use std::path::{Path, PathBuf};
@@ -18,7 +20,7 @@ pub struct HostCondition {
     root: PathBuf,
 }
 
-/// Margin below a critical trip point at which a zone counts as throttled.
+/// Margin below a critical trip point at which a zone counts as critical.
 const CRITICAL_MARGIN_C: f64 = 5.0;
 
 impl HostCondition {
@@ -35,8 +37,8 @@ impl HostCondition {
     }
 
     /// Telemetry fields: `thermal` (the hottest zone against its limit),
-    /// `throttled`, and `battery` (`level` 0..1, `charging`), each present
-    /// only when the host reports it.
+    /// `pressure` (nominal, serious or critical), `throttled`, and `battery`
+    /// (`level` 0..1, `charging`), each present only when the host reports it.
     pub fn read(&self) -> serde_json::Map<String, Value> {
         let mut out = serde_json::Map::new();
         let zones = thermal_zones(&self.root.join("class/thermal"));
@@ -46,12 +48,18 @@ impl HostCondition {
                 json!({
                     "zone": hottest.kind,
                     "temp_c": hottest.temp_c,
-                    "limit_c": hottest.limit_c,
+                    "limit_c": hottest.limit_c(),
                 }),
             );
+            let pressure = zones
+                .iter()
+                .map(Zone::pressure)
+                .max()
+                .unwrap_or(Pressure::Nominal);
+            out.insert("pressure".into(), Value::from(pressure.name()));
             out.insert(
                 "throttled".into(),
-                Value::Bool(zones.iter().any(Zone::throttling)),
+                Value::Bool(pressure >= Pressure::Serious),
             );
         }
         if let Some(b) = battery(&self.root.join("class/power_supply")) {
@@ -61,15 +69,50 @@ impl HostCondition {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Pressure {
+    Nominal,
+    Serious,
+    Critical,
+}
+
+impl Pressure {
+    fn name(self) -> &'static str {
+        match self {
+            Pressure::Nominal => "nominal",
+            Pressure::Serious => "serious",
+            Pressure::Critical => "critical",
+        }
+    }
+}
+
 struct Zone {
     kind: String,
     temp_c: f64,
-    limit_c: Option<f64>,
+    /// Where the kernel starts throttling.
+    passive_c: Option<f64>,
+    /// Where the machine shuts down.
+    critical_c: Option<f64>,
 }
 
 impl Zone {
-    fn throttling(&self) -> bool {
-        self.limit_c.is_some_and(|l| self.temp_c >= l)
+    /// The temperature reported as this zone's limit.
+    fn limit_c(&self) -> Option<f64> {
+        self.passive_c
+            .or(self.critical_c.map(|c| c - CRITICAL_MARGIN_C))
+    }
+
+    fn pressure(&self) -> Pressure {
+        if self
+            .critical_c
+            .is_some_and(|c| self.temp_c >= c - CRITICAL_MARGIN_C)
+        {
+            Pressure::Critical
+        } else if self.passive_c.is_some_and(|p| self.temp_c >= p) {
+            Pressure::Serious
+        } else {
+            Pressure::Nominal
+        }
     }
 }
 
@@ -126,7 +169,8 @@ fn thermal_zones(dir: &Path) -> Vec<Zone> {
         zones.push(Zone {
             kind: read_trimmed(&path.join("type")).unwrap_or_else(|| "unknown".into()),
             temp_c,
-            limit_c: passive.or(critical.map(|c| c - CRITICAL_MARGIN_C)),
+            passive_c: passive,
+            critical_c: critical,
         });
     }
     zones
@@ -195,14 +239,27 @@ mod tests {
             86_500,
             &[("passive", 85_000), ("critical", 105_000)],
         );
-        assert_eq!(host.read()["throttled"], true);
+        let r = host.read();
+        assert_eq!(r["throttled"], true);
+        assert_eq!(r["pressure"], "serious");
+        zone(
+            dir.path(),
+            1,
+            "x86_pkg_temp",
+            101_000,
+            &[("passive", 85_000), ("critical", 105_000)],
+        );
+        assert_eq!(host.read()["pressure"], "critical");
     }
 
     #[test]
-    fn without_a_passive_trip_the_critical_one_less_a_margin_counts() {
+    fn near_the_critical_trip_is_critical() {
         let dir = tempfile::tempdir().unwrap();
         zone(dir.path(), 0, "gpu", 96_000, &[("critical", 100_000)]);
-        assert_eq!(HostCondition::new(dir.path()).read()["throttled"], true);
+        let r = HostCondition::new(dir.path()).read();
+        assert_eq!(r["throttled"], true);
+        assert_eq!(r["pressure"], "critical");
+        assert_eq!(r["thermal"]["limit_c"], 95.0);
         zone(
             dir.path(),
             0,
@@ -210,7 +267,9 @@ mod tests {
             94_000,
             &[("critical", 100_000), ("passive", 0)],
         );
-        assert_eq!(HostCondition::new(dir.path()).read()["throttled"], false);
+        let r = HostCondition::new(dir.path()).read();
+        assert_eq!(r["throttled"], false);
+        assert_eq!(r["pressure"], "nominal");
     }
 
     #[test]
