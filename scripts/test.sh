@@ -37,6 +37,8 @@ scripts/fetch-model.sh
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 chmod 700 "$XDG_RUNTIME_DIR" 2>/dev/null || true
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+# A clean run gains nothing from incremental state, which is several GiB on disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 # The vendor fast paths are compiled and tested too: `vulkan` runs on lavapipe here. One
 # feature set for clippy, the build and the tests, so nothing is compiled twice.
@@ -49,6 +51,7 @@ cargo clippy --workspace --all-targets --features "$features" -- -D warnings
 echo "== the browser worker's package (web/pkg; the engine for wasm32 with it)"
 scripts/build-web.sh
 echo "== tests"
+df -h . | tail -1
 # The end-to-end tests start the cairn and cairn-signal binaries of this build as real
 # processes, and the browser tests must not skip for want of Chromium.
 export CAIRN_TEST_REQUIRE_BROWSER=1
