@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests in `tests/tests/`.
 
 pub mod procs;
+pub mod turn_server;
 
 use std::path::PathBuf;
 

@@ -24,7 +24,7 @@ use cairn_engine::protocol::{DType, LayerRange, Message, Tensor};
 use cairn_engine::tokenizer::Tokenizer;
 use cairn_engine::worker::{Capabilities, PeerKind};
 use cairn_engine::{Selection, discover};
-use cairn_native::link::{Link, LinkConfig, Mesh, MeshEvent};
+use cairn_native::link::{IceServer, IceTransportPolicy, Link, LinkConfig, Mesh, MeshEvent};
 use cairn_signal::token::{Claims, Role, issue};
 use cairn_signal::{MdnsMode, Server, SignalConfig};
 use cairn_tests::model_path;
@@ -792,6 +792,83 @@ async fn browser_without_webgpu_falls_back_to_cpu() {
 }
 
 /// Waits until `#out` of the example page says `done` (or fails on `error`).
+/// A coordinator with a TURN server and relay-only links shares them through its room meta:
+/// the browser answers on relay candidates of the same real TURN server, the link comes up,
+/// a probe crosses it both ways, and the server relayed the bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_links_through_the_coordinators_turn_server() {
+    use cairn_tests::turn_server;
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let (turn, turn_addr) = turn_server::start().await;
+    let signal = signal_server().await;
+    let http = page_server(web_pkg(), model_path()).await;
+    let mut coordinator = Mesh::join(
+        &signal.url(),
+        ROOM,
+        &token(&signal, Role::Coordinator),
+        LinkConfig {
+            capabilities: json!({ "role": "coordinator" }).to_string(),
+            ice_servers: vec![IceServer {
+                urls: vec![format!("turn:{turn_addr}?transport=udp")],
+                username: Some(turn_server::USER.into()),
+                credential: Some(turn_server::PASSWORD.into()),
+            }],
+            ice_transport_policy: IceTransportPolicy::Relay,
+            share_ice_servers: true,
+            ..LinkConfig::loopback()
+        },
+    )
+    .await
+    .unwrap();
+    let mut meta = serde_json::Map::new();
+    meta.insert("role".into(), json!("coordinator"));
+    coordinator.set_meta(meta);
+
+    let url = format!(
+        "http://{http}/join?signal={}&room={ROOM}&token={}&pressure=ignore",
+        signal.url(),
+        token(&signal, Role::Worker)
+    );
+    let browser = Browser::launch(&binary, &url, false);
+    let mut page = browser.page("/join").await;
+    page.wait_status("press the button", WAIT).await;
+    page.eval("document.querySelector('#consent').click()")
+        .await;
+    let link = timeout(WAIT, link_to_worker(&mut coordinator))
+        .await
+        .expect("no link to the browser through the TURN server");
+    page.wait_status("joined", WAIT).await;
+    let log = page.text("log").await;
+    assert!(
+        log.contains("relayed through its TURN servers"),
+        "the browser did not take the coordinator's TURN servers: {log}"
+    );
+    let probe = 256 * 1024;
+    let rate = timeout(WAIT, link.probe(probe))
+        .await
+        .expect("the probe through the relay timed out")
+        .expect("the probe failed");
+    eprintln!("probe through the TURN server: {:.1} MB/s", rate / 1e6);
+    // Stats are refreshed every ping.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        link.stats().relayed,
+        "the coordinator's selected pair is not its relay"
+    );
+    // Both ends allocated on the server (Chromium may take more than one allocation); the
+    // probe went out through ours.
+    let relayed = turn_server::relayed_bytes(&turn).await;
+    assert!(relayed.len() >= 2, "allocations: {relayed:?}");
+    assert!(
+        relayed.values().any(|&n| n > probe as u64),
+        "no allocation relayed the {probe}-byte probe: {relayed:?}"
+    );
+    drop(browser);
+}
+
 async fn example_output(page: &mut Page) -> String {
     let deadline = Instant::now() + SLOW;
     loop {

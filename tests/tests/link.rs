@@ -2,9 +2,8 @@
 //! cairn-signal server, exchanging the engine's wire protocol over WebRTC
 //! data channels. Every wait is bounded; heartbeats are short.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_engine::protocol::{DType, Message, Telemetry, Tensor};
@@ -15,6 +14,7 @@ use cairn_signal::client::SignalClient;
 use cairn_signal::protocol::{ClientMessage, PeerId, ServerMessage};
 use cairn_signal::token::{Claims, Role, issue};
 use cairn_signal::{MdnsMode, Server, SignalConfig};
+use cairn_tests::turn_server::{self, PASSWORD as TURN_PASSWORD, USER as TURN_USER};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::time::timeout;
@@ -491,56 +491,6 @@ async fn an_sdp_fingerprint_other_than_the_announced_one_is_refused() {
     assert!(matches!(bye, SignalPayload::Bye { .. }), "{bye:?}");
 }
 
-const TURN_USER: &str = "cairn";
-const TURN_PASSWORD: &str = "relay-secret";
-
-/// Long-term credentials for one user (RFC 8656 section 9.2).
-struct TurnAuth;
-
-impl turn::auth::AuthHandler for TurnAuth {
-    fn auth_handle(
-        &self,
-        username: &str,
-        realm: &str,
-        _src: SocketAddr,
-    ) -> Result<Vec<u8>, turn::Error> {
-        if username == TURN_USER {
-            Ok(turn::auth::generate_auth_key(
-                username,
-                realm,
-                TURN_PASSWORD,
-            ))
-        } else {
-            Err(turn::Error::ErrFakeErr)
-        }
-    }
-}
-
-/// A real TURN server (the `turn` crate's) on loopback, relaying on loopback.
-async fn turn_server() -> (turn::server::Server, SocketAddr) {
-    use turn::relay::relay_static::RelayAddressGeneratorStatic;
-    use turn::server::config::{ConnConfig, ServerConfig};
-    let conn = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
-    let addr = conn.local_addr().unwrap();
-    let server = turn::server::Server::new(ServerConfig {
-        conn_configs: vec![ConnConfig {
-            conn,
-            relay_addr_generator: Box::new(RelayAddressGeneratorStatic {
-                relay_address: IpAddr::from([127, 0, 0, 1]),
-                address: "127.0.0.1".into(),
-                net: Arc::new(webrtc_util::vnet::net::Net::new(None)),
-            }),
-        }],
-        realm: "cairn.test".into(),
-        auth_handler: Arc::new(TurnAuth),
-        channel_bind_timeout: Duration::ZERO,
-        alloc_close_notify: None,
-    })
-    .await
-    .unwrap();
-    (server, addr)
-}
-
 /// Links that may only use relay candidates on the TURN server at `turn`.
 fn relay_only(turn: SocketAddr, credential: &str) -> LinkConfig {
     LinkConfig {
@@ -559,7 +509,7 @@ fn relay_only(turn: SocketAddr, credential: &str) -> LinkConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_only_link_carries_a_tensor_through_a_turn_server() {
-    let (turn, turn_addr) = turn_server().await;
+    let (turn, turn_addr) = turn_server::start().await;
     let server = server().await;
     let (_a, mut link_a, _b, mut link_b) =
         pair(&server, relay_only(turn_addr, TURN_PASSWORD)).await;
@@ -598,25 +548,16 @@ async fn a_relay_only_link_carries_a_tensor_through_a_turn_server() {
         );
     }
     // The server saw both allocations, and each relayed the whole tensor out.
-    let allocations = turn.get_allocations_info(None).await.unwrap();
-    let ours: Vec<_> = allocations
-        .values()
-        .filter(|a| a.username == TURN_USER)
-        .collect();
-    assert_eq!(ours.len(), 2, "{allocations:?}");
-    for a in ours {
-        assert!(
-            a.relayed_bytes as u64 > bytes,
-            "allocation {} relayed {} bytes",
-            a.relay_addr,
-            a.relayed_bytes
-        );
+    let relayed = turn_server::relayed_bytes(&turn).await;
+    assert_eq!(relayed.len(), 2, "{relayed:?}");
+    for (addr, n) in relayed {
+        assert!(n > bytes, "allocation {addr} relayed {n} bytes");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_turn_credentials_fail_the_link_with_a_clear_error() {
-    let (_turn, turn_addr) = turn_server().await;
+    let (_turn, turn_addr) = turn_server::start().await;
     let server = server().await;
     // Only b's credential is wrong, so b's own allocation is what fails
     // (not a `bye` from a peer whose allocation failed first).

@@ -672,19 +672,44 @@ impl Worker {
                 return;
             }
         }
+        let ice = match crate::ice::IceConfig::from_meta(
+            self.peers
+                .get(&from)
+                .and_then(|m| m.get(crate::ice::ICE_META_KEY)),
+        ) {
+            Ok(ice) => ice,
+            Err(e) => {
+                bye(e);
+                return;
+            }
+        };
         if let Some(old) = self.current.borrow_mut().take() {
             old.close("replaced by a new offer");
         }
         self.link_up = false;
-        ui::log(&format!("offer from {from} ({role}), session {session}"));
-        let (link, answer) =
-            match PeerLink::accept_offer(&from, &session, &sdp, self.link_events.clone()).await {
-                Ok(r) => r,
-                Err(e) => {
-                    bye(e);
-                    return;
-                }
-            };
+        ui::log(&format!(
+            "offer from {from} ({role}), session {session}{}",
+            match &ice {
+                Some(i) if i.relay_only => " (relayed through its TURN servers)",
+                Some(_) => " (with its STUN/TURN servers)",
+                None => "",
+            }
+        ));
+        let (link, answer) = match PeerLink::accept_offer(
+            &from,
+            &session,
+            &sdp,
+            ice.as_ref(),
+            self.link_events.clone(),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                bye(e);
+                return;
+            }
+        };
         // The offerer checks our answer's fingerprint against our meta: announce it first
         // (the server relays our messages in order).
         if let Some(fp) = link::sdp_fingerprint(&answer)

@@ -9,7 +9,7 @@
 //!   (`docs/browser.md`).
 //!
 //! Modules: `join` (the worker's flow and serving loop), `link` (the peer connection and
-//! framing), `signal` (the signaling socket), `fetch` (range requests and the weight cache),
+//! framing), `ice` (the STUN/TURN servers the coordinator shares), `signal` (the signaling socket), `fetch` (range requests and the weight cache),
 //! `ui` (the page), `js` (bindings to `probe.js`), `api` (the standalone API).
 
 // The engine's APIs share a device as `Arc<Device>`; on wasm32 wgpu's handles are neither
@@ -22,6 +22,9 @@ mod api;
 mod fetch;
 #[cfg(target_arch = "wasm32")]
 mod join;
+// Pure data: its tests run natively.
+#[cfg(any(target_arch = "wasm32", test))]
+mod ice;
 #[cfg(target_arch = "wasm32")]
 mod js;
 #[cfg(target_arch = "wasm32")]

@@ -16,10 +16,11 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{
     MessageEvent, RtcConfiguration, RtcDataChannel, RtcDataChannelEvent, RtcDataChannelState,
-    RtcDataChannelType, RtcIceCandidateInit, RtcPeerConnection, RtcPeerConnectionIceEvent,
-    RtcPeerConnectionState, RtcSdpType, RtcSessionDescriptionInit,
+    RtcDataChannelType, RtcIceCandidateInit, RtcIceTransportPolicy, RtcPeerConnection,
+    RtcPeerConnectionIceEvent, RtcPeerConnectionState, RtcSdpType, RtcSessionDescriptionInit,
 };
 
+use crate::ice::IceConfig;
 use crate::js::js_error_text;
 
 /// Link setup payloads inside signal `data`; the same JSON as
@@ -35,6 +36,18 @@ pub enum SignalPayload {
 
 /// The meta key under which peers announce their DTLS fingerprint.
 pub const FINGERPRINT_META_KEY: &str = "dtls_fingerprint";
+
+/// `RTCConfiguration` for an offerer's shared servers.
+fn rtc_configuration(ice: &IceConfig) -> Result<RtcConfiguration, String> {
+    let config = RtcConfiguration::new();
+    let servers = serde_json::to_string(&ice.servers).map_err(|e| e.to_string())?;
+    let servers = js_sys::JSON::parse(&servers).map_err(|e| js_error_text(&e))?;
+    config.set_ice_servers(&servers);
+    if ice.relay_only {
+        config.set_ice_transport_policy(RtcIceTransportPolicy::Relay);
+    }
+    Ok(config)
+}
 
 /// Lower-case hash name, one space, upper-case hex pairs (as the native side compares them).
 pub fn normalize_fingerprint(f: &str) -> String {
@@ -259,15 +272,20 @@ fn setup_channel(
 }
 
 impl PeerLink {
-    /// Accepts `offer_sdp` from `peer`: a new peer connection, its answer (returned, not yet
-    /// sent). Candidates and the channel's events go to `events`.
+    /// Accepts `offer_sdp` from `peer`: a new peer connection (on the STUN/TURN servers of
+    /// `ice`, if the offerer shared any), its answer (returned, not yet sent). Candidates and
+    /// the channel's events go to `events`.
     pub async fn accept_offer(
         peer: &str,
         session: &str,
         offer_sdp: &str,
+        ice: Option<&IceConfig>,
         events: UnboundedSender<LinkEvent>,
     ) -> Result<(PeerLink, String), String> {
-        let config = RtcConfiguration::new();
+        let config = match ice {
+            Some(ice) => rtc_configuration(ice)?,
+            None => RtcConfiguration::new(),
+        };
         let pc =
             RtcPeerConnection::new_with_configuration(&config).map_err(|e| js_error_text(&e))?;
         let frame_bytes = match sdp_max_message_size(offer_sdp) {

@@ -2,7 +2,6 @@
 //! set against what the device's memory can deliver (a device-to-device copy measured in the
 //! same run) and what a dispatch costs.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -16,17 +15,13 @@ use cairn_engine::model::{ModelConfig, Shard};
 use cairn_engine::tokenizer::{Tokenizer, TokenizerSpec};
 use cairn_engine::{BackendKind, Device};
 
+use super::model_args::ModelArgs;
 use crate::loading::{self, DeviceArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model (default: $CAIRN_MODEL, then the default model's cache location).
-    #[arg(long, conflicts_with = "synthetic")]
-    model: Option<PathBuf>,
-    /// A model of random weights in a known shape instead of a file: 135m (SmolLM2-135M),
-    /// 1b (Llama-3.2-1B), 8b (Llama-3.1-8B); Q4_1 matrices and a Q8_0 embedding.
-    #[arg(long)]
-    synthetic: Option<String>,
+    #[command(flatten)]
+    model: ModelArgs,
     #[command(flatten)]
     device: DeviceArgs,
     /// Prompt length; the prompt is token ids (1000 + 7919 i) mod vocab.
@@ -374,18 +369,14 @@ pub fn run(a: Args) -> Result<()> {
     }
     let dev = loading::open_device(&a.device)?;
     let info = dev.info().clone();
-    let (src, what, tokenizer) = match &a.synthetic {
-        Some(name) => {
-            let cfg = ModelConfig::synthetic(name)
-                .with_context(|| format!("no synthetic model '{name}'; choose 135m, 1b or 8b"))?;
-            (
-                Source::Synthetic(SyntheticModel::new(&cfg, 1)),
-                format!("synthetic {name}"),
-                stand_in_tokenizer()?,
-            )
-        }
+    let (src, what, tokenizer) = match a.model.synthetic_config()? {
+        Some((name, cfg)) => (
+            Source::Synthetic(SyntheticModel::new(&cfg, 1)),
+            format!("synthetic {name}"),
+            stand_in_tokenizer()?,
+        ),
         None => {
-            let path = crate::model_path::resolve(a.model.clone())?;
+            let path = a.model.path()?;
             let file =
                 MappedGguf::open(&path).with_context(|| format!("opening {}", path.display()))?;
             let tok = Tokenizer::from_spec(&file.file.tokenizer_spec()?)?;
@@ -464,7 +455,7 @@ pub fn run(a: Args) -> Result<()> {
 
     let out = serde_json::json!({
         "model": what,
-        "synthetic": a.synthetic.is_some(),
+        "synthetic": a.model.synthetic.is_some(),
         "backend": dev.kind().name(),
         "device": info.id,
         "device_name": info.name,

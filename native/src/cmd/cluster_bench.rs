@@ -24,16 +24,13 @@ use futures::StreamExt as _;
 use serde_json::{Value, json};
 
 use super::bench::prompt_ids;
+use super::model_args::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model (default: $CAIRN_MODEL, then the default model's cache location).
-    #[arg(long, conflicts_with = "synthetic")]
-    model: Option<PathBuf>,
-    /// A model of random weights in a known shape (135m, 1b), written to a
-    /// temporary GGUF file with a stand-in vocabulary.
-    #[arg(long)]
-    synthetic: Option<String>,
+    /// The model; a synthetic one is written to a temporary GGUF file.
+    #[command(flatten)]
+    model: ModelArgs,
     /// Backend of every worker and of the one-device baseline.
     #[arg(long, default_value = "cpu")]
     backend: String,
@@ -141,10 +138,8 @@ impl Drop for Proc {
 
 /// A model file for the run: the one given, or a synthetic one written out.
 fn model_file(a: &Args, dir: &Path) -> Result<(PathBuf, String)> {
-    match &a.synthetic {
-        Some(name) => {
-            let cfg = ModelConfig::synthetic(name)
-                .with_context(|| format!("no synthetic model '{name}'; choose 135m or 1b"))?;
+    match a.model.synthetic_config()? {
+        Some((name, cfg)) => {
             let path = dir.join(format!("synthetic-{name}.gguf"));
             let file = std::fs::File::create(&path)
                 .with_context(|| format!("creating {}", path.display()))?;
@@ -155,7 +150,7 @@ fn model_file(a: &Args, dir: &Path) -> Result<(PathBuf, String)> {
             Ok((path, format!("synthetic {name}")))
         }
         None => {
-            let path = crate::model_path::resolve(a.model.clone())?;
+            let path = a.model.path()?;
             let name = path.file_name().map_or_else(
                 || path.display().to_string(),
                 |n| n.to_string_lossy().into_owned(),

@@ -5,6 +5,7 @@ pub mod cluster_bench;
 pub mod devices;
 pub mod ice_args;
 pub mod link_bench;
+pub mod model_args;
 pub mod run;
 pub mod score;
 pub mod serve;

@@ -185,6 +185,8 @@ impl Coordinator {
     pub async fn start(opts: CoordinatorOptions) -> Result<Coordinator> {
         let model = ServedModel::open(&opts.model_path, opts.ctx, opts.parallel)?;
         let mut link = opts.link.clone();
+        // Browser workers answer our offers and learn our STUN/TURN servers from the room.
+        link.share_ice_servers = true;
         link.capabilities = serde_json::json!({
             "role": CapRole::Coordinator,
             "version": env!("CARGO_PKG_VERSION"),

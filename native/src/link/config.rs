@@ -80,6 +80,10 @@ pub struct LinkConfig {
     pub udp_buffer_bytes: usize,
     /// Capabilities and device info sent in `Hello`, a JSON object.
     pub capabilities: String,
+    /// Announce `ice_servers` and `ice_transport_policy` in our room meta
+    /// ([`ICE_META_KEY`](super::ICE_META_KEY)) for the browsers that answer
+    /// our offers. The coordinator does; workers keep theirs to themselves.
+    pub share_ice_servers: bool,
 }
 
 impl Default for LinkConfig {
@@ -107,6 +111,7 @@ impl Default for LinkConfig {
             mtu: str0m::DATAGRAM_MTU_TARGET,
             udp_buffer_bytes: 4 * 1024 * 1024,
             capabilities: "{}".into(),
+            share_ice_servers: false,
         }
     }
 }

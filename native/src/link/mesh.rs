@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use super::driver::{self, Control, DriverHandle, Link, Report, Setup};
 use super::signal_msg::{
-    FINGERPRINT_META_KEY, SignalPayload, normalize_fingerprint, sdp_fingerprint,
+    FINGERPRINT_META_KEY, ICE_META_KEY, SignalPayload, normalize_fingerprint, sdp_fingerprint,
     sdp_max_message_size,
 };
 use super::turn::{TurnServer, turn_host};
@@ -108,6 +108,15 @@ impl Mesh {
             FINGERPRINT_META_KEY.into(),
             Value::String(fingerprint.clone()),
         );
+        if config.share_ice_servers && !config.ice_servers.is_empty() {
+            meta.insert(
+                ICE_META_KEY.into(),
+                serde_json::json!({
+                    "servers": config.ice_servers,
+                    "policy": config.ice_transport_policy,
+                }),
+            );
+        }
         signal
             .send(ClientMessage::Meta { meta: meta.clone() })
             .await
@@ -179,7 +188,7 @@ impl Mesh {
         let _ = self.commands.send(Command::Disconnect(peer.clone()));
     }
 
-    /// Replaces our advertised meta (the DTLS fingerprint is kept in it).
+    /// Replaces our advertised meta (the DTLS fingerprint and shared ICE servers are kept in it).
     pub fn set_meta(&self, meta: Map<String, Value>) {
         let _ = self.commands.send(Command::SetMeta(meta));
     }
@@ -631,8 +640,11 @@ impl MeshTask {
                 }
             }
             Command::SetMeta(mut meta) => {
-                if let Some(fp) = self.meta.get(FINGERPRINT_META_KEY) {
-                    meta.insert(FINGERPRINT_META_KEY.into(), fp.clone());
+                // What the mesh itself announces stays, whatever the application sets.
+                for key in [FINGERPRINT_META_KEY, ICE_META_KEY] {
+                    if let Some(v) = self.meta.get(key) {
+                        meta.insert(key.into(), v.clone());
+                    }
                 }
                 self.meta = meta.clone();
                 let _ = self.signal.send(ClientMessage::Meta { meta }).await;

@@ -27,7 +27,7 @@ use cairn_engine::protocol::ProtocolError;
 pub use config::{IceServer, IceTransportPolicy, LinkConfig};
 pub use driver::{Link, LinkSender};
 pub use mesh::{Mesh, MeshEvent};
-pub use signal_msg::SignalPayload;
+pub use signal_msg::{ICE_META_KEY, SignalPayload};
 pub use stats::LinkStats;
 
 /// Why a link (or an operation on it) failed.

@@ -43,6 +43,14 @@ impl SignalPayload {
 /// fingerprint (`sha-256 AB:CD:…`) to the room.
 pub const FINGERPRINT_META_KEY: &str = "dtls_fingerprint";
 
+/// The meta key under which an offerer that shares its STUN/TURN servers
+/// announces them: `{"servers": [RTCIceServer…], "policy": "all"|"relay"}`.
+/// Browsers answering its offers build their `RTCConfiguration` from it, so
+/// `cairn serve --turn … --relay-only` reaches browser workers through the
+/// relay too. Room members hold the room's token, which already lets them
+/// serve the model, so the TURN credential is no wider secret than that.
+pub const ICE_META_KEY: &str = "ice";
+
 /// The `a=fingerprint` of an SDP, normalized (see [`normalize_fingerprint`]).
 pub fn sdp_fingerprint(sdp: &str) -> Option<String> {
     sdp.lines()

@@ -125,6 +125,7 @@ pub async fn serve(
 /// replies and telemetry back.
 async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::ShardSource>) {
     let sender = link.sender();
+    let step_replies = link.sender();
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
     let forward_out = tokio::spawn(async move {
         while let Some(m) = out_rx.recv().await {
@@ -158,7 +159,7 @@ async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::Shar
                     info!(%reason, "the coordinator closed the link");
                     break;
                 }
-                Ok(m) => stage.send(Job::Handle(m, out_tx.clone())),
+                Ok(m) => stage.send(Job::Handle(m, step_replies.clone())),
                 Err(e) => {
                     info!(error = %e, "coordinator link ended");
                     break;

@@ -8,9 +8,13 @@ use cairn_engine::protocol::{Message, Telemetry};
 use cairn_engine::worker::{StageServer, load_shard};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::link::LinkSender;
+
 pub enum Job {
-    /// A message for the stage; its reply, if any, goes to the sender.
-    Handle(Message, mpsc::UnboundedSender<Message>),
+    /// A message for the stage; its reply, if any, goes straight onto the link: a step's
+    /// answer is on every token's critical path, and each task it passes through on the way
+    /// costs a thread wake-up.
+    Handle(Message, LinkSender),
     /// Load layers from `src` and install them (answers `ShardLoaded`). The
     /// same model and layers already loaded just drop their caches.
     Install {
@@ -38,9 +42,11 @@ impl StageThread {
                 let mut loaded: Option<(String, usize, usize)> = None;
                 while let Some(job) = rx.blocking_recv() {
                     match job {
-                        Job::Handle(m, out) => {
+                        Job::Handle(m, link) => {
                             if let Some(reply) = pollster::block_on(server.handle(m)) {
-                                let _ = out.send(reply);
+                                // Waits only while the link's send queue is full; an error
+                                // means the link is gone, which its reader notices.
+                                let _ = pollster::block_on(link.send(reply));
                             }
                         }
                         Job::Install {
