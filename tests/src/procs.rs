@@ -224,6 +224,50 @@ impl Signal {
     }
 }
 
+/// `cairn serve` with its embedded cairn-signal and no local worker, on a free loopback port;
+/// the worker token is read from the join URL it prints.
+pub struct Serve {
+    pub proc: Proc,
+    pub port: u16,
+    /// `http://127.0.0.1:PORT`.
+    pub api: String,
+    /// The embedded cairn-signal, `ws://127.0.0.1:PORT`.
+    pub signal: String,
+    pub worker_token: String,
+}
+
+impl Serve {
+    /// Starts it on `model` with `extra` flags; returns once it printed the join URL.
+    pub fn embedded(dir: &Path, model: &str, extra: &[&str]) -> Serve {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            "serve",
+            "--listen",
+            &listen,
+            "--no-local-worker",
+            "--model",
+            model,
+        ];
+        args.extend_from_slice(extra);
+        let mut proc = Proc::spawn(&bin("cairn"), &args, dir, "serve");
+        let join = proc.wait_line("join:");
+        let worker_token = join
+            .split("token=")
+            .nth(1)
+            .expect("the join URL carries a worker token")
+            .trim()
+            .to_owned();
+        Serve {
+            proc,
+            port,
+            api: format!("http://{listen}"),
+            signal: format!("ws://{listen}"),
+            worker_token,
+        }
+    }
+}
+
 /// Reads an OpenAI streaming response: yields each `data:` payload as JSON
 /// (`[DONE]` ends it).
 pub struct SseReader {

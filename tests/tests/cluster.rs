@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use cairn_tests::model_path;
 use cairn_tests::procs::{
-    Proc, Signal, SseReader, artifacts, bin, free_port, get_json, post_json, post_raw, wait_for,
+    Proc, Serve, Signal, SseReader, artifacts, bin, free_port, get_json, post_json, post_raw,
+    wait_for,
 };
 use serde_json::{Value, json};
 
@@ -452,37 +453,16 @@ fn bounded(cmd: &mut std::process::Command) -> std::process::Output {
 #[test]
 fn worker_finds_the_signal_over_mdns() {
     let dir = artifacts("cluster-mdns");
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let api = format!("http://{listen}");
     let model = model_path();
     let model = model.to_str().expect("utf-8 path");
-    let mut serve = Proc::spawn(
-        &bin("cairn"),
-        &[
-            "serve",
-            "--listen",
-            &listen,
-            "--no-local-worker",
-            "--model",
-            model,
-        ],
-        &dir,
-        "serve",
-    );
-    let join = serve.wait_line("join:");
-    let token = join
-        .split("token=")
-        .nth(1)
-        .expect("the join URL carries a worker token")
-        .trim()
-        .to_owned();
+    let serve = Serve::embedded(&dir, model, &[]);
+    let (port, api, token) = (serve.port, &serve.api, &serve.worker_token);
     let mut worker = Proc::spawn(
         &bin("cairn"),
         &[
             "worker",
             "--token",
-            &token,
+            token,
             "--backend",
             "cpu",
             "--loopback",
@@ -545,35 +525,10 @@ fn set_zone(root: &std::path::Path, temp_c: u32) {
 fn a_throttled_worker_loses_its_layers() {
     let dir = artifacts("cluster-throttle");
     let (ref_tokens, _) = reference();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let api = format!("http://{listen}");
     let model = model_path();
     let model = model.to_str().expect("utf-8 path");
-    let mut serve = Proc::spawn(
-        &bin("cairn"),
-        &[
-            "serve",
-            "--listen",
-            &listen,
-            "--no-local-worker",
-            "--no-mdns",
-            "--ctx",
-            "256",
-            "--model",
-            model,
-        ],
-        &dir,
-        "serve",
-    );
-    let join = serve.wait_line("join:");
-    let token = join
-        .split("token=")
-        .nth(1)
-        .expect("the join URL carries a worker token")
-        .trim()
-        .to_owned();
-    let signal = format!("ws://{listen}");
+    let serve = Serve::embedded(&dir, model, &["--no-mdns", "--ctx", "256"]);
+    let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
     let mut workers = Vec::new();
     for name in ["a", "b"] {
         let sys = dir.join(format!("sys-{name}"));
@@ -584,9 +539,9 @@ fn a_throttled_worker_loses_its_layers() {
             &[
                 "worker",
                 "--signal",
-                &signal,
+                signal,
                 "--token",
-                &token,
+                token,
                 "--backend",
                 "cpu",
                 "--loopback",
@@ -629,7 +584,7 @@ fn a_throttled_worker_loses_its_layers() {
         s.iter().filter(|x| x.0 == id).map(|x| x.2 - x.1).sum()
     };
     let before = wait_for(Duration::from_secs(180), "a placement", || {
-        let s = stages(&api);
+        let s = stages(api);
         (!s.is_empty()).then_some(s)
     });
     let (_, hot, sys) = workers
@@ -653,7 +608,7 @@ fn a_throttled_worker_loses_its_layers() {
         Duration::from_secs(60),
         "a placement without the overheating worker",
         || {
-            let s = stages(&api);
+            let s = stages(api);
             (!s.is_empty() && layers_of(&s, hot) == 0).then_some(s)
         },
     );
