@@ -6,6 +6,8 @@
 //! native callers can block with the `*_blocking` helpers.
 
 pub mod cpu;
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+pub(crate) mod cuda;
 mod validate;
 #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
 pub(crate) mod vulkan;
@@ -73,6 +75,17 @@ impl BackendKind {
     }
 }
 
+impl BackendKind {
+    /// Whether this build has the backend (`cuda` and `vulkan` are cargo features).
+    pub fn compiled(self) -> bool {
+        match self {
+            BackendKind::Wgpu | BackendKind::Cpu => true,
+            BackendKind::Cuda => cfg!(all(feature = "cuda", not(target_arch = "wasm32"))),
+            BackendKind::Vulkan => cfg!(all(feature = "vulkan", not(target_arch = "wasm32"))),
+        }
+    }
+}
+
 impl std::fmt::Display for BackendKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -110,6 +123,8 @@ impl Accounting {
 pub(crate) enum Storage {
     Cpu(cpu::CpuStorage),
     Wgpu(::wgpu::Buffer),
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    Cuda(cuda::CudaStorage),
 }
 
 /// Memory on one device. Dropping it frees the memory (GPU memory once queued work using it
@@ -160,6 +175,8 @@ impl Drop for Buffer {
 enum Inner {
     Cpu(cpu::CpuBackend),
     Wgpu(Box<wgpu::WgpuBackend>),
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    Cuda(Box<cuda::CudaBackend>),
 }
 
 /// One compute device with its backend.
@@ -190,6 +207,23 @@ impl Device {
         }
     }
 
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    pub(crate) fn new_cuda(info: DeviceInfo, backend: cuda::CudaBackend) -> Device {
+        Device {
+            inner: Inner::Cuda(Box::new(backend)),
+            info,
+            accounting: Default::default(),
+        }
+    }
+
+    #[cfg(all(test, feature = "cuda", not(target_arch = "wasm32")))]
+    pub(crate) fn cuda_backend(&self) -> Option<&cuda::CudaBackend> {
+        match &self.inner {
+            Inner::Cuda(b) => Some(b),
+            _ => None,
+        }
+    }
+
     pub fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -200,6 +234,8 @@ impl Device {
             // The `vulkan` backend drives its own VkDevice through the wgpu executor.
             Inner::Wgpu(_) if self.info.backend == BackendKind::Vulkan => BackendKind::Vulkan,
             Inner::Wgpu(_) => BackendKind::Wgpu,
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            Inner::Cuda(_) => BackendKind::Cuda,
         }
     }
 
@@ -218,6 +254,8 @@ impl Device {
         match &self.inner {
             Inner::Cpu(_) => u64::MAX >> 1,
             Inner::Wgpu(b) => b.max_binding_bytes(),
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            Inner::Cuda(b) => b.max_buffer_bytes(),
         }
     }
 
@@ -234,6 +272,8 @@ impl Device {
         let storage = match &self.inner {
             Inner::Cpu(b) => Storage::Cpu(b.alloc(label, bytes)?),
             Inner::Wgpu(b) => Storage::Wgpu(b.alloc(label, bytes)?),
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            Inner::Cuda(b) => Storage::Cuda(b.alloc(label, bytes)?),
         };
         let id = self.accounting.add(bytes);
         Ok(Buffer {
@@ -261,6 +301,8 @@ impl Device {
                 Ok(())
             }
             (Inner::Wgpu(b), Storage::Wgpu(s)) => b.write(s, offset, data),
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            (Inner::Cuda(b), Storage::Cuda(s)) => b.write(s, offset, data),
             _ => Err(BackendError::ForeignBuffer {
                 label: buf.label.clone(),
             }),
@@ -283,6 +325,8 @@ impl Device {
         match &self.inner {
             Inner::Cpu(b) => b.run(ops),
             Inner::Wgpu(b) => b.run(ops, &self.accounting),
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            Inner::Cuda(b) => b.run(ops),
         }
     }
 
@@ -292,6 +336,8 @@ impl Device {
         match (&self.inner, &buf.storage) {
             (Inner::Cpu(_), Storage::Cpu(s)) => Ok(s.read(offset, len)),
             (Inner::Wgpu(b), Storage::Wgpu(s)) => b.read(s, offset, len).await,
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            (Inner::Cuda(b), Storage::Cuda(s)) => b.read(s, offset, len),
             _ => Err(BackendError::ForeignBuffer {
                 label: buf.label.clone(),
             }),
@@ -312,7 +358,52 @@ impl Device {
         match &self.inner {
             Inner::Cpu(_) => Ok(()),
             Inner::Wgpu(b) => b.sync().await,
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            Inner::Cuda(b) => b.sync(),
         }
+    }
+
+    /// Copies `bytes` from `src` (a buffer of this device) into `dst` on `dst_dev`, ordered
+    /// after the work already queued on both devices and before later work on either.
+    /// Between CUDA devices of one host this is a device-to-device copy (peer to peer where the
+    /// hardware allows it); within one device, a copy on the device; otherwise it goes through
+    /// host memory. Returns whether the bytes stayed off the host.
+    pub async fn copy_to(
+        &self,
+        src: &Buffer,
+        src_offset: u64,
+        dst_dev: &Device,
+        dst: &Buffer,
+        dst_offset: u64,
+        bytes: u64,
+    ) -> Result<bool> {
+        self.check_range("copy_to", src, src_offset, bytes)?;
+        dst_dev.check_range("copy_to", dst, dst_offset, bytes)?;
+        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+        if let (Inner::Cuda(s), Inner::Cuda(d), Storage::Cuda(ss), Storage::Cuda(ds)) =
+            (&self.inner, &dst_dev.inner, &src.storage, &dst.storage)
+        {
+            return d.copy_from_peer(ds, dst_offset, s, ss, src_offset, bytes);
+        }
+        let same = Arc::ptr_eq(&self.accounting, &dst_dev.accounting);
+        if same
+            && bytes.is_multiple_of(4)
+            && src_offset.is_multiple_of(4)
+            && dst_offset.is_multiple_of(4)
+            && !std::ptr::eq(src, dst)
+        {
+            self.run(&[Op::Copy {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                bytes,
+            }])?;
+            return Ok(true);
+        }
+        let data = self.read(src, src_offset, bytes).await?;
+        dst_dev.write(dst, dst_offset, &data)?;
+        Ok(false)
     }
 
     #[cfg(not(target_arch = "wasm32"))]

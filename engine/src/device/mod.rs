@@ -1,12 +1,12 @@
 //! Device discovery, capability detection and backend selection.
 
-mod info;
+pub(crate) mod info;
 #[cfg(not(target_arch = "wasm32"))]
 mod vulkan_memory;
 
 use std::time::Duration;
 
-pub use info::{DeviceInfo, Support, Vendor};
+pub use info::{CudaProps, DeviceInfo, Support, Vendor};
 
 use crate::backend::{BackendError, BackendKind, Device, wgpu::WgpuBackend};
 
@@ -49,6 +49,9 @@ pub enum SelectError {
 pub struct Discovery {
     pub devices: Vec<DeviceInfo>,
     pub elapsed: Duration,
+    /// Backends compiled in that found no device, each with the reason (`cuda` without a
+    /// driver, say), for messages such as the tests' "skipped" lines.
+    pub unavailable: Vec<(BackendKind, String)>,
     adapters: Vec<(String, wgpu::Adapter)>,
 }
 
@@ -91,10 +94,24 @@ pub async fn discover() -> Discovery {
         kept.push((info.id.clone(), adapter));
         devices.push(info);
     }
+    #[cfg_attr(
+        not(all(feature = "cuda", not(target_arch = "wasm32"))),
+        allow(unused_mut)
+    )]
+    let mut unavailable = Vec::new();
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    {
+        let (cuda, why) = crate::backend::cuda::discover();
+        devices.extend(cuda);
+        if let Some(why) = why {
+            unavailable.push((BackendKind::Cuda, why));
+        }
+    }
     devices.push(info::describe_cpu());
     Discovery {
         devices,
         elapsed: web_time_now().saturating_sub(start),
+        unavailable,
         adapters: kept,
     }
 }
@@ -135,11 +152,8 @@ impl Discovery {
             Some(b) => Some(match b.as_str() {
                 "wgpu" | "gpu" | "webgpu" => BackendKind::Wgpu,
                 "cpu" => BackendKind::Cpu,
-                #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
-                "vulkan" => BackendKind::Vulkan,
-                #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
-                "cuda" => return Err(SelectError::NotCompiled { backend: b }),
-                #[cfg(not(all(feature = "vulkan", not(target_arch = "wasm32"))))]
+                "vulkan" if BackendKind::Vulkan.compiled() => BackendKind::Vulkan,
+                "cuda" if BackendKind::Cuda.compiled() => BackendKind::Cuda,
                 "cuda" | "vulkan" => return Err(SelectError::NotCompiled { backend: b }),
                 _ => {
                     return Err(SelectError::UnknownBackend {
@@ -198,6 +212,15 @@ impl Discovery {
     pub async fn open_info(&self, info: DeviceInfo) -> Result<Device, SelectError> {
         match info.backend {
             BackendKind::Cpu => Ok(Device::new_cpu(info)),
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            BackendKind::Cuda => match crate::backend::cuda::open(&info) {
+                Ok(b) => Ok(Device::new_cuda(info, b)),
+                Err(source) => Err(SelectError::Open {
+                    id: info.id.clone(),
+                    name: info.name.clone(),
+                    source: Box::new(source),
+                }),
+            },
             _ => {
                 let adapter = self
                     .adapters

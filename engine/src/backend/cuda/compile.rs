@@ -1,0 +1,219 @@
+//! The CUDA C kernels (kernels/*.cu), put together per module and compiled at run time by
+//! NVRTC for the device's compute capability.
+
+use std::ffi::{CStr, CString};
+
+use cudarc::nvrtc::result as nvrtc;
+
+use super::launch::ModuleKey;
+use crate::backend::BackendError;
+use crate::quant::GgmlType;
+
+const COMMON: &str = include_str!("kernels/common.cuh");
+const OPS: &str = include_str!("kernels/ops.cu");
+const LINEAR: &str = include_str!("kernels/linear.cu");
+const F32: &str = include_str!("kernels/f32.cuh");
+const F16: &str = include_str!("kernels/f16.cuh");
+const Q8_0: &str = include_str!("kernels/q8_0.cuh");
+const Q4_0: &str = include_str!("kernels/q4_0.cuh");
+const Q4_1: &str = include_str!("kernels/q4_1.cuh");
+
+fn format_header(ty: GgmlType) -> &'static str {
+    match ty {
+        GgmlType::F32 => F32,
+        GgmlType::F16 => F16,
+        GgmlType::Q8_0 => Q8_0,
+        GgmlType::Q4_0 => Q4_0,
+        GgmlType::Q4_1 => Q4_1,
+    }
+}
+
+/// The whole source of one module: the shared header, the format's header where the module
+/// reads weights, then the kernels.
+pub(crate) fn source(key: ModuleKey) -> String {
+    match key {
+        ModuleKey::Ops => format!("{COMMON}\n{OPS}"),
+        ModuleKey::Weights(ty) => format!("{COMMON}\n{}\n{LINEAR}", format_header(ty)),
+    }
+}
+
+pub(crate) fn module_name(key: ModuleKey) -> String {
+    match key {
+        ModuleKey::Ops => "cairn_ops.cu".into(),
+        ModuleKey::Weights(ty) => format!("cairn_linear_{}.cu", ty.name().to_ascii_lowercase()),
+    }
+}
+
+/// The architectures (as 10 * major + minor) this libnvrtc can compile for.
+pub(crate) fn supported_archs() -> Vec<i32> {
+    use cudarc::nvrtc::sys;
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: writes one int.
+    if unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) } != sys::nvrtcResult::NVRTC_SUCCESS
+        || n <= 0
+    {
+        return Vec::new();
+    }
+    let mut archs = vec![0 as std::ffi::c_int; n as usize];
+    // SAFETY: `archs` holds the `n` ints the call writes.
+    if unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) } != sys::nvrtcResult::NVRTC_SUCCESS
+    {
+        return Vec::new();
+    }
+    archs
+}
+
+/// The newest architecture NVRTC supports that the device runs: PTX for an older virtual
+/// architecture runs on newer devices, never the other way round.
+pub(crate) fn target_arch(device: (i32, i32), supported: &[i32]) -> Option<(i32, i32)> {
+    let want = device.0 * 10 + device.1;
+    supported
+        .iter()
+        .copied()
+        .filter(|a| *a <= want)
+        .max()
+        .map(|a| (a / 10, a % 10))
+}
+
+/// NVRTC options: PTX for the device's own virtual architecture, precise division and square
+/// root (the kernels are compared against the CPU reference), fused multiply-add allowed.
+pub(crate) fn options(cc: (i32, i32)) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
+        "--prec-div=true".into(),
+        "--prec-sqrt=true".into(),
+        "--fmad=true".into(),
+    ]
+}
+
+/// Compiles `key`'s module to NUL-terminated PTX.
+pub(crate) fn compile(key: ModuleKey, cc: (i32, i32)) -> Result<Vec<u8>, BackendError> {
+    let name = module_name(key);
+    let err =
+        |what: &str, e: nvrtc::NvrtcError| BackendError::Gpu(format!("nvrtc {what} {name}: {e:?}"));
+    let src = CString::new(source(key))
+        .map_err(|_| BackendError::Gpu(format!("nvrtc: {name} contains a NUL byte")))?;
+    let cname = CString::new(name.clone())
+        .map_err(|_| BackendError::Gpu("nvrtc: bad module name".into()))?;
+    let prog = nvrtc::create_program(&src, Some(&cname)).map_err(|e| err("create", e))?;
+    let opts = options(cc);
+    // SAFETY: `prog` is a live program until destroyed below; options are plain strings.
+    let compiled = unsafe { nvrtc::compile_program(prog, &opts) };
+    let out = match compiled {
+        Ok(()) => {
+            // SAFETY: the program compiled.
+            unsafe { nvrtc::get_ptx(prog) }
+                .map(|ptx| {
+                    let mut bytes: Vec<u8> = ptx.into_iter().map(|c| c as u8).collect();
+                    if bytes.last() != Some(&0) {
+                        bytes.push(0);
+                    }
+                    bytes
+                })
+                .map_err(|e| err("get_ptx", e))
+        }
+        Err(e) => {
+            // SAFETY: the log of a live program; its buffer holds a NUL-terminated string.
+            let log = unsafe { nvrtc::get_program_log(prog) }
+                .ok()
+                .map(|l| {
+                    let bytes: Vec<u8> = l.into_iter().map(|c| c as u8).collect();
+                    CStr::from_bytes_until_nul(&bytes)
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                })
+                .unwrap_or_default();
+            Err(BackendError::Gpu(format!(
+                "nvrtc compile {name} ({}): {e:?}\n{log}",
+                opts.join(" ")
+            )))
+        }
+    };
+    // SAFETY: destroys the program created above, once.
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_weight_module_has_its_format_and_the_weight_kernels() {
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+        ] {
+            let s = source(ModuleKey::Weights(ty));
+            assert!(s.contains("#define CHUNK"), "{ty:?}");
+            for k in ["linear_matvec", "linear_matmat", "embed"] {
+                assert!(s.contains(&format!("{k}(")), "{ty:?} lacks {k}");
+            }
+        }
+        let ops = source(ModuleKey::Ops);
+        for k in [
+            "matmul",
+            "rmsnorm",
+            "rope",
+            "softmax",
+            "silu_mul",
+            "add",
+            "attention",
+            "argmax",
+            "sample",
+            "copy_words",
+        ] {
+            assert!(ops.contains(&format!("{k}(")), "ops lacks {k}");
+        }
+        assert_eq!(
+            module_name(ModuleKey::Weights(GgmlType::Q4_1)),
+            "cairn_linear_q4_1.cu"
+        );
+        assert_eq!(options((9, 0))[0], "--gpu-architecture=compute_90");
+    }
+
+    #[test]
+    fn the_target_is_the_newest_supported_arch_the_device_runs() {
+        let archs = [75, 80, 86, 89, 90, 100, 120];
+        assert_eq!(target_arch((9, 0), &archs), Some((9, 0)));
+        assert_eq!(target_arch((8, 7), &archs), Some((8, 6)));
+        assert_eq!(target_arch((12, 1), &archs), Some((12, 0)));
+        assert_eq!(target_arch((6, 1), &archs), None);
+    }
+
+    /// NVRTC needs no GPU: where libnvrtc can be opened, every module compiles for the oldest
+    /// and the newest architecture Cairn cares about.
+    #[test]
+    fn every_module_compiles_where_nvrtc_is_present() {
+        if !super::super::driver::nvrtc_present() {
+            eprintln!("libnvrtc not found; skipped");
+            return;
+        }
+        let mut keys = vec![ModuleKey::Ops];
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+        ] {
+            keys.push(ModuleKey::Weights(ty));
+        }
+        let archs = supported_archs();
+        assert!(!archs.is_empty());
+        let oldest = archs.iter().min().map(|a| (a / 10, a % 10)).unwrap();
+        for key in keys {
+            for cc in [oldest, (9, 0)] {
+                let ptx = compile(key, cc).unwrap_or_else(|e| panic!("{e}"));
+                let text = String::from_utf8_lossy(&ptx);
+                assert!(
+                    text.contains(".entry"),
+                    "{key:?} {cc:?}: no kernel in the PTX"
+                );
+            }
+        }
+    }
+}

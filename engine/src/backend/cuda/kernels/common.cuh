@@ -1,0 +1,111 @@
+// Shared by every Cairn CUDA module (compiled at run time by NVRTC, so no system headers).
+//
+// Kernel ABI: the first argument points at this launch's 16 parameter words in the device's
+// parameter arena (floats stored as their bits); buffers follow as raw pointers. Parameters
+// live in device memory rather than in kernel arguments so that a captured CUDA graph can be
+// replayed with new positions (decode steps) by rewriting the arena alone.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float param_f(const u32* P, int i) { return __uint_as_float(P[i]); }
+
+// f16 bits to f32 without cuda_fp16.h (not every NVRTC ships it as a built-in header).
+__device__ __forceinline__ float f16_bits_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ u32 warp_sum_u32(u32 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+// `sh` holds 32 floats. The leading barrier lets callers reuse `sh` back to back.
+__device__ float block_sum(float v, float* sh) {
+    v = warp_sum(v);
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < (blockDim.x >> 5) ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ u32 block_sum_u32(u32 v, u32* sh) {
+    v = warp_sum_u32(v);
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < (blockDim.x >> 5) ? sh[lane] : 0u;
+    return warp_sum_u32(v);
+}
+
+__device__ float block_max(float v, float* sh) {
+    v = warp_max(v);
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < (blockDim.x >> 5) ? sh[lane] : NEG_INF;
+    return warp_max(v);
+}
+
+// (value, index) pairs: the larger value wins, the smaller index on ties; index 0xffffffff
+// means "nothing yet" and always loses.
+__device__ __forceinline__ void arg_take(float& v, u32& i, float v2, u32 i2) {
+    if (i2 == 0xffffffffu) return;
+    if (i == 0xffffffffu || v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
+}
+
+__device__ void block_argmax(float& v, u32& i, float* shv, u32* shi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(FULL_MASK, v, o);
+        u32 i2 = __shfl_xor_sync(FULL_MASK, i, o);
+        arg_take(v, i, v2, i2);
+    }
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        shv[warp] = v;
+        shi[warp] = i;
+    }
+    __syncthreads();
+    v = NEG_INF;
+    i = 0xffffffffu;
+    if (lane < (blockDim.x >> 5)) {
+        v = shv[lane];
+        i = shi[lane];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(FULL_MASK, v, o);
+        u32 i2 = __shfl_xor_sync(FULL_MASK, i, o);
+        arg_take(v, i, v2, i2);
+    }
+}

@@ -1,0 +1,92 @@
+// Kernels that read weights in one GGML format. The Rust side prepends common.cuh and one
+// format header (f32.cuh, f16.cuh, q8_0.cuh, q4_0.cuh, q4_1.cuh), which define CHUNK,
+// w_elem (one element of a row) and chunk_dot (CHUNK elements of a row against activations).
+
+#define MATVEC_ROWS 8  // one warp per row, 8 warps per block
+
+// y[t, r] = sum_c w[r, c] * x[t, c] for small token counts: grid (rows / 8, tokens).
+// P: rows, cols, tokens, row_bytes.
+extern "C" __global__ void __launch_bounds__(256)
+linear_matvec(const u32* __restrict__ P, const u8* __restrict__ w, const float* __restrict__ x,
+              float* __restrict__ y) {
+    const u32 rows = P[0], cols = P[1], row_bytes = P[3];
+    const u32 lane = threadIdx.x & 31;
+    const u32 row = blockIdx.x * MATVEC_ROWS + (threadIdx.x >> 5);
+    const u32 t = blockIdx.y;
+    if (row >= rows) return;  // whole warps leave; nothing below synchronizes the block
+    const u8* wr = w + (size_t)row * row_bytes;
+    const float* xt = x + (size_t)t * cols;
+    const u32 chunks = cols / CHUNK;
+    float s0 = 0.0f, s1 = 0.0f;
+    u32 ch = lane;
+    // Two chunks in flight per lane before either is summed.
+    for (; ch + 32 < chunks; ch += 64) {
+        s0 += chunk_dot(wr, ch, xt + ch * CHUNK);
+        s1 += chunk_dot(wr, ch + 32, xt + (ch + 32) * CHUNK);
+    }
+    if (ch < chunks) s0 += chunk_dot(wr, ch, xt + ch * CHUNK);
+    float s = warp_sum(s0 + s1);
+    if (lane == 0) y[(size_t)t * rows + row] = s;
+}
+
+// The same product for many tokens: 64 rows x 64 tokens per block, weights dequantized into
+// shared memory 32 columns at a time, 4x4 outputs per thread. P: rows, cols, tokens, row_bytes.
+#define MM_T 64
+#define MM_K 32
+extern "C" __global__ void __launch_bounds__(256)
+linear_matmat(const u32* __restrict__ P, const u8* __restrict__ w, const float* __restrict__ x,
+              float* __restrict__ y) {
+    __shared__ float ws[MM_K][MM_T + 1];
+    __shared__ float xs[MM_K][MM_T + 1];
+    const u32 rows = P[0], cols = P[1], tokens = P[2], row_bytes = P[3];
+    const u32 r0 = blockIdx.x * MM_T, t0 = blockIdx.y * MM_T;
+    const u32 tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (u32 k0 = 0; k0 < cols; k0 += MM_K) {
+        for (u32 e = threadIdx.x; e < MM_T * MM_K; e += 256) {
+            const u32 r = e / MM_K, kk = e % MM_K, gk = k0 + kk;
+            const u32 gr = r0 + r, gt = t0 + r;
+            ws[kk][r] = (gr < rows && gk < cols) ? w_elem(w + (size_t)gr * row_bytes, gk) : 0.0f;
+            xs[kk][r] = (gt < tokens && gk < cols) ? x[(size_t)gt * cols + gk] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (u32 kk = 0; kk < MM_K; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = ws[kk][tx + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = xs[kk][ty + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const u32 r = r0 + tx + 16 * i;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const u32 t = t0 + ty + 16 * j;
+            if (r < rows && t < tokens) y[(size_t)t * rows + r] = acc[i][j];
+        }
+    }
+}
+
+// out[t] = row ids[t] of the table, or zeros for ids at or past vocab: grid (dim / 256, tokens).
+// P: dim, vocab, tokens, row_bytes.
+extern "C" __global__ void __launch_bounds__(256)
+embed(const u32* __restrict__ P, const u8* __restrict__ table, const u32* __restrict__ ids,
+      float* __restrict__ out) {
+    const u32 dim = P[0], vocab = P[1], row_bytes = P[3];
+    const u32 c = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
+    if (c >= dim) return;
+    const u32 id = ids[t];
+    out[(size_t)t * dim + c] = id < vocab ? w_elem(table + (size_t)id * row_bytes, c) : 0.0f;
+}

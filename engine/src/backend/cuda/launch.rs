@@ -1,0 +1,434 @@
+//! Which CUDA kernel runs an [`Op`], over what grid, with which buffers and parameter words.
+//! Pure logic: no driver calls, so it is tested without a GPU.
+
+use crate::backend::{BackendError, Buffer, Result};
+use crate::kernels::Op;
+use crate::quant::GgmlType;
+
+/// Parameter words per launch in the device's parameter arena (see kernels/common.cuh).
+pub(crate) const PARAM_WORDS: usize = 16;
+
+/// Up to this many tokens, `Linear` runs as one matrix-vector pass per token (weights are
+/// re-read per token, which costs less than a tiled product's setup for so few).
+pub(crate) const MATVEC_MAX_TOKENS: u32 = 4;
+
+/// CUDA's limit on the second and third grid dimensions.
+const MAX_GRID_YZ: u32 = 65_535;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    MatMul,
+    LinearMatvec,
+    LinearMatmat,
+    Embed,
+    RmsNorm,
+    Rope,
+    Softmax,
+    SiluMul,
+    Add,
+    Attention,
+    Argmax,
+    Sample,
+    Copy,
+}
+
+impl Kernel {
+    /// The `extern "C"` name in the .cu source.
+    pub(crate) fn symbol(self) -> &'static str {
+        match self {
+            Kernel::MatMul => "matmul",
+            Kernel::LinearMatvec => "linear_matvec",
+            Kernel::LinearMatmat => "linear_matmat",
+            Kernel::Embed => "embed",
+            Kernel::RmsNorm => "rmsnorm",
+            Kernel::Rope => "rope",
+            Kernel::Softmax => "softmax",
+            Kernel::SiluMul => "silu_mul",
+            Kernel::Add => "add",
+            Kernel::Attention => "attention",
+            Kernel::Argmax => "argmax",
+            Kernel::Sample => "sample",
+            Kernel::Copy => "copy_words",
+        }
+    }
+}
+
+/// The source module a kernel lives in: the f32 ops, or the weight kernels for one format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum ModuleKey {
+    Ops,
+    Weights(GgmlType),
+}
+
+/// One kernel launch.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch<'a> {
+    pub kernel: Kernel,
+    pub module: ModuleKey,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// The kernel's buffer arguments, in order, after the parameter pointer.
+    pub buffers: Vec<&'a Buffer>,
+    pub params: [u32; PARAM_WORDS],
+}
+
+fn params(words: &[u32]) -> [u32; PARAM_WORDS] {
+    let mut p = [0u32; PARAM_WORDS];
+    p[..words.len()].copy_from_slice(words);
+    p
+}
+
+fn blocks(n: u64, per: u64) -> u32 {
+    u32::try_from(n.div_ceil(per)).unwrap_or(u32::MAX)
+}
+
+fn grid_yz(op: &'static str, what: &str, n: u32) -> Result<u32> {
+    if n > MAX_GRID_YZ {
+        return Err(BackendError::InvalidOp {
+            op,
+            reason: format!("{what} {n} exceeds the cuda backend's {MAX_GRID_YZ} per launch"),
+        });
+    }
+    Ok(n)
+}
+
+fn row_bytes(ty: GgmlType, n: u32) -> u32 {
+    // validate_op has checked that `n` is a whole number of blocks and the size fits.
+    ty.row_bytes(n as usize)
+        .and_then(|b| u32::try_from(b).ok())
+        .unwrap_or(0)
+}
+
+/// The launch for `op`, or `None` when it has no work (zero tokens, zero elements). `op` must
+/// have passed `validate_op`.
+pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
+    let name = op.name();
+    let l = |kernel, module, grid: [u32; 3], block: [u32; 3], buffers, words: &[u32]| {
+        Some(Launch {
+            kernel,
+            module,
+            grid,
+            block,
+            buffers,
+            params: params(words),
+        })
+    };
+    let launch = match *op {
+        Op::MatMul { a, b, c, m, n, k } => l(
+            Kernel::MatMul,
+            ModuleKey::Ops,
+            [
+                blocks(n.into(), 16),
+                grid_yz(name, "rows", m.div_ceil(16))?,
+                1,
+            ],
+            [16, 16, 1],
+            vec![a, b, c],
+            &[m, n, k],
+        ),
+        Op::Linear {
+            w,
+            wtype,
+            x,
+            y,
+            rows,
+            cols,
+            tokens,
+        } => {
+            let p = [rows, cols, tokens, row_bytes(wtype, cols)];
+            if tokens <= MATVEC_MAX_TOKENS {
+                l(
+                    Kernel::LinearMatvec,
+                    ModuleKey::Weights(wtype),
+                    [blocks(rows.into(), 8), tokens, 1],
+                    [256, 1, 1],
+                    vec![w, x, y],
+                    &p,
+                )
+            } else {
+                l(
+                    Kernel::LinearMatmat,
+                    ModuleKey::Weights(wtype),
+                    [
+                        blocks(rows.into(), 64),
+                        grid_yz(name, "tokens", tokens.div_ceil(64))?,
+                        1,
+                    ],
+                    [256, 1, 1],
+                    vec![w, x, y],
+                    &p,
+                )
+            }
+        }
+        Op::Embed {
+            table,
+            ttype,
+            ids,
+            out,
+            dim,
+            vocab,
+            tokens,
+        } => l(
+            Kernel::Embed,
+            ModuleKey::Weights(ttype),
+            [blocks(dim.into(), 256), grid_yz(name, "tokens", tokens)?, 1],
+            [256, 1, 1],
+            vec![table, ids, out],
+            &[dim, vocab, tokens, row_bytes(ttype, dim)],
+        ),
+        Op::RmsNorm {
+            x,
+            weight,
+            y,
+            dim,
+            tokens,
+            eps,
+        } => l(
+            Kernel::RmsNorm,
+            ModuleKey::Ops,
+            [tokens, 1, 1],
+            [256, 1, 1],
+            vec![x, weight, y],
+            &[dim, tokens, eps.to_bits()],
+        ),
+        Op::Rope {
+            x,
+            heads,
+            head_dim,
+            rope_dim,
+            tokens,
+            pos0,
+            freq_base,
+            neox,
+        } => l(
+            Kernel::Rope,
+            ModuleKey::Ops,
+            [
+                blocks(u64::from(heads) * u64::from(rope_dim / 2), 256),
+                grid_yz(name, "tokens", tokens)?,
+                1,
+            ],
+            [256, 1, 1],
+            vec![x],
+            &[
+                heads,
+                head_dim,
+                rope_dim,
+                tokens,
+                pos0,
+                freq_base.to_bits(),
+                u32::from(neox),
+            ],
+        ),
+        Op::Softmax { x, rows, cols } => l(
+            Kernel::Softmax,
+            ModuleKey::Ops,
+            [rows, 1, 1],
+            [256, 1, 1],
+            vec![x],
+            &[rows, cols],
+        ),
+        Op::SiluMul { gate, up, out, n } => l(
+            Kernel::SiluMul,
+            ModuleKey::Ops,
+            [blocks(n.into(), 256), 1, 1],
+            [256, 1, 1],
+            vec![gate, up, out],
+            &[n],
+        ),
+        Op::Add { a, b, out, n } => l(
+            Kernel::Add,
+            ModuleKey::Ops,
+            [blocks(n.into(), 256), 1, 1],
+            [256, 1, 1],
+            vec![a, b, out],
+            &[n],
+        ),
+        Op::Attention {
+            q,
+            k_cache,
+            v_cache,
+            out,
+            heads,
+            kv_heads,
+            head_dim,
+            tokens,
+            pos0,
+            scale,
+        } => l(
+            Kernel::Attention,
+            ModuleKey::Ops,
+            [heads, grid_yz(name, "tokens", tokens)?, 1],
+            [128, 1, 1],
+            vec![q, k_cache, v_cache, out],
+            &[heads, kv_heads, head_dim, tokens, pos0, scale.to_bits()],
+        ),
+        Op::Argmax { x, n, out } => l(
+            Kernel::Argmax,
+            ModuleKey::Ops,
+            [1, 1, 1],
+            [1024, 1, 1],
+            vec![x, out],
+            &[n],
+        ),
+        Op::Sample {
+            logits,
+            n,
+            out,
+            params: sp,
+        } => l(
+            Kernel::Sample,
+            ModuleKey::Ops,
+            [1, 1, 1],
+            [1024, 1, 1],
+            vec![logits, out],
+            &[
+                n,
+                sp.temperature.to_bits(),
+                sp.top_k,
+                sp.top_p.to_bits(),
+                sp.seed as u32,
+                (sp.seed >> 32) as u32,
+                sp.step,
+            ],
+        ),
+        Op::Copy {
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            bytes,
+        } => {
+            let (s, d, n) = (src_offset / 4, dst_offset / 4, bytes / 4);
+            // A grid-stride loop: the grid depends on the length only, so a decode step that
+            // appends to the KV cache at a new offset replays the same graph.
+            l(
+                Kernel::Copy,
+                ModuleKey::Ops,
+                [blocks(n, 256).min(4096), 1, 1],
+                [256, 1, 1],
+                vec![src, dst],
+                &[
+                    s as u32,
+                    (s >> 32) as u32,
+                    d as u32,
+                    (d >> 32) as u32,
+                    n as u32,
+                    (n >> 32) as u32,
+                ],
+            )
+        }
+    };
+    Ok(launch.filter(|l| l.grid.iter().all(|g| *g > 0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Device;
+    use crate::kernels::SampleParams;
+
+    fn cpu() -> Device {
+        Device::new_cpu(crate::device::info::describe_cpu())
+    }
+
+    #[test]
+    fn linear_picks_matvec_for_few_tokens_and_tiles_otherwise() {
+        let d = cpu();
+        let w = d.alloc("w", 20 * 2 * 100).unwrap();
+        let x = d.alloc("x", 4 * 64 * 100).unwrap();
+        let y = d.alloc("y", 4 * 100 * 100).unwrap();
+        let op = |tokens| Op::Linear {
+            w: &w,
+            wtype: GgmlType::Q4_1,
+            x: &x,
+            y: &y,
+            rows: 100,
+            cols: 64,
+            tokens,
+        };
+        let one = plan(&op(1)).unwrap().unwrap();
+        assert_eq!(one.kernel, Kernel::LinearMatvec);
+        assert_eq!(one.module, ModuleKey::Weights(GgmlType::Q4_1));
+        assert_eq!(one.grid, [13, 1, 1]);
+        assert_eq!(&one.params[..4], &[100, 64, 1, 40]);
+        let many = plan(&op(65)).unwrap().unwrap();
+        assert_eq!(many.kernel, Kernel::LinearMatmat);
+        assert_eq!(many.grid, [2, 2, 1]);
+        assert!(plan(&op(0)).unwrap().is_none(), "no tokens, no launch");
+    }
+
+    #[test]
+    fn copy_offsets_are_words_split_in_halves_and_the_grid_ignores_offsets() {
+        let d = cpu();
+        let a = d.alloc("a", 1 << 12).unwrap();
+        let b = d.alloc("b", 1 << 12).unwrap();
+        let op = |dst_offset| Op::Copy {
+            src: &a,
+            src_offset: 8,
+            dst: &b,
+            dst_offset,
+            bytes: 1024,
+        };
+        let p0 = plan(&op(0)).unwrap().unwrap();
+        let p1 = plan(&op(2048)).unwrap().unwrap();
+        assert_eq!(&p1.params[..6], &[2, 0, 512, 0, 256, 0]);
+        assert_eq!(
+            p0.grid, p1.grid,
+            "a new offset must not change the graph key"
+        );
+    }
+
+    #[test]
+    fn sample_params_carry_the_seed_in_two_words() {
+        let d = cpu();
+        let l = d.alloc("l", 40).unwrap();
+        let o = d.alloc("o", 4).unwrap();
+        let sp = SampleParams {
+            temperature: 0.5,
+            top_k: 3,
+            top_p: 0.9,
+            seed: 0x1234_5678_9abc_def0,
+            step: 7,
+        };
+        let p = plan(&Op::Sample {
+            logits: &l,
+            n: 10,
+            out: &o,
+            params: sp,
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            &p.params[..7],
+            &[
+                10,
+                0.5f32.to_bits(),
+                3,
+                0.9f32.to_bits(),
+                0x9abc_def0,
+                0x1234_5678,
+                7
+            ]
+        );
+    }
+
+    #[test]
+    fn too_many_tokens_for_one_launch_is_an_error() {
+        let d = cpu();
+        let x = d.alloc("x", 4).unwrap();
+        let err = plan(&Op::Rope {
+            x: &x,
+            heads: 1,
+            head_dim: 2,
+            rope_dim: 2,
+            tokens: 70_000,
+            pos0: 0,
+            freq_base: 10000.0,
+            neox: false,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("exceeds"), "{err}");
+    }
+}
