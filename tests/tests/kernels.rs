@@ -118,6 +118,12 @@ fn linear_every_format_matvec_and_matmat() {
         (GgmlType::Q4_0, 37, 96),
         (GgmlType::Q4_1, 37, 96),
         (GgmlType::Q4_1, 70, 160),
+        // Rows of 256 lane steps and more, which the cuda backend splits across a block.
+        (GgmlType::F32, 19, 300),
+        (GgmlType::F16, 11, 260),
+        (GgmlType::Q8_0, 11, 2048),
+        (GgmlType::Q4_0, 11, 2048),
+        (GgmlType::Q4_1, 21, 2080),
     ];
     for (ty, rows, cols) in cases {
         let wf = rand_vec(&mut rng, rows * cols, 1.0);

@@ -128,7 +128,7 @@ impl DeviceInfo {
             _ => 10,
         };
         let api = match self.api.as_str() {
-            "vulkan" | "metal" | "dx12" | "webgpu" => 2,
+            "vulkan" | "metal" | "dx12" | "webgpu" | "cuda" => 2,
             _ => 0,
         };
         // Where a vendor fast path is compiled in, it wins over wgpu on the same GPU: `cuda`

@@ -31,9 +31,33 @@ fn format_header(ty: GgmlType) -> &'static str {
 /// The whole source of one module: the shared header, the format's header where the module
 /// reads weights, then the kernels.
 pub(crate) fn source(key: ModuleKey) -> String {
+    let common = overridden("common.cuh", COMMON);
     match key {
-        ModuleKey::Ops => format!("{COMMON}\n{OPS}"),
-        ModuleKey::Weights(ty) => format!("{COMMON}\n{}\n{LINEAR}", format_header(ty)),
+        ModuleKey::Ops => format!("{common}\n{}", overridden("ops.cu", OPS)),
+        ModuleKey::Weights(ty) => format!(
+            "{common}\n{}\n{}",
+            overridden(
+                &format!("{}.cuh", ty.name().to_ascii_lowercase()),
+                format_header(ty)
+            ),
+            overridden("linear.cu", LINEAR)
+        ),
+    }
+}
+
+/// Kernel work on a GPU machine without rebuilding: where `CAIRN_CUDA_KERNELS` names a folder,
+/// its copy of a kernel file replaces the built-in one (a missing file keeps the built-in).
+fn overridden(file: &str, builtin: &str) -> String {
+    let Some(dir) = std::env::var_os("CAIRN_CUDA_KERNELS") else {
+        return builtin.to_string();
+    };
+    let path = std::path::Path::new(&dir).join(file);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => {
+            tracing::info!(path = %path.display(), "cuda kernel source from CAIRN_CUDA_KERNELS");
+            s
+        }
+        Err(_) => builtin.to_string(),
     }
 }
 
@@ -84,6 +108,38 @@ pub(crate) fn options(cc: (i32, i32)) -> Vec<String> {
         "--prec-sqrt=true".into(),
         "--fmad=true".into(),
     ]
+}
+
+/// Stack for the compiling thread: NVRTC is an LLVM-based compiler whose stack needs are not
+/// documented, and test and runtime threads have 2 MiB.
+const COMPILER_STACK: usize = 64 << 20;
+
+/// `key`'s PTX for `cc`, compiled once per process: every device of that architecture (and
+/// every test opening a fresh device) shares it. Compilations are serialised, one at a time
+/// on a thread with a large stack.
+pub(crate) fn ptx(key: ModuleKey, cc: (i32, i32)) -> Result<std::sync::Arc<Vec<u8>>, BackendError> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Cache = Mutex<HashMap<(ModuleKey, (i32, i32)), Arc<Vec<u8>>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    // Held across the compilation on purpose: one NVRTC compilation at a time.
+    let mut c = cache
+        .lock()
+        .map_err(|_| BackendError::Gpu("nvrtc: cache lock poisoned".into()))?;
+    if let Some(p) = c.get(&(key, cc)) {
+        return Ok(p.clone());
+    }
+    let compiled = std::thread::Builder::new()
+        .name("cairn-nvrtc".into())
+        .stack_size(COMPILER_STACK)
+        .spawn(move || compile(key, cc))
+        .map_err(|e| BackendError::Gpu(format!("nvrtc: starting the compiler thread: {e}")))?
+        .join()
+        .map_err(|_| BackendError::Gpu("nvrtc: the compiler thread panicked".into()))??;
+    let p = Arc::new(compiled);
+    c.insert((key, cc), p.clone());
+    Ok(p)
 }
 
 /// Compiles `key`'s module to NUL-terminated PTX.
@@ -148,7 +204,7 @@ mod tests {
             GgmlType::Q4_1,
         ] {
             let s = source(ModuleKey::Weights(ty));
-            assert!(s.contains("#define CHUNK"), "{ty:?}");
+            assert!(s.contains("#define SUB"), "{ty:?}");
             for k in ["linear_matvec", "linear_matmat", "embed"] {
                 assert!(s.contains(&format!("{k}(")), "{ty:?} lacks {k}");
             }

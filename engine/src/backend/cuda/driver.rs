@@ -84,6 +84,7 @@ impl Context {
     pub(crate) fn open(ordinal: usize) -> Result<Context, BackendError> {
         result::init().map_err(gpu_err("cuInit"))?;
         let dev = result::device::get(ordinal as c_int).map_err(gpu_err("cuDeviceGet"))?;
+        keep_primary_context(dev)?;
         // SAFETY: `dev` is a valid device; the retain is balanced by the release in Drop.
         let ctx = unsafe { result::primary_ctx::retain(dev) }
             .map_err(gpu_err("cuDevicePrimaryCtxRetain"))?;
@@ -179,6 +180,25 @@ impl Context {
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }
             .map_err(gpu_err("cuMemcpyDtoDAsync"))
     }
+}
+
+/// Retains `dev`'s primary context once for the rest of the process, so that closing the last
+/// Cairn device on a GPU does not tear the context down only for the next one (a discovery, a
+/// test's fresh device) to build it again: that costs a fraction of a second each time and
+/// leaves other threads holding a destroyed context as their current one.
+fn keep_primary_context(dev: sys::CUdevice) -> Result<(), BackendError> {
+    use std::sync::{Mutex, OnceLock};
+    static KEPT: OnceLock<Mutex<Vec<sys::CUdevice>>> = OnceLock::new();
+    let mut kept = KEPT
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| BackendError::Gpu("cuda: context registry poisoned".into()))?;
+    if !kept.contains(&dev) {
+        // SAFETY: `dev` is a valid device; this retain is never released, on purpose.
+        unsafe { result::primary_ctx::retain(dev) }.map_err(gpu_err("cuDevicePrimaryCtxRetain"))?;
+        kept.push(dev);
+    }
+    Ok(())
 }
 
 impl Drop for Context {

@@ -12,6 +12,20 @@ pub(crate) const PARAM_WORDS: usize = 16;
 /// re-read per token, which costs less than a tiled product's setup for so few).
 pub(crate) const MATVEC_MAX_TOKENS: u32 = 4;
 
+/// From this many lane steps per row up, a matrix-vector product splits each row's columns
+/// across the block (`linear_matvec_split`) instead of giving each row one warp: one warp per
+/// short row (SmolLM2's 576 columns are 72 steps of a 4-bit format) leaves most lanes idle in
+/// a split block, and one warp per long row loads every activation once per row.
+const SPLIT_MIN_STEPS: u32 = 256;
+
+/// Elements a lane takes per step in the matrix-vector kernels (`SUB` in kernels/*.cuh).
+fn lane_step(ty: GgmlType) -> u32 {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 => 1,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => 8,
+    }
+}
+
 /// CUDA's limit on the second and third grid dimensions.
 const MAX_GRID_YZ: u32 = 65_535;
 
@@ -19,6 +33,7 @@ const MAX_GRID_YZ: u32 = 65_535;
 pub(crate) enum Kernel {
     MatMul,
     LinearMatvec,
+    LinearMatvecSplit,
     LinearMatmat,
     Embed,
     RmsNorm,
@@ -38,6 +53,7 @@ impl Kernel {
         match self {
             Kernel::MatMul => "matmul",
             Kernel::LinearMatvec => "linear_matvec",
+            Kernel::LinearMatvecSplit => "linear_matvec_split",
             Kernel::LinearMatmat => "linear_matmat",
             Kernel::Embed => "embed",
             Kernel::RmsNorm => "rmsnorm",
@@ -137,8 +153,13 @@ pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
         } => {
             let p = [rows, cols, tokens, row_bytes(wtype, cols)];
             if tokens <= MATVEC_MAX_TOKENS {
+                let kernel = if cols / lane_step(wtype) >= SPLIT_MIN_STEPS {
+                    Kernel::LinearMatvecSplit
+                } else {
+                    Kernel::LinearMatvec
+                };
                 l(
-                    Kernel::LinearMatvec,
+                    kernel,
                     ModuleKey::Weights(wtype),
                     [blocks(rows.into(), 8), tokens, 1],
                     [256, 1, 1],
@@ -187,7 +208,7 @@ pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
             Kernel::RmsNorm,
             ModuleKey::Ops,
             [tokens, 1, 1],
-            [256, 1, 1],
+            [1024, 1, 1],
             vec![x, weight, y],
             &[dim, tokens, eps.to_bits()],
         ),
@@ -259,7 +280,7 @@ pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
             Kernel::Attention,
             ModuleKey::Ops,
             [heads, grid_yz(name, "tokens", tokens)?, 1],
-            [128, 1, 1],
+            [256, 1, 1],
             vec![q, k_cache, v_cache, out],
             &[heads, kv_heads, head_dim, tokens, pos0, scale.to_bits()],
         ),
@@ -348,10 +369,28 @@ mod tests {
             tokens,
         };
         let one = plan(&op(1)).unwrap().unwrap();
-        assert_eq!(one.kernel, Kernel::LinearMatvec);
+        assert_eq!(
+            one.kernel,
+            Kernel::LinearMatvec,
+            "64 columns are 8 steps: a warp per row"
+        );
         assert_eq!(one.module, ModuleKey::Weights(GgmlType::Q4_1));
         assert_eq!(one.grid, [13, 1, 1]);
         assert_eq!(&one.params[..4], &[100, 64, 1, 40]);
+        let long = Op::Linear {
+            w: &w,
+            wtype: GgmlType::Q4_1,
+            x: &x,
+            y: &y,
+            rows: 100,
+            cols: 2048,
+            tokens: 1,
+        };
+        assert_eq!(
+            plan(&long).unwrap().unwrap().kernel,
+            Kernel::LinearMatvecSplit,
+            "2048 columns are 256 steps: the block splits the row"
+        );
         let many = plan(&op(65)).unwrap().unwrap();
         assert_eq!(many.kernel, Kernel::LinearMatmat);
         assert_eq!(many.grid, [2, 2, 1]);

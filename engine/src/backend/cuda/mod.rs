@@ -44,14 +44,16 @@ impl Drop for CudaStorage {
 /// A compiled module and the functions looked up in it so far.
 type Loaded = (Module, HashMap<Kernel, Function>);
 
+/// Fields drop in order: graphs, parameter slots and modules go before the context.
 pub(crate) struct CudaBackend {
-    ctx: Arc<Context>,
     id: String,
     /// The architecture the kernels are compiled for (at most the device's).
     cc: (i32, i32),
     total_bytes: u64,
-    modules: Mutex<HashMap<ModuleKey, Loaded>>,
+    /// Before `modules`: captured graphs name their kernels.
     exec: Mutex<exec::Executor>,
+    modules: Mutex<HashMap<ModuleKey, Loaded>>,
+    ctx: Arc<Context>,
 }
 
 /// Opens the device behind a `cuda:N` entry.
@@ -173,7 +175,7 @@ impl CudaBackend {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let t0 = std::time::Instant::now();
-                let ptx = compile::compile(key, self.cc)?;
+                let ptx = compile::ptx(key, self.cc)?;
                 let module = Module::load_ptx(&ptx)?;
                 tracing::debug!(module = %compile::module_name(key), ms = t0.elapsed().as_secs_f64() * 1e3, "cuda module compiled");
                 e.insert((module, HashMap::new()))
@@ -251,6 +253,8 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        // What the fields free afterwards belongs to this context.
+        let _ = self.ctx.bind();
         if let Some(s) = self.stats() {
             tracing::info!(id = %self.id, direct_runs = s.direct_runs, graph_captures = s.captures, graph_replays = s.replays, capture_failures = s.capture_failures, "cuda device closed");
         }

@@ -109,3 +109,14 @@ __device__ void block_argmax(float& v, u32& i, float* shv, u32* shi) {
         arg_take(v, i, v2, i2);
     }
 }
+
+// sum_j (1 + n_j / 16) x_j over the 8 nibbles of `w` (bytes' low nibbles against lo, high
+// nibbles against hi): each nibble is put into the top mantissa bits of 1.0f by a shift and
+// one AND-OR, so no int-to-float conversion runs. Callers take sum n_j x_j as
+// 16 (result - sum x_j); the values are in [1, 2), so that difference cancels no more than
+// four bits.
+#define NIBF(v) __uint_as_float(0x3F800000u | ((v) & 0x00780000u))
+__device__ __forceinline__ float nib_dot(u32 w, float4 lo, float4 hi) {
+    return NIBF(w << 19) * lo.x + NIBF(w << 11) * lo.y + NIBF(w << 3) * lo.z + NIBF(w >> 5) * lo.w
+         + NIBF(w << 15) * hi.x + NIBF(w << 7) * hi.y + NIBF(w >> 1) * hi.z + NIBF(w >> 9) * hi.w;
+}

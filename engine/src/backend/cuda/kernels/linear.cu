@@ -1,11 +1,12 @@
 // Kernels that read weights in one GGML format. The Rust side prepends common.cuh and one
-// format header (f32.cuh, f16.cuh, q8_0.cuh, q4_0.cuh, q4_1.cuh), which define CHUNK,
-// w_elem (one element of a row) and chunk_dot (CHUNK elements of a row against activations).
+// format header (f32.cuh, f16.cuh, q8_0.cuh, q4_0.cuh, q4_1.cuh), which define SUB (elements
+// per lane step), XS (a step's activations, loaded once for every row that uses them), load_x,
+// row_dot (one row's step against XS) and w_elem (one element of a row).
 
-#define MATVEC_ROWS 8  // one warp per row, 8 warps per block
+#define MATVEC_ROWS 8  // rows per block of 256 threads, in both matrix-vector kernels
 
-// y[t, r] = sum_c w[r, c] * x[t, c] for small token counts: grid (rows / 8, tokens).
-// P: rows, cols, tokens, row_bytes.
+// y[t, r] = sum_c w[r, c] * x[t, c] for small token counts and short rows: grid (rows / 8,
+// tokens), one warp per row. P: rows, cols, tokens, row_bytes.
 extern "C" __global__ void __launch_bounds__(256)
 linear_matvec(const u32* __restrict__ P, const u8* __restrict__ w, const float* __restrict__ x,
               float* __restrict__ y) {
@@ -16,17 +17,59 @@ linear_matvec(const u32* __restrict__ P, const u8* __restrict__ w, const float* 
     if (row >= rows) return;  // whole warps leave; nothing below synchronizes the block
     const u8* wr = w + (size_t)row * row_bytes;
     const float* xt = x + (size_t)t * cols;
-    const u32 chunks = cols / CHUNK;
+    const u32 steps = cols / SUB;
     float s0 = 0.0f, s1 = 0.0f;
-    u32 ch = lane;
-    // Two chunks in flight per lane before either is summed.
-    for (; ch + 32 < chunks; ch += 64) {
-        s0 += chunk_dot(wr, ch, xt + ch * CHUNK);
-        s1 += chunk_dot(wr, ch + 32, xt + (ch + 32) * CHUNK);
+    u32 i = lane;
+    // Two steps in flight per lane before either is summed.
+    for (; i + 32 < steps; i += 64) {
+        s0 += row_dot(wr, i, load_x(xt, i));
+        s1 += row_dot(wr, i + 32, load_x(xt, i + 32));
     }
-    if (ch < chunks) s0 += chunk_dot(wr, ch, xt + ch * CHUNK);
+    if (i < steps) s0 += row_dot(wr, i, load_x(xt, i));
     float s = warp_sum(s0 + s1);
     if (lane == 0) y[(size_t)t * rows + row] = s;
+}
+
+// The same product for long rows (the launch picks it from 256 lane steps per row up): the
+// block splits the columns, not the rows. Each thread takes every 256th step of all 8 rows, so
+// a step's activations are loaded once for 8 rows and the block reads 8 rows' contiguous
+// spans; the warps' partial sums meet in shared memory. Same grid and parameters.
+extern "C" __global__ void __launch_bounds__(256)
+linear_matvec_split(const u32* __restrict__ P, const u8* __restrict__ w,
+                    const float* __restrict__ x, float* __restrict__ y) {
+    __shared__ float part[8][MATVEC_ROWS];
+    const u32 rows = P[0], cols = P[1], row_bytes = P[3];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 row0 = blockIdx.x * MATVEC_ROWS, t = blockIdx.y;
+    const float* xt = x + (size_t)t * cols;
+    const u8* wr[MATVEC_ROWS];
+    float acc[MATVEC_ROWS];
+#pragma unroll
+    for (int r = 0; r < MATVEC_ROWS; r++) {
+        // Rows past the end read the last row again and are not written.
+        wr[r] = w + (size_t)min(row0 + r, rows - 1) * row_bytes;
+        acc[r] = 0.0f;
+    }
+    const u32 steps = cols / SUB;
+#pragma unroll 2
+    for (u32 i = threadIdx.x; i < steps; i += 256) {
+        const XS xs = load_x(xt, i);
+#pragma unroll
+        for (int r = 0; r < MATVEC_ROWS; r++) acc[r] += row_dot(wr[r], i, xs);
+    }
+#pragma unroll
+    for (int r = 0; r < MATVEC_ROWS; r++) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0) part[warp][r] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < MATVEC_ROWS) {
+        const u32 row = row0 + threadIdx.x;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += part[k][threadIdx.x];
+        if (row < rows) y[(size_t)t * rows + row] = s;
+    }
 }
 
 // The same product for many tokens: 64 rows x 64 tokens per block, weights dequantized into

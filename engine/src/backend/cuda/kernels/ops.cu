@@ -22,19 +22,37 @@ matmul(const u32* __restrict__ P, const float* __restrict__ a, const float* __re
     if (row < m && col < n) c[(size_t)row * n + col] = acc;
 }
 
-// One block per row; x may be y (each thread rewrites only what it read). P: dim, tokens, eps.
-extern "C" __global__ void __launch_bounds__(256)
+// One block of 1024 per row; x may be y (each thread rewrites only what it read). A row of
+// up to 8192 is read once into registers, all loads issued before the sum waits on them.
+// P: dim, tokens, eps.
+#define RMS_THREADS 1024
+#define RMS_REGS 8
+extern "C" __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm(const u32* __restrict__ P, const float* x, const float* __restrict__ weight, float* y) {
     __shared__ float sh[32];
     const u32 dim = P[0];
     const float eps = param_f(P, 2);
     const float* xr = x + (size_t)blockIdx.x * dim;
     float* yr = y + (size_t)blockIdx.x * dim;
+    float v[RMS_REGS];
     float ss = 0.0f;
-    for (u32 c = threadIdx.x; c < dim; c += blockDim.x) ss += xr[c] * xr[c];
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) {
+        const u32 c = threadIdx.x + k * RMS_THREADS;
+        v[k] = c < dim ? xr[c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) ss += v[k] * v[k];
+    for (u32 c = threadIdx.x + RMS_REGS * RMS_THREADS; c < dim; c += RMS_THREADS) ss += xr[c] * xr[c];
     ss = block_sum(ss, sh);
     const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (u32 c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * scale * weight[c];
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) {
+        const u32 c = threadIdx.x + k * RMS_THREADS;
+        if (c < dim) yr[c] = v[k] * scale * weight[c];
+    }
+    for (u32 c = threadIdx.x + RMS_REGS * RMS_THREADS; c < dim; c += RMS_THREADS)
+        yr[c] = xr[c] * scale * weight[c];
 }
 
 // In place; one thread per rotated pair: grid (heads * rope_dim / 2 / 256, tokens).
@@ -95,77 +113,68 @@ add(const u32* __restrict__ P, const float* a, const float* b, float* out) {
     out[i] = a[i] + b[i];
 }
 
-// Causal grouped-query attention, one block of 4 warps per (head, token): each warp keeps an
-// online softmax over every 4th key, and the warps' partial results are merged at the end.
-// head_dim <= 256 (validated), so a lane holds at most 8 of q's and out's elements.
+// Causal grouped-query attention, one block of 256 threads per (head, token). Keys are taken
+// 256 at a time, one thread per key for the scores; the chunk's softmax weights go through
+// shared memory to the threads that own the output elements (one per element of head_dim,
+// which is at most 256, validated), with an online rescale between chunks.
 // P: heads, kv_heads, head_dim, tokens, pos0, scale.
-#define ATT_WARPS 4
-#define ATT_PER_LANE 8
-extern "C" __global__ void __launch_bounds__(128)
+#define ATT_CHUNK 256
+extern "C" __global__ void __launch_bounds__(256)
 attention(const u32* __restrict__ P, const float* __restrict__ q, const float* __restrict__ kc,
           const float* __restrict__ vc, float* __restrict__ out) {
-    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
-    __shared__ float s_o[ATT_WARPS][256];
+    __shared__ float qs[256];
+    __shared__ float ps[ATT_CHUNK];
+    __shared__ float red[32];
     const u32 heads = P[0], kv_heads = P[1], hd = P[2], pos0 = P[4];
     const float scale = param_f(P, 5);
-    const u32 h = blockIdx.x, t = blockIdx.y;
+    const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const u32 kh = h / (heads / kv_heads);
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 n_keys = pos0 + t + 1;
     const size_t kv_stride = (size_t)kv_heads * hd;
     const float* qv = q + ((size_t)t * heads + h) * hd;
-    float qr[ATT_PER_LANE], o[ATT_PER_LANE];
-#pragma unroll
-    for (int d = 0; d < ATT_PER_LANE; d++) {
-        const u32 c = lane + 32 * d;
-        qr[d] = c < hd ? qv[c] : 0.0f;
-        o[d] = 0.0f;
-    }
-    float m = NEG_INF, l = 0.0f;
-    for (u32 p = warp; p < n_keys; p += ATT_WARPS) {
-        const float* kr = kc + p * kv_stride + (size_t)kh * hd;
-        float s = 0.0f;
-#pragma unroll
-        for (int d = 0; d < ATT_PER_LANE; d++) {
-            const u32 c = lane + 32 * d;
-            if (c < hd) s += qr[d] * kr[c];
+    for (u32 c = tid; c < hd; c += blockDim.x) qs[c] = qv[c];
+    __syncthreads();
+    // Rows start 16-byte aligned when head_dim is a multiple of 4 (buffers are 256-aligned).
+    const bool vec4 = (hd & 3) == 0;
+    float m = NEG_INF, l = 0.0f, acc = 0.0f;
+    for (u32 p0 = 0; p0 < n_keys; p0 += ATT_CHUNK) {
+        const u32 p = p0 + tid;
+        float s = NEG_INF;
+        if (p < n_keys) {
+            const float* kr = kc + p * kv_stride + (size_t)kh * hd;
+            float dot = 0.0f;
+            if (vec4) {
+                const float4* k4 = reinterpret_cast<const float4*>(kr);
+#pragma unroll 8
+                for (u32 d = 0; d < hd / 4; d++) {
+                    const float4 k = k4[d];
+                    dot += qs[4 * d] * k.x + qs[4 * d + 1] * k.y + qs[4 * d + 2] * k.z
+                         + qs[4 * d + 3] * k.w;
+                }
+            } else {
+                for (u32 d = 0; d < hd; d++) dot += qs[d] * kr[d];
+            }
+            s = dot * scale;
         }
-        s = warp_sum(s) * scale;
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), e = expf(s - mn);
-        l = l * corr + e;
-        const float* vr = vc + p * kv_stride + (size_t)kh * hd;
-#pragma unroll
-        for (int d = 0; d < ATT_PER_LANE; d++) {
-            const u32 c = lane + 32 * d;
-            if (c < hd) o[d] = o[d] * corr + e * vr[c];
+        const float mn = fmaxf(m, block_max(s, red));
+        const float e = p < n_keys ? expf(s - mn) : 0.0f;
+        ps[tid] = e;
+        // block_sum's barriers also publish ps to every thread.
+        const float cs = block_sum(e, red);
+        const float corr = expf(m - mn);  // 0 on the first chunk (m = -inf)
+        l = l * corr + cs;
+        if (tid < hd) {
+            const u32 np = min((u32)ATT_CHUNK, n_keys - p0);
+            const float* vr = vc + (size_t)p0 * kv_stride + (size_t)kh * hd + tid;
+            float a = acc * corr;
+#pragma unroll 16
+            for (u32 j = 0; j < np; j++) a += ps[j] * vr[j * kv_stride];
+            acc = a;
         }
         m = mn;
+        __syncthreads();  // everyone is done with ps before the next chunk writes it
     }
-    if (lane == 0) {
-        s_m[warp] = m;
-        s_l[warp] = l;
-    }
-#pragma unroll
-    for (int d = 0; d < ATT_PER_LANE; d++) {
-        const u32 c = lane + 32 * d;
-        if (c < hd) s_o[warp][c] = o[d];
-    }
-    __syncthreads();
-    // Warps that saw no key have m = -inf and contribute exp(-inf) = 0.
-    float mx = NEG_INF;
-    for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, s_m[w]);
-    float f[ATT_WARPS], total = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++) {
-        f[w] = expf(s_m[w] - mx);
-        total += s_l[w] * f[w];
-    }
-    float* ov = out + ((size_t)t * heads + h) * hd;
-    for (u32 c = threadIdx.x; c < hd; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++) acc += s_o[w][c] * f[w];
-        ov[c] = acc / total;
-    }
+    if (tid < hd) out[((size_t)t * heads + h) * hd + tid] = acc / l;
 }
 
 // The first index of the largest value; one block of 1024. P: n.

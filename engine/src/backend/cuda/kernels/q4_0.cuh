@@ -1,6 +1,9 @@
 // Q4_0: an f16 scale and 16 bytes of nibbles, 18 bytes (2-byte aligned). Byte j holds
 // element j (low nibble) and element j + 16 (high nibble); values are nibble - 8.
-#define CHUNK 32
+// A lane step covers bytes 4q..4q+3 of a block (q = s % 4): elements 4q..4q+3 and
+// 4q+16..4q+19.
+#define SUB 8
+struct XS { float4 lo, hi; float sum; };
 
 __device__ __forceinline__ float w_elem(const u8* row, u32 c) {
     const u8* b = row + (c >> 5) * 18;
@@ -10,21 +13,21 @@ __device__ __forceinline__ float w_elem(const u8* row, u32 c) {
     int v = j < 16 ? (int)(q & 15) : (int)(q >> 4);
     return d * (float)(v - 8);
 }
-
-__device__ __forceinline__ float chunk_dot(const u8* row, u32 ch, const float* x) {
-    const u16* b = reinterpret_cast<const u16*>(row + ch * 18);
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    float d = f16_bits_to_f32(b[0]);
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        // Bytes 4i..4i+3: elements 4i..4i+3 (low nibbles) and 4i+16.. (high nibbles).
-        u32 q = (u32)b[1 + 2 * i] | ((u32)b[2 + 2 * i] << 16);
-        float4 lo = x4[i], hi = x4[4 + i];
-        s += ((float)((q >> 0) & 15) - 8.0f) * lo.x + ((float)((q >> 8) & 15) - 8.0f) * lo.y
-           + ((float)((q >> 16) & 15) - 8.0f) * lo.z + ((float)((q >> 24) & 15) - 8.0f) * lo.w
-           + ((float)((q >> 4) & 15) - 8.0f) * hi.x + ((float)((q >> 12) & 15) - 8.0f) * hi.y
-           + ((float)((q >> 20) & 15) - 8.0f) * hi.z + ((float)((q >> 28) & 15) - 8.0f) * hi.w;
-    }
-    return d * s;
+__device__ __forceinline__ XS load_x(const float* x, u32 s) {
+    const float* xb = x + (s >> 2) * 32 + 4 * (s & 3);
+    XS r;
+    r.lo = *reinterpret_cast<const float4*>(xb);
+    r.hi = *reinterpret_cast<const float4*>(xb + 16);
+    r.sum = (r.lo.x + r.lo.y) + (r.lo.z + r.lo.w) + (r.hi.x + r.hi.y) + (r.hi.z + r.hi.w);
+    return r;
+}
+// sum_j v_j x_j with v_j = 1 + nibble_j / 16 (see nib_dot in common): no int-to-float
+// conversions, which run at a sixteenth of the FMA rate.
+__device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {
+    const u32 blk = s >> 2, q = s & 3;
+    const u16* b = reinterpret_cast<const u16*>(row + blk * 18);
+    const float d = f16_bits_to_f32(__ldg(b));
+    const u32 w = (u32)__ldg(b + 1 + 2 * q) | ((u32)__ldg(b + 2 + 2 * q) << 16);
+    // sum n x = 16 (sv - sum x); value = d (sum n x - 8 sum x)
+    return d * (16.0f * nib_dot(w, x.lo, x.hi) - 24.0f * x.sum);
 }
