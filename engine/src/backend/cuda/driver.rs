@@ -424,16 +424,32 @@ pub(crate) fn capture(
     }
 }
 
+/// Whether device `a` can read device `b`'s memory directly (NVLink or PCIe peer to peer).
+fn can_access(a: sys::CUdevice, b: sys::CUdevice) -> bool {
+    let mut can: c_int = 0;
+    // SAFETY: both are devices the driver handed out; writes one int.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, a, b) }
+        .result()
+        .is_ok()
+        && can != 0
+}
+
+/// [`can_access`] by CUDA ordinals.
+#[cfg(test)]
+pub(crate) fn can_access_peer(a: usize, b: usize) -> bool {
+    match (
+        result::device::get(a as c_int),
+        result::device::get(b as c_int),
+    ) {
+        (Ok(da), Ok(db)) => can_access(da, db),
+        _ => false,
+    }
+}
+
 /// Lets `ctx`'s device read `peer`'s memory directly, where the hardware allows; false where
 /// it does not (copies then go through the host, which the driver does itself).
 pub(crate) fn enable_peer_access(ctx: &Context, peer: &Context) -> bool {
-    let mut can: c_int = 0;
-    // SAFETY: both devices are valid; writes one int.
-    if unsafe { sys::cuDeviceCanAccessPeer(&mut can, ctx.dev, peer.dev) }
-        .result()
-        .is_err()
-        || can == 0
-    {
+    if !can_access(ctx.dev, peer.dev) {
         return false;
     }
     if ctx.bind().is_err() {
@@ -455,10 +471,24 @@ pub(crate) fn peer_copy(
     src_ptr: DevicePtr,
     bytes: usize,
 ) -> Result<(), BackendError> {
+    // An event belongs to the context current when it is made, and can only be recorded on
+    // that context's streams (waiting on it works from any context).
+    src.bind()?;
     let ev_src = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
         .map_err(gpu_err("cuEventCreate"))?;
-    let ev_dst = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-        .map_err(gpu_err("cuEventCreate"))?;
+    if let Err(e) = dst.bind() {
+        // SAFETY: an event made above, not yet used.
+        let _ = unsafe { result::event::destroy(ev_src) };
+        return Err(e);
+    }
+    let ev_dst = match result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING) {
+        Ok(e) => e,
+        Err(e) => {
+            // SAFETY: an event made above, not yet used.
+            let _ = unsafe { result::event::destroy(ev_src) };
+            return Err(gpu_err("cuEventCreate")(e));
+        }
+    };
     // SAFETY: live events and streams of both contexts; the ranges were checked by the caller
     // and stay allocated (frees are ordered after the waits below). The events are destroyed
     // after use; the driver keeps recorded work alive.
