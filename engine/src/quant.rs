@@ -17,6 +17,15 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// Every type Cairn loads.
+    pub const ALL: [GgmlType; 5] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+    ];
+
     /// The numeric id GGUF uses for this type.
     pub fn id(self) -> u32 {
         match self {

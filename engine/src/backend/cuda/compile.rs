@@ -196,13 +196,7 @@ mod tests {
 
     #[test]
     fn every_weight_module_has_its_format_and_the_weight_kernels() {
-        for ty in [
-            GgmlType::F32,
-            GgmlType::F16,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-        ] {
+        for ty in GgmlType::ALL {
             let s = source(ModuleKey::Weights(ty));
             assert!(s.contains("#define SUB"), "{ty:?}");
             for k in ["linear_matvec", "linear_matmat", "embed"] {
@@ -249,13 +243,7 @@ mod tests {
             return;
         }
         let mut keys = vec![ModuleKey::Ops];
-        for ty in [
-            GgmlType::F32,
-            GgmlType::F16,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-        ] {
+        for ty in GgmlType::ALL {
             keys.push(ModuleKey::Weights(ty));
         }
         let archs = supported_archs();

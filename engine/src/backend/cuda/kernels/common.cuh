@@ -110,6 +110,18 @@ __device__ void block_argmax(float& v, u32& i, float* shv, u32* shi) {
     }
 }
 
+// The activations of one lane step of a 4-bit format: elements 4q..4q+3 and 4q+16..4q+19 of
+// block s/4 (q = s % 4), which the nibbles of bytes 4q..4q+3 multiply, and their sum.
+struct XQ4 { float4 lo, hi; float sum; };
+__device__ __forceinline__ XQ4 load_x_q4(const float* x, u32 s) {
+    const float* xb = x + (s >> 2) * 32 + 4 * (s & 3);
+    XQ4 r;
+    r.lo = *reinterpret_cast<const float4*>(xb);
+    r.hi = *reinterpret_cast<const float4*>(xb + 16);
+    r.sum = (r.lo.x + r.lo.y) + (r.lo.z + r.lo.w) + (r.hi.x + r.hi.y) + (r.hi.z + r.hi.w);
+    return r;
+}
+
 // sum_j (1 + n_j / 16) x_j over the 8 nibbles of `w` (bytes' low nibbles against lo, high
 // nibbles against hi): each nibble is put into the top mantissa bits of 1.0f by a shift and
 // one AND-OR, so no int-to-float conversion runs. Callers take sum n_j x_j as

@@ -3,7 +3,7 @@
 // A lane step covers bytes 4q..4q+3 of a block (q = s % 4): elements 4q..4q+3 and
 // 4q+16..4q+19.
 #define SUB 8
-struct XS { float4 lo, hi; float sum; };
+typedef XQ4 XS;
 
 __device__ __forceinline__ float w_elem(const u8* row, u32 c) {
     const u8* b = row + (c >> 5) * 18;
@@ -13,14 +13,7 @@ __device__ __forceinline__ float w_elem(const u8* row, u32 c) {
     int v = j < 16 ? (int)(q & 15) : (int)(q >> 4);
     return d * (float)(v - 8);
 }
-__device__ __forceinline__ XS load_x(const float* x, u32 s) {
-    const float* xb = x + (s >> 2) * 32 + 4 * (s & 3);
-    XS r;
-    r.lo = *reinterpret_cast<const float4*>(xb);
-    r.hi = *reinterpret_cast<const float4*>(xb + 16);
-    r.sum = (r.lo.x + r.lo.y) + (r.lo.z + r.lo.w) + (r.hi.x + r.hi.y) + (r.hi.z + r.hi.w);
-    return r;
-}
+__device__ __forceinline__ XS load_x(const float* x, u32 s) { return load_x_q4(x, s); }
 // sum_j v_j x_j with v_j = 1 + nibble_j / 16 (see nib_dot in common): no int-to-float
 // conversions, which run at a sixteenth of the FMA rate.
 __device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {

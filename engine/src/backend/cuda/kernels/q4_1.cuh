@@ -2,7 +2,7 @@
 // Element j is d * nibble + m, nibbles laid out as in Q4_0, and a lane step covers the same
 // quarter block (elements 4q..4q+3 and 4q+16..4q+19).
 #define SUB 8
-struct XS { float4 lo, hi; float sum; };
+typedef XQ4 XS;
 
 __device__ __forceinline__ float w_elem(const u8* row, u32 c) {
     const u8* b = row + (c >> 5) * 20;
@@ -13,14 +13,7 @@ __device__ __forceinline__ float w_elem(const u8* row, u32 c) {
     u32 v = j < 16 ? (q & 15) : (q >> 4);
     return d * (float)v + m;
 }
-__device__ __forceinline__ XS load_x(const float* x, u32 s) {
-    const float* xb = x + (s >> 2) * 32 + 4 * (s & 3);
-    XS r;
-    r.lo = *reinterpret_cast<const float4*>(xb);
-    r.hi = *reinterpret_cast<const float4*>(xb + 16);
-    r.sum = (r.lo.x + r.lo.y) + (r.lo.z + r.lo.w) + (r.hi.x + r.hi.y) + (r.hi.z + r.hi.w);
-    return r;
-}
+__device__ __forceinline__ XS load_x(const float* x, u32 s) { return load_x_q4(x, s); }
 __device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {
     const u32 blk = s >> 2, q = s & 3;
     const u32* b = reinterpret_cast<const u32*>(row + blk * 20);
