@@ -13,19 +13,17 @@
 
 use std::io;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use axum::Router;
 use cairn_engine::gguf::{
     HeaderProgress, MODEL_ID_PREFIX_BYTES, PartialGguf, model_id, model_id_prefix_len,
     parse_header, shard_ranges,
 };
 use reqwest::header::{CONTENT_RANGE, RANGE};
 use reqwest::{Client, StatusCode};
-use tower_http::services::ServeFile;
 
 /// Fetches the tensors of layers `[start, end)` of the GGUF file at `url`, through the cache
 /// under `cache_dir` when given. `progress(done, total)` counts the shard's tensor bytes,
@@ -234,16 +232,10 @@ fn parse_content_range(v: &str) -> Option<(Range<u64>, u64)> {
     (first <= last && last < len).then_some((first..last + 1, len))
 }
 
-/// The path a coordinator serves its model file under: `/api/model/<model id>`.
+/// The path a coordinator serves its model file under (with HTTP range requests, for workers
+/// that call [`fetch_shard`]): `/api/model/<model id>.gguf`.
 pub fn model_route(id: &str) -> String {
-    format!("/api/model/{id}")
-}
-
-/// A router serving the GGUF file at `path` under [`model_route`]`(id)`, with HTTP range
-/// requests (GET and HEAD), for workers that call [`fetch_shard`]. Merge it into the
-/// coordinator's router.
-pub fn serve_model_router(id: &str, path: PathBuf) -> Router {
-    Router::new().route_service(&model_route(id), ServeFile::new(path))
+    format!("/api/model/{id}.gguf")
 }
 
 /// The model id of a local file (what [`fetch_shard`] returns for it when served).
@@ -270,6 +262,7 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::AtomicUsize;
 
+    use axum::Router;
     use axum::extract::Request;
     use axum::middleware::{self, Next};
     use axum::routing::get;
@@ -277,6 +270,7 @@ mod tests {
     use cairn_engine::model::ModelConfig;
     use cairn_engine::model::weights::shard_tensors;
     use cairn_engine::quant::GgmlType;
+    use tower_http::services::ServeFile;
 
     use super::*;
 
@@ -349,12 +343,12 @@ mod tests {
 
         let requests = Arc::new(AtomicUsize::new(0));
         let counter = requests.clone();
-        let app = serve_model_router(&id, model.clone()).layer(middleware::from_fn(
-            move |req: Request, next: Next| {
+        let app = Router::new()
+            .route_service(&model_route(&id), ServeFile::new(model.clone()))
+            .layer(middleware::from_fn(move |req: Request, next: Next| {
                 counter.fetch_add(1, Ordering::SeqCst);
                 next.run(req)
-            },
-        ));
+            }));
         let url = format!("http://{}{}", serve(app).await, model_route(&id));
         let cache = tmp.path().join("cache");
         let count = || requests.load(Ordering::SeqCst);

@@ -151,9 +151,9 @@ async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
     shared.touch();
     info!(placement = %describe(stages), "loading placement");
     let source = format!(
-        "{}/api/model/{}.gguf",
+        "{}{}",
         shared.opts.public_url.trim_end_matches('/'),
-        shared.model.id
+        crate::model_fetch::model_route(&shared.model.id)
     );
     for (peer, s, sender) in &senders {
         let (tx, rx) = oneshot::channel();
