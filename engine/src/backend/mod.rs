@@ -73,9 +73,7 @@ impl BackendKind {
             BackendKind::Vulkan => "vulkan",
         }
     }
-}
 
-impl BackendKind {
     /// Whether this build has the backend (`cuda` and `vulkan` are cargo features).
     pub fn compiled(self) -> bool {
         match self {
