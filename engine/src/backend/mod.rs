@@ -328,6 +328,16 @@ impl Device {
         }
     }
 
+    /// Kernel launches of the latest `run`, where the backend turns ops into launches other
+    /// than one by one (`cuda` fuses decode ops); `None` elsewhere.
+    pub fn launches_in_last_run(&self) -> Option<usize> {
+        match &self.inner {
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            Inner::Cuda(b) => b.stats().map(|s| s.last_launches as usize),
+            _ => None,
+        }
+    }
+
     /// Reads `len` bytes at `offset` once all earlier work has finished.
     pub async fn read(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
         self.check_range("read", buf, offset, len)?;

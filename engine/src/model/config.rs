@@ -152,6 +152,9 @@ impl ModelConfig {
             "llama-8b" | "8b" => Some(mk(32, 4096, 14336, 32, 8, 128_256, 500_000.0)),
             // Arithmetic too small to matter: what a run costs besides it.
             "tiny" => Some(mk(8, 128, 256, 4, 2, 512, 10_000.0)),
+            // Rows long enough for the cuda backend's split matrix-vector kernels (2048
+            // columns of a 4-bit format are 256 lane steps), in two small layers.
+            "wide" => Some(mk(2, 2048, 2048, 16, 4, 512, 10_000.0)),
             _ => None,
         }
     }

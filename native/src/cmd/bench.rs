@@ -438,6 +438,12 @@ pub fn run(a: Args) -> Result<()> {
     let prefill = median(runs.iter().map(|r| r.prefill_tok_s).collect());
     let decode = median(runs.iter().map(|r| r.decode_tok_s).collect());
     let step_ms = median(runs.iter().map(|r| r.decode_ms_median).collect());
+    // The last run was a decode step: a backend that fuses ops says what it launched.
+    let mut shape = step_shape(&cfg);
+    if let Some(n) = dev.launches_in_last_run() {
+        shape.dispatches = n;
+        shape.copies = 0;
+    }
 
     let wpt = weight_bytes_per_token(tensors, &cfg);
     // KV cache read by the decode steps, averaged: step i attends over prompt + i + 1 positions.
@@ -448,7 +454,6 @@ pub fn run(a: Args) -> Result<()> {
         / (a.gen_tokens - 1) as f64;
     let bytes_per_token = wpt as f64 + kv_avg;
     let decode_gb_s = bytes_per_token * decode / 1e9;
-    let shape = step_shape(&cfg);
     let overhead_ms =
         shape.dispatches as f64 * cost.per_dispatch_us / 1e3 + cost.submit_sync_us / 1e3;
     let prefill_gflop_s = 2.0 * matrix_params(&cfg) * prefill / 1e9;

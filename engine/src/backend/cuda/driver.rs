@@ -345,6 +345,7 @@ pub(crate) fn launch(
     f: Function,
     grid: [u32; 3],
     block: [u32; 3],
+    shared_bytes: u32,
     args: &mut [DevicePtr],
 ) -> Result<(), BackendError> {
     let mut ptrs: Vec<*mut c_void> = args
@@ -354,13 +355,14 @@ pub(crate) fn launch(
     // SAFETY: every kernel in kernels/*.cu takes exactly these pointer arguments (built from
     // the same table in launch.rs); the buffers they point to were checked by `validate_op`
     // against the shapes in the parameters, and stay allocated until queued work finishes
-    // (frees are stream-ordered). `ptrs` outlives the call, which copies the arguments.
+    // (frees are stream-ordered). `shared_bytes` is at most the 48 KiB that needs no opt-in
+    // (fuse.rs). `ptrs` outlives the call, which copies the arguments.
     unsafe {
         result::launch_kernel(
             f.0,
             (grid[0], grid[1], grid[2]),
             (block[0], block[1], block[2]),
-            0,
+            shared_bytes,
             ctx.stream,
             &mut ptrs,
         )

@@ -22,6 +22,8 @@ pub(crate) struct Resolved {
     pub function_id: u32,
     pub grid: [u32; 3],
     pub block: [u32; 3],
+    /// Dynamic shared memory, bytes.
+    pub shared: u32,
     pub buffers: Vec<DevicePtr>,
     pub params: [u32; PARAM_WORDS],
 }
@@ -34,6 +36,7 @@ pub(crate) fn key_of(launches: &[Resolved]) -> Vec<u64> {
         k.push(u64::from(l.grid[0]) << 32 | u64::from(l.grid[1]));
         k.push(u64::from(l.grid[2]) << 32 | u64::from(l.block[0]));
         k.push(u64::from(l.block[1]) << 32 | u64::from(l.block[2]));
+        k.push(u64::from(l.shared));
         k.extend(l.buffers.iter().copied());
     }
     k
@@ -100,6 +103,8 @@ pub(crate) struct Stats {
     pub captures: u64,
     pub replays: u64,
     pub capture_failures: u64,
+    /// Launches in the latest run.
+    pub last_launches: u64,
 }
 
 pub(crate) struct Executor {
@@ -126,6 +131,7 @@ impl Executor {
     }
 
     pub(crate) fn run(&mut self, ctx: &Context, launches: &[Resolved]) -> Result<()> {
+        self.stats.last_launches = launches.len() as u64;
         if launches.is_empty() {
             return Ok(());
         }
@@ -205,7 +211,7 @@ fn enqueue(ctx: &Context, launches: &[Resolved], arena: DevicePtr) -> Result<()>
         args.clear();
         args.push(arena + (i * PARAM_WORDS * 4) as u64);
         args.extend_from_slice(&l.buffers);
-        driver::launch(ctx, l.function, l.grid, l.block, &mut args)?;
+        driver::launch(ctx, l.function, l.grid, l.block, l.shared, &mut args)?;
     }
     Ok(())
 }

@@ -16,10 +16,10 @@ pub(crate) const MATVEC_MAX_TOKENS: u32 = 4;
 /// across the block (`linear_matvec_split`) instead of giving each row one warp: one warp per
 /// short row (SmolLM2's 576 columns are 72 steps of a 4-bit format) leaves most lanes idle in
 /// a split block, and one warp per long row loads every activation once per row.
-const SPLIT_MIN_STEPS: u32 = 256;
+pub(crate) const SPLIT_MIN_STEPS: u32 = 256;
 
 /// Elements a lane takes per step in the matrix-vector kernels (`SUB` in kernels/*.cuh).
-fn lane_step(ty: GgmlType) -> u32 {
+pub(crate) fn lane_step(ty: GgmlType) -> u32 {
     match ty {
         GgmlType::F32 | GgmlType::F16 => 1,
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => 8,
@@ -35,6 +35,10 @@ pub(crate) enum Kernel {
     LinearMatvec,
     LinearMatvecSplit,
     LinearMatmat,
+    LinearFused,
+    LinearFusedSplit,
+    LinearGlu,
+    LinearGluSplit,
     Embed,
     RmsNorm,
     Rope,
@@ -55,6 +59,10 @@ impl Kernel {
             Kernel::LinearMatvec => "linear_matvec",
             Kernel::LinearMatvecSplit => "linear_matvec_split",
             Kernel::LinearMatmat => "linear_matmat",
+            Kernel::LinearFused => "linear_fused",
+            Kernel::LinearFusedSplit => "linear_fused_split",
+            Kernel::LinearGlu => "linear_glu",
+            Kernel::LinearGluSplit => "linear_glu_split",
             Kernel::Embed => "embed",
             Kernel::RmsNorm => "rmsnorm",
             Kernel::Rope => "rope",
@@ -83,6 +91,8 @@ pub(crate) struct Launch<'a> {
     pub module: ModuleKey,
     pub grid: [u32; 3],
     pub block: [u32; 3],
+    /// Dynamic shared memory, bytes.
+    pub shared: u32,
     /// The kernel's buffer arguments, in order, after the parameter pointer.
     pub buffers: Vec<&'a Buffer>,
     pub params: [u32; PARAM_WORDS],
@@ -108,7 +118,7 @@ fn grid_yz(op: &'static str, what: &str, n: u32) -> Result<u32> {
     Ok(n)
 }
 
-fn row_bytes(ty: GgmlType, n: u32) -> u32 {
+pub(crate) fn row_bytes(ty: GgmlType, n: u32) -> u32 {
     // validate_op has checked that `n` is a whole number of blocks and the size fits.
     ty.row_bytes(n as usize)
         .and_then(|b| u32::try_from(b).ok())
@@ -125,6 +135,7 @@ pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
             module,
             grid,
             block,
+            shared: 0,
             buffers,
             params: params(words),
         })

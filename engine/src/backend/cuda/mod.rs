@@ -14,6 +14,7 @@ mod compile;
 mod discover;
 mod driver;
 mod exec;
+mod fuse;
 mod launch;
 
 use std::collections::HashMap;
@@ -52,6 +53,8 @@ pub(crate) struct CudaBackend {
     total_bytes: u64,
     /// Before `modules`: captured graphs name their kernels.
     exec: Mutex<exec::Executor>,
+    /// How decode ops are fused into fewer launches (fuse.rs).
+    fusion: Fusion,
     modules: Mutex<HashMap<ModuleKey, Loaded>>,
     ctx: Arc<Context>,
 }
@@ -87,7 +90,12 @@ pub(crate) fn open(info: &DeviceInfo) -> Result<CudaBackend> {
     let total_bytes =
         driver::total_memory(ctx.dev).map_err(driver::gpu_err("cuDeviceTotalMem"))? as u64;
     let graphs = std::env::var("CAIRN_CUDA_GRAPHS").map_or(true, |v| v != "0");
-    tracing::info!(id = %info.id, name = %info.name, cc = ?cc, graphs, pools = ctx.pools, "opened cuda device");
+    let sms = driver::attribute(
+        ctx.dev,
+        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    );
+    let fusion = Fusion::from_env(sms);
+    tracing::info!(id = %info.id, name = %info.name, cc = ?cc, graphs, ?fusion, pools = ctx.pools, "opened cuda device");
     Ok(CudaBackend {
         ctx,
         id: info.id.clone(),
@@ -95,7 +103,36 @@ pub(crate) fn open(info: &DeviceInfo) -> Result<CudaBackend> {
         total_bytes,
         modules: Mutex::new(HashMap::new()),
         exec: Mutex::new(exec::Executor::new(graphs)),
+        fusion,
     })
+}
+
+/// Fusion settings. `CAIRN_CUDA_FUSE`: `0` off, `nonorm` everything but the RMS norms, else
+/// all; `CAIRN_CUDA_FUSED_BLOCKS_PER_SM` (default 4, the matrix-vector kernels' occupancy; 0
+/// for a block per row group): for comparisons on a GPU machine.
+#[derive(Debug, Clone, Copy)]
+struct Fusion {
+    on: bool,
+    norms: bool,
+    max_blocks: u32,
+}
+
+impl Fusion {
+    fn from_env(sms: i32) -> Fusion {
+        let mode = std::env::var("CAIRN_CUDA_FUSE").unwrap_or_default();
+        let per_sm = std::env::var("CAIRN_CUDA_FUSED_BLOCKS_PER_SM")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(4);
+        Fusion {
+            on: mode != "0",
+            norms: mode != "nonorm",
+            max_blocks: match per_sm {
+                0 => u32::MAX,
+                n => n.saturating_mul(sms.max(1) as u32),
+            },
+        }
+    }
 }
 
 fn storage(b: &Buffer) -> Result<&CudaStorage> {
@@ -190,10 +227,19 @@ impl CudaBackend {
     }
 
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
-        let mut resolved = Vec::with_capacity(ops.len());
-        for op in ops {
-            let Some(l) = launch::plan(op)? else {
-                continue;
+        let items = if self.fusion.on {
+            fuse::fuse(ops, self.fusion.norms)
+        } else {
+            ops.iter().map(fuse::Item::One).collect()
+        };
+        let mut resolved = Vec::with_capacity(items.len());
+        for item in &items {
+            let l = match item {
+                fuse::Item::One(op) => match launch::plan(op)? {
+                    Some(l) => l,
+                    None => continue,
+                },
+                fuse::Item::Fused(f) => fuse::plan(f, self.fusion.max_blocks),
             };
             let function = self.function(l.module, l.kernel)?;
             let buffers = l
@@ -206,6 +252,7 @@ impl CudaBackend {
                 function_id: function_id(l.module, l.kernel),
                 grid: l.grid,
                 block: l.block,
+                shared: l.shared,
                 buffers,
                 params: l.params,
             });

@@ -141,3 +141,234 @@ embed(const u32* __restrict__ P, const u8* __restrict__ table, const u32* __rest
     const u32 id = ids[t];
     out[(size_t)t * dim + c] = id < vocab ? w_elem(table + (size_t)id * row_bytes, c) : 0.0f;
 }
+
+// ---- Fused matrix-vector products (decode) ----------------------------------------------
+// One launch for what a decode step does around its matrix-vector products: an optional RMS
+// norm of the activations on the way in, up to three matrices that read the same activations
+// (q, k and v), and an epilogue: rope on any of them and their copies into the KV cache, or a
+// residual add, or silu(gate) * up (the `linear_glu*` entries, which give each block 4 rows of
+// both matrices). fuse.rs fuses only op sequences whose results this reproduces exactly, every
+// intermediate buffer included: the norm's output is still written (by the first block of each
+// token), and so are q, k, v, gate and up.
+//
+// P: rows0, cols, tokens, row_bytes, rows1, rows2, flags, eps, pos0, freq_base, head_dim,
+//    rope_dim, then the KV cache offsets (words) of matrices 0, 1 and 2.
+// Buffers: x, norm weight, norm output, w0, y0, w1, y1, w2, y2, aux0, aux1, aux2 (unused ones
+// point at x and are never written). FUSE_RESID: out (aux1) = a (aux0) + y0. GLU: aux0 =
+// silu(y0) * y1. FUSE_CACHE << m: aux_m also receives matrix m's output, at word P[12 + m].
+// Dynamic shared memory: cols floats with FUSE_NORM, else none.
+#define FUSE_NORM 1u
+#define FUSE_RESID 2u
+#define FUSE_ROPE 4u    // << m, for m = 0, 1, 2
+#define FUSE_CACHE 32u  // << m
+
+#define FUSED_ARGS                                                                              \
+    const u32 *__restrict__ P, const float *x, const float *__restrict__ nw, float *xn,        \
+        const u8 *__restrict__ w0, float *y0, const u8 *__restrict__ w1, float *y1,            \
+        const u8 *__restrict__ w2, float *y2, float *aux0, float *aux1, float *aux2
+#define FUSED_PASS P, x, nw, xn, w0, y0, w1, y1, w2, y2, aux0, aux1, aux2
+
+// The activations this block multiplies: row t of x as it is, or normalized into shared memory
+// (same expression order as the rmsnorm kernel) and, by the token's first block, into xn. In
+// one pass: each thread keeps its float4s of x and of the weight in registers (rows of up to
+// 4096 floats; longer rows load theirs again), so a block waits on one round of loads.
+// fuse.rs fuses a norm only when cols is a multiple of 4.
+#define STAGE_REGS 4
+__device__ __forceinline__ const float* fused_x(const u32* P, const float* x, const float* nw,
+                                                float* xn, float* stage, float* red) {
+    const u32 cols = P[1], t = blockIdx.y;
+    const float* xt = x + (size_t)t * cols;
+    if (!(P[6] & FUSE_NORM)) return xt;
+    const u32 n4 = cols >> 2;
+    const float4* x4 = reinterpret_cast<const float4*>(xt);
+    const float4* g4 = reinterpret_cast<const float4*>(nw);
+    float4 xv[STAGE_REGS], gv[STAGE_REGS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < STAGE_REGS; k++) {
+        const u32 c = threadIdx.x + k * blockDim.x;
+        if (c < n4) {
+            xv[k] = x4[c];
+            gv[k] = g4[c];
+        } else {
+            xv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            gv[k] = xv[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < STAGE_REGS; k++)
+        ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+    for (u32 c = threadIdx.x + STAGE_REGS * blockDim.x; c < n4; c += blockDim.x) {
+        const float4 v = x4[c];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / (float)cols + param_f(P, 7));
+    float4* s4 = reinterpret_cast<float4*>(stage);
+    float4* n4out = reinterpret_cast<float4*>(xn + (size_t)t * cols);
+    const bool first = blockIdx.x == 0;
+#pragma unroll
+    for (int k = 0; k < STAGE_REGS; k++) {
+        const u32 c = threadIdx.x + k * blockDim.x;
+        if (c < n4) {
+            const float4 v = make_float4(xv[k].x * scale * gv[k].x, xv[k].y * scale * gv[k].y,
+                                         xv[k].z * scale * gv[k].z, xv[k].w * scale * gv[k].w);
+            s4[c] = v;
+            if (first) n4out[c] = v;
+        }
+    }
+    for (u32 c = threadIdx.x + STAGE_REGS * blockDim.x; c < n4; c += blockDim.x) {
+        const float4 xx = x4[c], g = g4[c];
+        const float4 v = make_float4(xx.x * scale * g.x, xx.y * scale * g.y, xx.z * scale * g.z,
+                                     xx.w * scale * g.w);
+        s4[c] = v;
+        if (first) n4out[c] = v;
+    }
+    __syncthreads();
+    return stage;
+}
+
+// Run by threads 0..7 (lanes of warp 0) together, slot r = threadIdx.x holding its row's sum.
+template <bool GLU>
+__device__ __forceinline__ void fused_epilogue(const u32* P, u32 m, u32 rows, u32 row0, float s,
+                                               float* y0, float* y1, float* y2, float* aux0,
+                                               float* aux1, float* aux2) {
+    const u32 r = threadIdx.x, t = blockIdx.y, flags = P[6];
+    if (GLU) {
+        // Slots 0..3 are gate rows, 4..7 the same rows of up.
+        const float other = __shfl_xor_sync(0xffu, s, 4);
+        const u32 row = row0 + (r & 3);
+        if (row >= rows) return;
+        const size_t i = (size_t)t * rows + row;
+        if (r < 4) {
+            y0[i] = s;
+            aux0[i] = s / (1.0f + expf(-s)) * other;
+        } else {
+            y1[i] = s;
+        }
+        return;
+    }
+    float v = s;
+    if (flags & (FUSE_ROPE << m)) {
+        // Adjacent pairs (2i, 2i + 1) of a head: rows row0 + r and row0 + (r ^ 1), as row0 is a
+        // multiple of 8 and head_dim is even. Same expression order as the rope kernel.
+        const float other = __shfl_xor_sync(0xffu, s, 1);
+        const u32 hd = P[10], rd = P[11];
+        const u32 j = (row0 + r) % hd;
+        if (j < rd) {
+            const float pos = (float)(P[8] + t);
+            const float theta = pos * powf(param_f(P, 9), (-2.0f * (float)(j >> 1)) / (float)rd);
+            float sn, cs;
+            sincosf(theta, &sn, &cs);
+            v = (j & 1) ? other * sn + s * cs : s * cs - other * sn;
+        }
+    }
+    const u32 row = row0 + r;
+    if (row >= rows) return;
+    const size_t i = (size_t)t * rows + row;
+    float* y = m == 0 ? y0 : (m == 1 ? y1 : y2);
+    y[i] = v;
+    if (flags & (FUSE_CACHE << m)) {
+        float* c = m == 0 ? aux0 : (m == 1 ? aux1 : aux2);
+        c[P[12 + m] + i] = v;
+    }
+    if (flags & FUSE_RESID) aux1[i] = aux0[i] + v;
+}
+
+// Blocks loop over the row groups (8 rows of one matrix, or 4 rows of gate and up), so a
+// grid sized to the device stages the normalized activations once per block, not per group.
+template <bool SPLIT, bool GLU>
+__device__ __forceinline__ void linear_fused_body(FUSED_ARGS) {
+    extern __shared__ float stage[];
+    __shared__ float part[8][MATVEC_ROWS];
+    __shared__ float red[32];
+    const u32 cols = P[1], row_bytes = P[3];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* xs = fused_x(P, x, nw, xn, stage, red);
+    const u32 steps = cols / SUB;
+    const u32 per = GLU ? MATVEC_ROWS / 2 : MATVEC_ROWS;
+    const u32 nb0 = (P[0] + per - 1) / per;
+    const u32 nb1 = GLU ? 0 : (P[4] + MATVEC_ROWS - 1) / MATVEC_ROWS;
+    const u32 nb2 = GLU ? 0 : (P[5] + MATVEC_ROWS - 1) / MATVEC_ROWS;
+    for (u32 g = blockIdx.x; g < nb0 + nb1 + nb2; g += gridDim.x) {
+        // The group's matrix and first row: matrix 0's groups first.
+        u32 m = 0, rows = P[0], bx = g;
+        const u8* wa = w0;
+        if (bx >= nb0 + nb1) {
+            m = 2;
+            bx -= nb0 + nb1;
+            rows = P[5];
+            wa = w2;
+        } else if (bx >= nb0) {
+            m = 1;
+            bx -= nb0;
+            rows = P[4];
+            wa = w1;
+        }
+        const u32 row0 = bx * per;
+        // Slots past the last row read the last row again and are not written.
+        const u32 last = rows - 1 - row0;
+        if (SPLIT) {
+            const u8* pa = wa + (size_t)row0 * row_bytes;
+            const u8* pb = GLU ? w1 + (size_t)row0 * row_bytes : pa;
+            u32 off[MATVEC_ROWS];
+            float acc[MATVEC_ROWS];
+#pragma unroll
+            for (int r = 0; r < MATVEC_ROWS; r++) {
+                off[r] = min((u32)(GLU ? (r & 3) : r), last) * row_bytes;
+                acc[r] = 0.0f;
+            }
+#pragma unroll 4
+            for (u32 i = threadIdx.x; i < steps; i += 256) {
+                const XS xv = load_x(xs, i);
+#pragma unroll
+                for (int r = 0; r < MATVEC_ROWS; r++)
+                    acc[r] += row_dot((GLU && r >= 4 ? pb : pa) + off[r], i, xv);
+            }
+#pragma unroll
+            for (int r = 0; r < MATVEC_ROWS; r++) {
+                const float s = warp_sum(acc[r]);
+                if (lane == 0) part[warp][r] = s;
+            }
+        } else {
+            const u32 slot = warp;
+            const u8* base = (GLU && slot >= 4) ? w1 : wa;
+            const u8* wr = base + (size_t)(row0 + min(GLU ? (slot & 3) : slot, last)) * row_bytes;
+            float s0 = 0.0f, s1 = 0.0f;
+            u32 i = lane;
+            for (; i + 32 < steps; i += 64) {
+                s0 += row_dot(wr, i, load_x(xs, i));
+                s1 += row_dot(wr, i + 32, load_x(xs, i + 32));
+            }
+            if (i < steps) s0 += row_dot(wr, i, load_x(xs, i));
+            const float s = warp_sum(s0 + s1);
+            if (lane == 0) part[0][slot] = s;
+        }
+        __syncthreads();
+        if (threadIdx.x < MATVEC_ROWS) {
+            float s;
+            if (SPLIT) {
+                s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) s += part[k][threadIdx.x];
+            } else {
+                s = part[0][threadIdx.x];
+            }
+            fused_epilogue<GLU>(P, m, rows, row0, s, y0, y1, y2, aux0, aux1, aux2);
+        }
+        __syncthreads();  // the epilogue has read `part` before the next group writes it
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) linear_fused(FUSED_ARGS) {
+    linear_fused_body<false, false>(FUSED_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 4) linear_fused_split(FUSED_ARGS) {
+    linear_fused_body<true, false>(FUSED_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256) linear_glu(FUSED_ARGS) {
+    linear_fused_body<false, true>(FUSED_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 4) linear_glu_split(FUSED_ARGS) {
+    linear_fused_body<true, true>(FUSED_PASS);
+}
