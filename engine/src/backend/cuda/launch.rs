@@ -46,6 +46,7 @@ pub(crate) enum Kernel {
     SiluMul,
     Add,
     Attention,
+    AttentionSplit,
     Argmax,
     Sample,
     Copy,
@@ -70,6 +71,7 @@ impl Kernel {
             Kernel::SiluMul => "silu_mul",
             Kernel::Add => "add",
             Kernel::Attention => "attention",
+            Kernel::AttentionSplit => "attention_split",
             Kernel::Argmax => "argmax",
             Kernel::Sample => "sample",
             Kernel::Copy => "copy_words",
@@ -93,6 +95,8 @@ pub(crate) struct Launch<'a> {
     pub block: [u32; 3],
     /// Dynamic shared memory, bytes.
     pub shared: u32,
+    /// Bytes of the backend's scratch buffer the kernel needs, passed after `buffers`.
+    pub scratch: u64,
     /// The kernel's buffer arguments, in order, after the parameter pointer.
     pub buffers: Vec<&'a Buffer>,
     pub params: [u32; PARAM_WORDS],
@@ -136,6 +140,7 @@ pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
             grid,
             block,
             shared: 0,
+            scratch: 0,
             buffers,
             params: params(words),
         })
@@ -354,6 +359,33 @@ pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
     Ok(launch.filter(|l| l.grid.iter().all(|g| *g > 0)))
 }
 
+/// At most this many blocks share one (head, token)'s keys in decode attention.
+const MAX_ATTENTION_SPLITS: u32 = 32;
+
+/// Decode attention (few tokens) over few heads leaves most of a GPU idle with a block per
+/// (head, token): this splits each one's keys across blocks (`attention_split`) so that about
+/// two blocks per multiprocessor run. The split depends on the shape only, never on the
+/// position, so a captured graph replays at every step.
+pub(crate) fn split_attention(l: &mut Launch<'_>, multiprocessors: u32) {
+    if l.kernel != Kernel::Attention {
+        return;
+    }
+    let (heads, head_dim, tokens) = (l.params[0], l.params[2], l.params[3]);
+    if tokens > MATVEC_MAX_TOKENS {
+        return;
+    }
+    let pairs = heads.saturating_mul(tokens).max(1);
+    let splits = (multiprocessors.saturating_mul(2) / pairs).min(MAX_ATTENTION_SPLITS);
+    if splits < 2 {
+        return;
+    }
+    l.kernel = Kernel::AttentionSplit;
+    l.grid[2] = splits;
+    l.params[6] = splits;
+    let pairs = u64::from(pairs);
+    l.scratch = pairs * 4 + pairs * u64::from(splits) * (2 + u64::from(head_dim)) * 4;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,6 +493,44 @@ mod tests {
                 7
             ]
         );
+    }
+
+    #[test]
+    fn decode_attention_splits_keys_by_shape_not_position() {
+        let d = cpu();
+        let b = d.alloc("b", 1 << 16).unwrap();
+        let att = |tokens, pos0| Op::Attention {
+            q: &b,
+            k_cache: &b,
+            v_cache: &b,
+            out: &b,
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            tokens,
+            pos0,
+            scale: 0.125,
+        };
+        let split = |tokens, pos0| {
+            let mut l = plan(&att(tokens, pos0)).unwrap().unwrap();
+            split_attention(&mut l, 132);
+            l
+        };
+        let a = split(1, 10);
+        assert_eq!(a.kernel, Kernel::AttentionSplit);
+        assert_eq!(a.grid, [9, 1, 29], "264 blocks wanted, 9 heads");
+        assert_eq!(a.params[6], 29);
+        assert_eq!(a.scratch, 9 * 4 + 9 * 29 * 66 * 4);
+        let b2 = split(1, 500);
+        assert_eq!((b2.grid, b2.params[6]), (a.grid, a.params[6]));
+        assert_eq!(
+            split(MATVEC_MAX_TOKENS + 1, 0).kernel,
+            Kernel::Attention,
+            "prefill keeps a block per (head, token)"
+        );
+        let mut few_sms = plan(&att(1, 0)).unwrap().unwrap();
+        split_attention(&mut few_sms, 4);
+        assert_eq!(few_sms.kernel, Kernel::Attention, "9 heads fill 4 SMs");
     }
 
     #[test]

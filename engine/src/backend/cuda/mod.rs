@@ -55,6 +55,9 @@ pub(crate) struct CudaBackend {
     exec: Mutex<exec::Executor>,
     /// How decode ops are fused into fewer launches (fuse.rs).
     fusion: Fusion,
+    /// Working memory of kernels that need some (split attention), and its size; grown as
+    /// needed, zeroed when made (the kernels leave it as they found it).
+    scratch: Mutex<Option<(CudaStorage, u64)>>,
     modules: Mutex<HashMap<ModuleKey, Loaded>>,
     ctx: Arc<Context>,
 }
@@ -104,17 +107,21 @@ pub(crate) fn open(info: &DeviceInfo) -> Result<CudaBackend> {
         modules: Mutex::new(HashMap::new()),
         exec: Mutex::new(exec::Executor::new(graphs)),
         fusion,
+        scratch: Mutex::new(None),
     })
 }
 
 /// Fusion settings. `CAIRN_CUDA_FUSE`: `0` off, `nonorm` everything but the RMS norms, else
 /// all; `CAIRN_CUDA_FUSED_BLOCKS_PER_SM` (default 4, the matrix-vector kernels' occupancy; 0
-/// for a block per row group): for comparisons on a GPU machine.
+/// for a block per row group); `CAIRN_CUDA_SPLIT_ATTENTION=0` keeps a block per (head, token)
+/// in decode attention: for comparisons on a GPU machine.
 #[derive(Debug, Clone, Copy)]
 struct Fusion {
     on: bool,
     norms: bool,
     max_blocks: u32,
+    /// Multiprocessors, for splitting decode attention (0: no splitting).
+    attention_sms: u32,
 }
 
 impl Fusion {
@@ -130,6 +137,10 @@ impl Fusion {
             max_blocks: match per_sm {
                 0 => u32::MAX,
                 n => n.saturating_mul(sms.max(1) as u32),
+            },
+            attention_sms: match std::env::var("CAIRN_CUDA_SPLIT_ATTENTION").as_deref() {
+                Ok("0") => 0,
+                _ => sms.max(0) as u32,
             },
         }
     }
@@ -232,21 +243,41 @@ impl CudaBackend {
         } else {
             ops.iter().map(fuse::Item::One).collect()
         };
-        let mut resolved = Vec::with_capacity(items.len());
+        let mut launches = Vec::with_capacity(items.len());
         for item in &items {
-            let l = match item {
+            launches.push(match item {
                 fuse::Item::One(op) => match launch::plan(op)? {
-                    Some(l) => l,
+                    Some(mut l) => {
+                        launch::split_attention(&mut l, self.fusion.attention_sms);
+                        l
+                    }
                     None => continue,
                 },
                 fuse::Item::Fused(f) => fuse::plan(f, self.fusion.max_blocks),
-            };
+            });
+        }
+        let scratch_bytes = launches.iter().map(|l| l.scratch).max().unwrap_or(0);
+        let mut scratch = self.scratch.lock().map_err(poisoned)?;
+        if scratch_bytes > scratch.as_ref().map_or(0, |s| s.1) {
+            // The old one is freed in stream order, after the work queued on it.
+            *scratch = None;
+            *scratch = Some((self.alloc("cuda scratch", scratch_bytes)?, scratch_bytes));
+        }
+        let scratch_ptr = scratch.as_ref().map(|s| s.0.ptr);
+        drop(scratch);
+        let mut resolved = Vec::with_capacity(launches.len());
+        for l in &launches {
             let function = self.function(l.module, l.kernel)?;
-            let buffers = l
+            let mut buffers = l
                 .buffers
                 .iter()
                 .map(|b| storage(b).map(|s| s.ptr))
                 .collect::<Result<Vec<_>>>()?;
+            if l.scratch > 0
+                && let Some(p) = scratch_ptr
+            {
+                buffers.push(p);
+            }
             resolved.push(exec::Resolved {
                 function,
                 function_id: function_id(l.module, l.kernel),

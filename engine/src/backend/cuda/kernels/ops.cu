@@ -113,23 +113,21 @@ add(const u32* __restrict__ P, const float* a, const float* b, float* out) {
     out[i] = a[i] + b[i];
 }
 
-// Causal grouped-query attention, one block of 256 threads per (head, token). Keys are taken
-// 256 at a time, one thread per key for the scores; the chunk's softmax weights go through
-// shared memory to the threads that own the output elements (one per element of head_dim,
-// which is at most 256, validated), with an online rescale between chunks.
-// P: heads, kv_heads, head_dim, tokens, pos0, scale.
+// Causal grouped-query attention over keys [k0, k1) of one (head, token), by a block of 256
+// threads. Keys are taken 256 at a time, one thread per key for the scores; the chunk's softmax
+// weights go through shared memory to the threads that own the output elements (one per
+// element of head_dim, which is at most 256, validated), with an online rescale between
+// chunks. Leaves the running maximum m, the sum l and (threads below head_dim) the unscaled
+// output element in acc; an empty range leaves m = -inf, l = 0, acc = 0.
 #define ATT_CHUNK 256
-extern "C" __global__ void __launch_bounds__(256)
-attention(const u32* __restrict__ P, const float* __restrict__ q, const float* __restrict__ kc,
-          const float* __restrict__ vc, float* __restrict__ out) {
-    __shared__ float qs[256];
-    __shared__ float ps[ATT_CHUNK];
-    __shared__ float red[32];
-    const u32 heads = P[0], kv_heads = P[1], hd = P[2], pos0 = P[4];
+struct AttPart { float m, l, acc; };
+__device__ __forceinline__ AttPart attend(const u32* P, const float* q, const float* kc,
+                                          const float* vc, u32 k0, u32 k1, float* qs, float* ps,
+                                          float* red) {
+    const u32 heads = P[0], kv_heads = P[1], hd = P[2];
     const float scale = param_f(P, 5);
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const u32 kh = h / (heads / kv_heads);
-    const u32 n_keys = pos0 + t + 1;
     const size_t kv_stride = (size_t)kv_heads * hd;
     const float* qv = q + ((size_t)t * heads + h) * hd;
     for (u32 c = tid; c < hd; c += blockDim.x) qs[c] = qv[c];
@@ -137,10 +135,10 @@ attention(const u32* __restrict__ P, const float* __restrict__ q, const float* _
     // Rows start 16-byte aligned when head_dim is a multiple of 4 (buffers are 256-aligned).
     const bool vec4 = (hd & 3) == 0;
     float m = NEG_INF, l = 0.0f, acc = 0.0f;
-    for (u32 p0 = 0; p0 < n_keys; p0 += ATT_CHUNK) {
+    for (u32 p0 = k0; p0 < k1; p0 += ATT_CHUNK) {
         const u32 p = p0 + tid;
         float s = NEG_INF;
-        if (p < n_keys) {
+        if (p < k1) {
             const float* kr = kc + p * kv_stride + (size_t)kh * hd;
             float dot = 0.0f;
             if (vec4) {
@@ -157,14 +155,14 @@ attention(const u32* __restrict__ P, const float* __restrict__ q, const float* _
             s = dot * scale;
         }
         const float mn = fmaxf(m, block_max(s, red));
-        const float e = p < n_keys ? expf(s - mn) : 0.0f;
+        const float e = p < k1 ? expf(s - mn) : 0.0f;
         ps[tid] = e;
         // block_sum's barriers also publish ps to every thread.
         const float cs = block_sum(e, red);
         const float corr = expf(m - mn);  // 0 on the first chunk (m = -inf)
         l = l * corr + cs;
         if (tid < hd) {
-            const u32 np = min((u32)ATT_CHUNK, n_keys - p0);
+            const u32 np = min((u32)ATT_CHUNK, k1 - p0);
             const float* vr = vc + (size_t)p0 * kv_stride + (size_t)kh * hd + tid;
             float a = acc * corr;
 #pragma unroll 16
@@ -174,7 +172,74 @@ attention(const u32* __restrict__ P, const float* __restrict__ q, const float* _
         m = mn;
         __syncthreads();  // everyone is done with ps before the next chunk writes it
     }
-    if (tid < hd) out[((size_t)t * heads + h) * hd + tid] = acc / l;
+    return AttPart{m, l, acc};
+}
+
+// One block per (head, token) over all its keys. P: heads, kv_heads, head_dim, tokens, pos0,
+// scale.
+extern "C" __global__ void __launch_bounds__(256)
+attention(const u32* __restrict__ P, const float* __restrict__ q, const float* __restrict__ kc,
+          const float* __restrict__ vc, float* __restrict__ out) {
+    __shared__ float qs[256];
+    __shared__ float ps[ATT_CHUNK];
+    __shared__ float red[32];
+    const u32 heads = P[0], hd = P[2], pos0 = P[4];
+    const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const AttPart r = attend(P, q, kc, vc, 0, pos0 + t + 1, qs, ps, red);
+    if (tid < hd) out[((size_t)t * heads + h) * hd + tid] = r.acc / r.l;
+}
+
+// Decode attention with each (head, token)'s keys split across P[6] blocks (grid z), so that a
+// step with few heads still fills the device (flash-decoding). Each block leaves its part in
+// the scratch buffer; the last of a (head, token)'s blocks to finish (an atomic count) merges
+// them and sets the count back to zero for the next launch. The split count depends on the
+// shape only, never on pos0, so a captured graph replays at every position.
+// Scratch: heads * tokens counts (u32), then per part (m, l), then per part head_dim floats.
+extern "C" __global__ void __launch_bounds__(256)
+attention_split(const u32* __restrict__ P, const float* __restrict__ q,
+                const float* __restrict__ kc, const float* __restrict__ vc,
+                float* __restrict__ out, u32* __restrict__ scratch) {
+    __shared__ float qs[256];
+    __shared__ float ps[ATT_CHUNK];
+    __shared__ float red[32];
+    __shared__ bool merge;
+    const u32 heads = P[0], hd = P[2], tokens = P[3], pos0 = P[4], splits = P[6];
+    const u32 h = blockIdx.x, t = blockIdx.y, part = blockIdx.z, tid = threadIdx.x;
+    const u32 n_keys = pos0 + t + 1;
+    const u32 per = (n_keys + splits - 1) / splits;
+    const u32 k0 = min(part * per, n_keys), k1 = min(k0 + per, n_keys);
+    const AttPart r = attend(P, q, kc, vc, k0, k1, qs, ps, red);
+    const u32 ht = t * heads + h;
+    u32* count = scratch + ht;
+    float* ml = reinterpret_cast<float*>(scratch + (size_t)heads * tokens);
+    float* pacc = ml + (size_t)heads * tokens * splits * 2;
+    const size_t mine = (size_t)ht * splits + part;
+    if (tid == 0) {
+        ml[2 * mine] = r.m;
+        ml[2 * mine + 1] = r.l;
+    }
+    if (tid < hd) pacc[mine * hd + tid] = r.acc;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) merge = atomicAdd(count, 1u) == splits - 1;
+    __syncthreads();
+    if (!merge) return;
+    __threadfence();
+    if (tid < hd) {
+        const size_t first = (size_t)ht * splits;
+        float mx = NEG_INF;
+        for (u32 k = 0; k < splits; k++) mx = fmaxf(mx, __ldcg(ml + 2 * (first + k)));
+        float l = 0.0f, a = 0.0f;
+        for (u32 k = 0; k < splits; k++) {
+            const float lk = __ldcg(ml + 2 * (first + k) + 1);
+            if (lk == 0.0f) continue;  // an empty range
+            const float wk = expf(__ldcg(ml + 2 * (first + k)) - mx);
+            l += lk * wk;
+            a += __ldcg(pacc + (first + k) * hd + tid) * wk;
+        }
+        out[(size_t)ht * hd + tid] = a / l;
+    }
+    if (tid == 0) *count = 0;
 }
 
 // The first index of the largest value; one block of 1024. P: n.
