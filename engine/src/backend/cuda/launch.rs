@@ -359,14 +359,15 @@ pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
     Ok(launch.filter(|l| l.grid.iter().all(|g| *g > 0)))
 }
 
-/// At most this many blocks share one (head, token)'s keys in decode attention.
+/// At most this many blocks share one (head, token)'s keys in decode attention (the merge keeps
+/// one weight per part in a 32-float shared array).
 const MAX_ATTENTION_SPLITS: u32 = 32;
 
 /// Decode attention (few tokens) over few heads leaves most of a GPU idle with a block per
 /// (head, token): this splits each one's keys across blocks (`attention_split`) so that about
-/// two blocks per multiprocessor run. The split depends on the shape only, never on the
-/// position, so a captured graph replays at every step.
-pub(crate) fn split_attention(l: &mut Launch<'_>, multiprocessors: u32) {
+/// `target_blocks` run (the backend asks for four per multiprocessor). The split depends on the
+/// shape only, never on the position, so a captured graph replays at every step.
+pub(crate) fn split_attention(l: &mut Launch<'_>, target_blocks: u32) {
     if l.kernel != Kernel::Attention {
         return;
     }
@@ -375,7 +376,7 @@ pub(crate) fn split_attention(l: &mut Launch<'_>, multiprocessors: u32) {
         return;
     }
     let pairs = heads.saturating_mul(tokens).max(1);
-    let splits = (multiprocessors.saturating_mul(2) / pairs).min(MAX_ATTENTION_SPLITS);
+    let splits = (target_blocks / pairs).min(MAX_ATTENTION_SPLITS);
     if splits < 2 {
         return;
     }
@@ -513,7 +514,7 @@ mod tests {
         };
         let split = |tokens, pos0| {
             let mut l = plan(&att(tokens, pos0)).unwrap().unwrap();
-            split_attention(&mut l, 132);
+            split_attention(&mut l, 264);
             l
         };
         let a = split(1, 10);
@@ -529,8 +530,8 @@ mod tests {
             "prefill keeps a block per (head, token)"
         );
         let mut few_sms = plan(&att(1, 0)).unwrap().unwrap();
-        split_attention(&mut few_sms, 4);
-        assert_eq!(few_sms.kernel, Kernel::Attention, "9 heads fill 4 SMs");
+        split_attention(&mut few_sms, 8);
+        assert_eq!(few_sms.kernel, Kernel::Attention, "9 heads fill 8 blocks");
     }
 
     #[test]

@@ -113,15 +113,16 @@ pub(crate) fn open(info: &DeviceInfo) -> Result<CudaBackend> {
 
 /// Fusion settings. `CAIRN_CUDA_FUSE`: `0` off, `nonorm` everything but the RMS norms, else
 /// all; `CAIRN_CUDA_FUSED_BLOCKS_PER_SM` (default 4, the matrix-vector kernels' occupancy; 0
-/// for a block per row group); `CAIRN_CUDA_SPLIT_ATTENTION=0` keeps a block per (head, token)
-/// in decode attention: for comparisons on a GPU machine.
+/// for a block per row group); `CAIRN_CUDA_SPLIT_ATTENTION` (default 4: decode attention split
+/// into about that many blocks per multiprocessor; 0 keeps a block per (head, token)): for
+/// comparisons on a GPU machine.
 #[derive(Debug, Clone, Copy)]
 struct Fusion {
     on: bool,
     norms: bool,
     max_blocks: u32,
-    /// Multiprocessors, for splitting decode attention (0: no splitting).
-    attention_sms: u32,
+    /// How many blocks decode attention is split into, at most (0: no splitting).
+    attention_blocks: u32,
 }
 
 impl Fusion {
@@ -138,10 +139,11 @@ impl Fusion {
                 0 => u32::MAX,
                 n => n.saturating_mul(sms.max(1) as u32),
             },
-            attention_sms: match std::env::var("CAIRN_CUDA_SPLIT_ATTENTION").as_deref() {
-                Ok("0") => 0,
-                _ => sms.max(0) as u32,
-            },
+            attention_blocks: std::env::var("CAIRN_CUDA_SPLIT_ATTENTION")
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(4)
+                .saturating_mul(sms.max(0) as u32),
         }
     }
 }
@@ -248,7 +250,7 @@ impl CudaBackend {
             launches.push(match item {
                 fuse::Item::One(op) => match launch::plan(op)? {
                     Some(mut l) => {
-                        launch::split_attention(&mut l, self.fusion.attention_sms);
+                        launch::split_attention(&mut l, self.fusion.attention_blocks);
                         l
                     }
                     None => continue,

@@ -225,18 +225,26 @@ attention_split(const u32* __restrict__ P, const float* __restrict__ q,
     __syncthreads();
     if (!merge) return;
     __threadfence();
+    // The merge, with the parts' weights found in parallel (one thread per part) and the
+    // output elements' loads unrolled: a loop of dependent loads over up to 32 parts costs
+    // more than the attention itself.
+    __shared__ float weight[32];
+    const size_t first = (size_t)ht * splits;
+    float mk = NEG_INF, lk = 0.0f;
+    if (tid < splits) {
+        mk = __ldcg(ml + 2 * (first + tid));
+        lk = __ldcg(ml + 2 * (first + tid) + 1);
+    }
+    const float mx = block_max(mk, red);
+    // An empty range (lk = 0, mk = -inf) weighs nothing.
+    const float wk = lk > 0.0f ? expf(mk - mx) : 0.0f;
+    if (tid < splits) weight[tid] = wk;
+    // block_sum's barriers also publish `weight`.
+    const float l = block_sum(lk * wk, red);
     if (tid < hd) {
-        const size_t first = (size_t)ht * splits;
-        float mx = NEG_INF;
-        for (u32 k = 0; k < splits; k++) mx = fmaxf(mx, __ldcg(ml + 2 * (first + k)));
-        float l = 0.0f, a = 0.0f;
-        for (u32 k = 0; k < splits; k++) {
-            const float lk = __ldcg(ml + 2 * (first + k) + 1);
-            if (lk == 0.0f) continue;  // an empty range
-            const float wk = expf(__ldcg(ml + 2 * (first + k)) - mx);
-            l += lk * wk;
-            a += __ldcg(pacc + (first + k) * hd + tid) * wk;
-        }
+        float a = 0.0f;
+#pragma unroll 8
+        for (u32 k = 0; k < splits; k++) a += __ldcg(pacc + (first + k) * hd + tid) * weight[k];
         out[(size_t)ht * hd + tid] = a / l;
     }
     if (tid == 0) *count = 0;
