@@ -11,7 +11,8 @@
 #   scripts/bench-gpu.sh                results under $OUT (default /tmp/cairn-bench)
 #
 # Environment: OUT; BACKENDS ("wgpu vulkan cuda"); KERNEL_FILTER (a criterion filter for the
-# kernel benches, default "matvec"; "" runs them all); SHAPES ("135m 1b 8b"); MODEL (a GGUF to bench too);
+# kernel benches, default "^(copy/d2d|matvec)": the copy gives the "% copy" column; "" runs them
+# all); SHAPES ("135m 1b 8b"); MODEL (a GGUF to bench too);
 # PROMPT_TOKENS (512) and GEN_TOKENS (128), as llama-bench's pp512/tg128; RUNS (3); TORCH (1; 0
 # skips PyTorch); KERNELS and CAIRN_BINS, the executables to run (default every .device/kernels*
 # and .device/cairn*). To compare builds in one run, put the others in .device/ as kernels-NAME
@@ -80,7 +81,7 @@ echo "== cairn devices"
 for exe in ${KERNELS:-.device/kernels*}; do
     [ -x "$exe" ] || continue
     name=$(basename "$exe")
-    filter=("${KERNEL_FILTER-matvec}")
+    filter=("${KERNEL_FILTER-^(copy/d2d|matvec)}")
     [ "$name" != kernels ] && filter=("${VARIANT_FILTER:-^(copy/d2d|matvec)}")
     for be in $backends; do
         echo "== $name on $be ${filter[*]}"
