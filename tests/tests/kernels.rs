@@ -10,7 +10,7 @@
 
 use cairn_engine::backend::BackendKind;
 use cairn_engine::kernels::{self as k, Op, SampleParams};
-use cairn_engine::quant::{GgmlType, quantize_row};
+use cairn_engine::quant::{GgmlType, dequantize_row, quantize_row};
 use cairn_engine::{Buffer, Device};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -108,6 +108,59 @@ fn matmul_f32() {
     }
 }
 
+/// Token counts up to this take the cuda backend's matrix-vector kernels (launch.rs's
+/// MATVEC_MAX_TOKENS); more take the tiled kernels, which keep activations in f32.
+const CUDA_MATVEC_MAX_TOKENS: usize = 4;
+/// Rows of this many 8-element lane steps and more take the split matrix-vector kernels
+/// (launch.rs's SPLIT_MIN_STEPS), where the 4-bit formats round activations to int8.
+const CUDA_SPLIT_MIN_STEPS: usize = 256;
+
+/// What the cuda backend's split 4-bit matrix-vector kernels compute (docs/cuda.md): each lane
+/// step (elements 4q..4q+3 and 4q+16..4q+19 of a block of 32) has its activations rounded to
+/// int8 against the step's largest magnitude; the nibble part of each weight multiplies the
+/// rounded values and the format's offset (Q4_1's minimum, Q4_0's -8 d) the exact ones.
+fn linear_int8_activations(
+    ty: GgmlType,
+    wq: &[u8],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+) -> Vec<f32> {
+    let (bb, row_bytes) = (ty.block_bytes(), ty.row_bytes(cols).expect("row bytes"));
+    let mut xr = vec![0f32; x.len()];
+    for step in 0..tokens * cols / 8 {
+        let (base, q) = ((step / 4) * 32, step % 4);
+        let idx: [usize; 8] =
+            std::array::from_fn(|k| base + 4 * q + if k < 4 { k } else { 12 + k });
+        let amax = idx.iter().fold(0f32, |m, &i| m.max(x[i].abs()));
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        for &i in &idx {
+            xr[i] = (x[i] * id).round_ties_even() * (amax * (1.0 / 127.0));
+        }
+    }
+    let (mut w, mut offset) = (vec![0f32; cols], vec![0f32; cols]);
+    let mut y = vec![0f32; tokens * rows];
+    for r in 0..rows {
+        let row = &wq[r * row_bytes..][..row_bytes];
+        dequantize_row(ty, row, &mut w);
+        // Each block's offset: the block with its 16 bytes of nibbles zeroed.
+        let mut zeroed = row.to_vec();
+        for block in zeroed.chunks_mut(bb) {
+            block[bb - 16..].fill(0);
+        }
+        dequantize_row(ty, &zeroed, &mut offset);
+        for t in 0..tokens {
+            let (xt, rt) = (&x[t * cols..][..cols], &xr[t * cols..][..cols]);
+            let s: f64 = (0..cols)
+                .map(|c| (w[c] - offset[c]) as f64 * rt[c] as f64 + offset[c] as f64 * xt[c] as f64)
+                .sum();
+            y[t * rows + r] = s as f32;
+        }
+    }
+    y
+}
+
 #[test]
 fn linear_every_format_matvec_and_matmat() {
     let mut rng = StdRng::seed_from_u64(2);
@@ -132,6 +185,11 @@ fn linear_every_format_matvec_and_matmat() {
             let x = rand_vec(&mut rng, tokens * cols, 1.0);
             let mut want = vec![0f32; tokens * rows];
             k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
+            let int8 = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1)
+                && tokens <= CUDA_MATVEC_MAX_TOKENS
+                && cols / 8 >= CUDA_SPLIT_MIN_STEPS
+                && std::env::var("CAIRN_CUDA_INT8_DOT").map_or(true, |v| v != "0");
+            let want_int8 = int8.then(|| linear_int8_activations(ty, &wq, &x, rows, cols, tokens));
             for d in devices() {
                 let bw = d.upload("w", &wq).unwrap();
                 let bx = upload_f32(&d, "x", &x);
@@ -146,13 +204,18 @@ fn linear_every_format_matvec_and_matmat() {
                     tokens: tokens as u32,
                 }])
                 .unwrap();
-                // Same dequantized weights, different summation order: 2e-6 per element of
-                // the row, relative to the largest output.
+                // Same dequantized weights (and on cuda's split 4-bit matrix-vector path, the
+                // same rounded activations), different summation order: 2e-6 per element of the
+                // row, relative to the largest output.
+                let reference = match &want_int8 {
+                    Some(w8) if d.kind() == BackendKind::Cuda => w8,
+                    _ => &want,
+                };
                 assert_close(
                     &format!("linear {ty:?} {rows}x{cols} tokens={tokens}"),
                     &d,
                     &read(&d, &by, tokens * rows),
-                    &want,
+                    reference,
                     2e-6 * cols as f32,
                 );
             }

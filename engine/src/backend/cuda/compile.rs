@@ -35,13 +35,24 @@ pub(crate) fn source(key: ModuleKey) -> String {
     match key {
         ModuleKey::Ops => format!("{common}\n{}", overridden("ops.cu", OPS)),
         ModuleKey::Weights(ty) => format!(
-            "{common}\n{}\n{}",
+            "{}{common}\n{}\n{}",
+            activation_define(),
             overridden(
                 &format!("{}.cuh", ty.name().to_ascii_lowercase()),
                 format_header(ty)
             ),
             overridden("linear.cu", LINEAR)
         ),
+    }
+}
+
+/// The 4-bit matrix-vector kernels round each lane step's activations to int8 and sum with
+/// dp4a; `CAIRN_CUDA_INT8_DOT=0` keeps them in f32 (for comparisons on a GPU machine).
+fn activation_define() -> &'static str {
+    if std::env::var("CAIRN_CUDA_INT8_DOT").is_ok_and(|v| v == "0") {
+        "#define CAIRN_F32_ACTIVATIONS\n"
+    } else {
+        ""
     }
 }
 

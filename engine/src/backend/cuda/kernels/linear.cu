@@ -1,7 +1,15 @@
 // Kernels that read weights in one GGML format. The Rust side prepends common.cuh and one
 // format header (f32.cuh, f16.cuh, q8_0.cuh, q4_0.cuh, q4_1.cuh), which define SUB (elements
 // per lane step), XS (a step's activations, loaded once for every row that uses them), load_x,
-// row_dot (one row's step against XS) and w_elem (one element of a row).
+// row_dot (one row's step against XS) and w_elem (one element of a row). A header may also
+// define SPLIT_XS, split_load_x and split_row_dot, a step for the split kernels only, which
+// load a step's activations once for 8 rows (the 4-bit formats' int8 step: rounding the
+// activations costs more than it saves where each row loads its own).
+#ifndef SPLIT_XS
+#define SPLIT_XS XS
+#define split_load_x load_x
+#define split_row_dot row_dot
+#endif
 
 #define MATVEC_ROWS 8  // rows per block of 256 threads, in both matrix-vector kernels
 
@@ -61,9 +69,9 @@ linear_matvec_split(const u32* __restrict__ P, const u8* __restrict__ w,
     const u32 steps = cols / SUB;
 #pragma unroll 4
     for (u32 i = threadIdx.x; i < steps; i += 256) {
-        const XS xs = load_x(xt, i);
+        const SPLIT_XS xs = split_load_x(xt, i);
 #pragma unroll
-        for (int r = 0; r < MATVEC_ROWS; r++) acc[r] += row_dot(w0 + off[r], i, xs);
+        for (int r = 0; r < MATVEC_ROWS; r++) acc[r] += split_row_dot(w0 + off[r], i, xs);
     }
 #pragma unroll
     for (int r = 0; r < MATVEC_ROWS; r++) {
@@ -320,10 +328,10 @@ __device__ __forceinline__ void linear_fused_body(FUSED_ARGS) {
             }
 #pragma unroll 4
             for (u32 i = threadIdx.x; i < steps; i += 256) {
-                const XS xv = load_x(xs, i);
+                const SPLIT_XS xv = split_load_x(xs, i);
 #pragma unroll
                 for (int r = 0; r < MATVEC_ROWS; r++)
-                    acc[r] += row_dot((GLU && r >= 4 ? pb : pa) + off[r], i, xv);
+                    acc[r] += split_row_dot((GLU && r >= 4 ? pb : pa) + off[r], i, xv);
             }
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; r++) {

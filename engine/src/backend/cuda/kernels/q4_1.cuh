@@ -22,3 +22,15 @@ __device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {
     // sum n x = 16 (sv - sum x); value = d sum n x + m sum x
     return d * 16.0f * (nib_dot(w, x.lo, x.hi) - x.sum) + m * x.sum;
 }
+#ifndef CAIRN_F32_ACTIVATIONS
+// The split kernels' step: int8 activations (load_x_q8 in common), dp4a.
+#define SPLIT_XS XQ8
+#define split_load_x load_x_q8
+__device__ __forceinline__ float split_row_dot(const u8* row, u32 s, const XQ8& x) {
+    const u32 blk = s >> 2, q = s & 3;
+    const u32* b = reinterpret_cast<const u32*>(row + blk * 20);
+    const u32 dm = __ldg(b), w = __ldg(b + 1 + q);
+    const float d = f16_bits_to_f32((u16)(dm & 0xffff)), m = f16_bits_to_f32((u16)(dm >> 16));
+    return d * x.d * (float)nib_dot_q8(w, x) + m * x.sum;
+}
+#endif
