@@ -71,9 +71,6 @@ pub(crate) struct Context {
     pub(crate) stream: sys::CUstream,
     /// Stream-ordered allocation (cuMemAllocAsync) is available: frees wait for queued work.
     pub(crate) pools: bool,
-    /// Programmatic dependent launch is available (compute capability 9.0 and up) and not
-    /// turned off (`CAIRN_CUDA_PDL=0`): see KERNEL_ENTRY in kernels/common.cuh.
-    pub(crate) pdl: bool,
 }
 
 // SAFETY: the driver API is thread-safe; every entry point binds `ctx` to the calling thread
@@ -95,17 +92,11 @@ impl Context {
             dev,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
         ) != 0;
-        let pdl = attribute(
-            dev,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        ) >= 9
-            && std::env::var("CAIRN_CUDA_PDL").map_or(true, |v| v != "0");
         let mut c = Context {
             dev,
             ctx,
             stream: std::ptr::null_mut(),
             pools,
-            pdl,
         };
         c.bind()?;
         c.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
@@ -348,9 +339,7 @@ impl Drop for Module {
 }
 
 /// Queues `f` on the stream. `args` are the kernel's arguments in order: the parameter
-/// pointer, then buffer pointers, each a device address. `programmatic`: the kernel may be
-/// placed while the previous one runs (where the context allows it), for kernels that prefetch
-/// what no earlier kernel writes before they wait for it (KERNEL_ENTRY).
+/// pointer, then buffer pointers, each a device address.
 pub(crate) fn launch(
     ctx: &Context,
     f: Function,
@@ -358,37 +347,11 @@ pub(crate) fn launch(
     block: [u32; 3],
     shared_bytes: u32,
     args: &mut [DevicePtr],
-    programmatic: bool,
 ) -> Result<(), BackendError> {
     let mut ptrs: Vec<*mut c_void> = args
         .iter_mut()
         .map(|a| (a as *mut DevicePtr).cast())
         .collect();
-    if programmatic && ctx.pdl {
-        // SAFETY: a plain C struct of integers and a union; all zeros is a valid value.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid[0],
-            gridDimY: grid[1],
-            gridDimZ: grid[2],
-            blockDimX: block[0],
-            blockDimY: block[1],
-            blockDimZ: block[2],
-            sharedMemBytes: shared_bytes,
-            hStream: ctx.stream,
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: as for cuLaunchKernel below; `config` and `attr` outlive the call, and the
-        // kernel reads nothing an earlier kernel writes before its KERNEL_ENTRY wait.
-        return unsafe {
-            sys::cuLaunchKernelEx(&config, f.0, ptrs.as_mut_ptr(), std::ptr::null_mut())
-        }
-        .result()
-        .map_err(gpu_err("cuLaunchKernelEx"));
-    }
     // SAFETY: every kernel in kernels/*.cu takes exactly these pointer arguments (built from
     // the same table in launch.rs); the buffers they point to were checked by `validate_op`
     // against the shapes in the parameters, and stay allocated until queued work finishes

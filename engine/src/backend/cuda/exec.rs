@@ -24,8 +24,6 @@ pub(crate) struct Resolved {
     pub block: [u32; 3],
     /// Dynamic shared memory, bytes.
     pub shared: u32,
-    /// May overlap the previous kernel (`driver::launch`).
-    pub programmatic: bool,
     pub buffers: Vec<DevicePtr>,
     pub params: [u32; PARAM_WORDS],
 }
@@ -213,15 +211,7 @@ fn enqueue(ctx: &Context, launches: &[Resolved], arena: DevicePtr) -> Result<()>
         args.clear();
         args.push(arena + (i * PARAM_WORDS * 4) as u64);
         args.extend_from_slice(&l.buffers);
-        driver::launch(
-            ctx,
-            l.function,
-            l.grid,
-            l.block,
-            l.shared,
-            &mut args,
-            l.programmatic,
-        )?;
+        driver::launch(ctx, l.function, l.grid, l.block, l.shared, &mut args)?;
     }
     Ok(())
 }

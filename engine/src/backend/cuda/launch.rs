@@ -53,20 +53,6 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
-    /// The decode matrix-vector kernels, which ask L2 for their first weight rows before they
-    /// wait for the previous kernel, so they are launched to overlap it (`driver::launch`).
-    pub(crate) fn prefetches_weights(self) -> bool {
-        matches!(
-            self,
-            Kernel::LinearMatvec
-                | Kernel::LinearMatvecSplit
-                | Kernel::LinearFused
-                | Kernel::LinearFusedSplit
-                | Kernel::LinearGlu
-                | Kernel::LinearGluSplit
-        )
-    }
-
     /// The `extern "C"` name in the .cu source.
     pub(crate) fn symbol(self) -> &'static str {
         match self {

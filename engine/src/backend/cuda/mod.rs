@@ -98,7 +98,7 @@ pub(crate) fn open(info: &DeviceInfo) -> Result<CudaBackend> {
         cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     );
     let fusion = Fusion::from_env(sms);
-    tracing::info!(id = %info.id, name = %info.name, cc = ?cc, graphs, ?fusion, pools = ctx.pools, pdl = ctx.pdl, "opened cuda device");
+    tracing::info!(id = %info.id, name = %info.name, cc = ?cc, graphs, ?fusion, pools = ctx.pools, "opened cuda device");
     Ok(CudaBackend {
         ctx,
         id: info.id.clone(),
@@ -286,7 +286,6 @@ impl CudaBackend {
                 grid: l.grid,
                 block: l.block,
                 shared: l.shared,
-                programmatic: l.kernel.prefetches_weights(),
                 buffers,
                 params: l.params,
             });

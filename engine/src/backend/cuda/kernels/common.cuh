@@ -13,32 +13,6 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
 
-// Programmatic dependent launch (sm_90 and up). The backend launches the decode
-// matrix-vector kernels so that they may be placed on the GPU while the kernel before them
-// runs: they ask L2 for their first weight rows (which no kernel writes), then wait here,
-// before touching anything else, until that kernel has completed and its writes are visible.
-// Every kernel then lets the next one be placed. Launched without the attribute, both
-// instructions do nothing.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define KERNEL_ENTRY()                                        \
-    do {                                                      \
-        asm volatile("griddepcontrol.wait;" ::: "memory");    \
-        asm volatile("griddepcontrol.launch_dependents;" ::); \
-    } while (0)
-#else
-#define KERNEL_ENTRY() \
-    do {               \
-    } while (0)
-#endif
-
-// Asks L2 for `bytes` from `p`, a 128-byte line per thread of the block at a time: a hint, with
-// no effect on results.
-__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
-    const char* c = reinterpret_cast<const char*>(p);
-    for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
-}
-
 __device__ __forceinline__ float param_f(const u32* P, int i) { return __uint_as_float(P[i]); }
 
 // f16 bits to f32 without cuda_fp16.h (not every NVRTC ships it as a built-in header).

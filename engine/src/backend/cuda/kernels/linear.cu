@@ -13,22 +13,11 @@
 
 #define MATVEC_ROWS 8  // rows per block of 256 threads, in both matrix-vector kernels
 
-// Before KERNEL_ENTRY: L2 prefetch of up to `n` rows from `row0` of a matrix of `rows` rows
-// (P[3] bytes each). The parameters are safe to read before the wait: the host copies them
-// before the run's first kernel.
-__device__ __forceinline__ void prefetch_rows(const u32* P, const u8* w, u32 row0, u32 rows,
-                                              u32 n) {
-    if (row0 >= rows) return;
-    prefetch_l2(w + (size_t)row0 * P[3], (size_t)min(n, rows - row0) * P[3]);
-}
-
 // y[t, r] = sum_c w[r, c] * x[t, c] for small token counts and short rows: grid (rows / 8,
 // tokens), one warp per row. P: rows, cols, tokens, row_bytes.
 extern "C" __global__ void __launch_bounds__(256)
 linear_matvec(const u32* __restrict__ P, const u8* __restrict__ w, const float* __restrict__ x,
               float* __restrict__ y) {
-    prefetch_rows(P, w, blockIdx.x * MATVEC_ROWS, P[0], MATVEC_ROWS);
-    KERNEL_ENTRY();
     const u32 rows = P[0], cols = P[1], row_bytes = P[3];
     const u32 lane = threadIdx.x & 31;
     const u32 row = blockIdx.x * MATVEC_ROWS + (threadIdx.x >> 5);
@@ -60,8 +49,6 @@ linear_matvec(const u32* __restrict__ P, const u8* __restrict__ w, const float* 
 extern "C" __global__ void __launch_bounds__(256, 4)
 linear_matvec_split(const u32* __restrict__ P, const u8* __restrict__ w,
                     const float* __restrict__ x, float* __restrict__ y) {
-    prefetch_rows(P, w, blockIdx.x * MATVEC_ROWS, P[0], MATVEC_ROWS);
-    KERNEL_ENTRY();
     __shared__ float part[8][MATVEC_ROWS];
     const u32 rows = P[0], cols = P[1], row_bytes = P[3];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -108,7 +95,6 @@ linear_matvec_split(const u32* __restrict__ P, const u8* __restrict__ w,
 extern "C" __global__ void __launch_bounds__(256)
 linear_matmat(const u32* __restrict__ P, const u8* __restrict__ w, const float* __restrict__ x,
               float* __restrict__ y) {
-    KERNEL_ENTRY();
     __shared__ float ws[MM_K][MM_T + 1];
     __shared__ float xs[MM_K][MM_T + 1];
     const u32 rows = P[0], cols = P[1], tokens = P[2], row_bytes = P[3];
@@ -157,7 +143,6 @@ linear_matmat(const u32* __restrict__ P, const u8* __restrict__ w, const float* 
 extern "C" __global__ void __launch_bounds__(256)
 embed(const u32* __restrict__ P, const u8* __restrict__ table, const u32* __restrict__ ids,
       float* __restrict__ out) {
-    KERNEL_ENTRY();
     const u32 dim = P[0], vocab = P[1], row_bytes = P[3];
     const u32 c = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
     if (c >= dim) return;
@@ -298,24 +283,6 @@ __device__ __forceinline__ void fused_epilogue(const u32* P, u32 m, u32 rows, u3
     if (flags & FUSE_RESID) aux1[i] = aux0[i] + v;
 }
 
-// Before KERNEL_ENTRY: L2 prefetch of the block's first row group (see linear_fused_body for
-// the order of the groups).
-template <bool GLU>
-__device__ __forceinline__ void fused_prefetch(FUSED_ARGS) {
-    const u32 per = GLU ? MATVEC_ROWS / 2 : MATVEC_ROWS;
-    const u32 nb0 = (P[0] + per - 1) / per;
-    const u32 nb1 = GLU ? 0 : (P[4] + MATVEC_ROWS - 1) / MATVEC_ROWS;
-    const u32 g = blockIdx.x;
-    if (g < nb0) {
-        prefetch_rows(P, w0, g * per, P[0], per);
-        if (GLU) prefetch_rows(P, w1, g * per, P[0], per);
-    } else if (g < nb0 + nb1) {
-        prefetch_rows(P, w1, (g - nb0) * MATVEC_ROWS, P[4], MATVEC_ROWS);
-    } else {
-        prefetch_rows(P, w2, (g - nb0 - nb1) * MATVEC_ROWS, P[5], MATVEC_ROWS);
-    }
-}
-
 // Blocks loop over the row groups (8 rows of one matrix, or 4 rows of gate and up), so a
 // grid sized to the device stages the normalized activations once per block, not per group.
 template <bool SPLIT, bool GLU>
@@ -402,22 +369,14 @@ __device__ __forceinline__ void linear_fused_body(FUSED_ARGS) {
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_fused(FUSED_ARGS) {
-    fused_prefetch<false>(FUSED_PASS);
-    KERNEL_ENTRY();
     linear_fused_body<false, false>(FUSED_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) linear_fused_split(FUSED_ARGS) {
-    fused_prefetch<false>(FUSED_PASS);
-    KERNEL_ENTRY();
     linear_fused_body<true, false>(FUSED_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256) linear_glu(FUSED_ARGS) {
-    fused_prefetch<true>(FUSED_PASS);
-    KERNEL_ENTRY();
     linear_fused_body<false, true>(FUSED_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) linear_glu_split(FUSED_ARGS) {
-    fused_prefetch<true>(FUSED_PASS);
-    KERNEL_ENTRY();
     linear_fused_body<true, true>(FUSED_PASS);
 }

@@ -5,7 +5,6 @@
 extern "C" __global__ void __launch_bounds__(256)
 matmul(const u32* __restrict__ P, const float* __restrict__ a, const float* __restrict__ b,
        float* __restrict__ c) {
-    KERNEL_ENTRY();
     __shared__ float as[16][17];
     __shared__ float bs[16][17];
     const u32 m = P[0], n = P[1], k = P[2];
@@ -30,7 +29,6 @@ matmul(const u32* __restrict__ P, const float* __restrict__ a, const float* __re
 #define RMS_REGS 8
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm(const u32* __restrict__ P, const float* x, const float* __restrict__ weight, float* y) {
-    KERNEL_ENTRY();
     __shared__ float sh[32];
     const u32 dim = P[0];
     const float eps = param_f(P, 2);
@@ -60,7 +58,6 @@ rmsnorm(const u32* __restrict__ P, const float* x, const float* __restrict__ wei
 // In place; one thread per rotated pair: grid (heads * rope_dim / 2 / 256, tokens).
 // P: heads, head_dim, rope_dim, tokens, pos0, freq_base, neox.
 extern "C" __global__ void __launch_bounds__(256) rope(const u32* __restrict__ P, float* x) {
-    KERNEL_ENTRY();
     const u32 heads = P[0], head_dim = P[1], rope_dim = P[2], pos0 = P[4], neox = P[6];
     const float base = param_f(P, 5);
     const u32 half = rope_dim / 2;
@@ -81,7 +78,6 @@ extern "C" __global__ void __launch_bounds__(256) rope(const u32* __restrict__ P
 
 // In place over each row; one block per row. P: rows, cols.
 extern "C" __global__ void __launch_bounds__(256) softmax(const u32* __restrict__ P, float* x) {
-    KERNEL_ENTRY();
     __shared__ float sh[32];
     const u32 cols = P[1];
     float* r = x + (size_t)blockIdx.x * cols;
@@ -103,7 +99,6 @@ extern "C" __global__ void __launch_bounds__(256) softmax(const u32* __restrict_
 extern "C" __global__ void __launch_bounds__(256)
 silu_mul(const u32* __restrict__ P, const float* __restrict__ gate, const float* __restrict__ up,
          float* __restrict__ out) {
-    KERNEL_ENTRY();
     const u32 i = blockIdx.x * 256 + threadIdx.x;
     if (i >= P[0]) return;
     const float g = gate[i];
@@ -113,7 +108,6 @@ silu_mul(const u32* __restrict__ P, const float* __restrict__ gate, const float*
 // out may be a or b. P: n.
 extern "C" __global__ void __launch_bounds__(256)
 add(const u32* __restrict__ P, const float* a, const float* b, float* out) {
-    KERNEL_ENTRY();
     const u32 i = blockIdx.x * 256 + threadIdx.x;
     if (i >= P[0]) return;
     out[i] = a[i] + b[i];
@@ -186,7 +180,6 @@ __device__ __forceinline__ AttPart attend(const u32* P, const float* q, const fl
 extern "C" __global__ void __launch_bounds__(256)
 attention(const u32* __restrict__ P, const float* __restrict__ q, const float* __restrict__ kc,
           const float* __restrict__ vc, float* __restrict__ out) {
-    KERNEL_ENTRY();
     __shared__ float qs[256];
     __shared__ float ps[ATT_CHUNK];
     __shared__ float red[32];
@@ -206,7 +199,6 @@ extern "C" __global__ void __launch_bounds__(256)
 attention_split(const u32* __restrict__ P, const float* __restrict__ q,
                 const float* __restrict__ kc, const float* __restrict__ vc,
                 float* __restrict__ out, u32* __restrict__ scratch) {
-    KERNEL_ENTRY();
     __shared__ float qs[256];
     __shared__ float ps[ATT_CHUNK];
     __shared__ float red[32];
@@ -261,7 +253,6 @@ attention_split(const u32* __restrict__ P, const float* __restrict__ q,
 // The first index of the largest value; one block of 1024. P: n.
 extern "C" __global__ void __launch_bounds__(1024)
 argmax(const u32* __restrict__ P, const float* __restrict__ x, u32* __restrict__ out) {
-    KERNEL_ENTRY();
     __shared__ float shv[32];
     __shared__ u32 shi[32];
     const u32 n = P[0];
@@ -300,7 +291,6 @@ __device__ float mass_above(const float* x, u32 n, u32 kmin, float mx, float* sh
 // One block of 1024. P: n, temperature, top_k, top_p, seed_lo, seed_hi, step.
 extern "C" __global__ void __launch_bounds__(1024)
 sample(const u32* __restrict__ P, const float* __restrict__ x, u32* __restrict__ out) {
-    KERNEL_ENTRY();
     __shared__ float shv[32];
     __shared__ u32 shi[32];
     const u32 n = P[0], top_k = P[2], seed_lo = P[4], seed_hi = P[5], step = P[6];
@@ -347,7 +337,6 @@ sample(const u32* __restrict__ P, const float* __restrict__ x, u32* __restrict__
 // P: src offset lo/hi, dst offset lo/hi, words lo/hi (all in 4-byte words).
 extern "C" __global__ void __launch_bounds__(256)
 copy_words(const u32* __restrict__ P, const u32* src, u32* dst) {
-    KERNEL_ENTRY();
     const u64 so = (u64)P[0] | ((u64)P[1] << 32);
     const u64 dof = (u64)P[2] | ((u64)P[3] << 32);
     const u64 n = (u64)P[4] | ((u64)P[5] << 32);
