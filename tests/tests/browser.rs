@@ -523,7 +523,7 @@ async fn generate_split(
         let tensor = Tensor::from_values(DType::U32, vec![input.len() as u64], &input).unwrap();
         link.send(Message::Forward {
             request: 7,
-            seq: step as u32,
+            seq: 1,
             layers: LayerRange {
                 start: 0,
                 end: SPLIT,
@@ -531,6 +531,7 @@ async fn generate_split(
             pos0,
             max_len,
             sample: None,
+            chain: None,
             tensor,
         })
         .await
@@ -542,7 +543,7 @@ async fn generate_split(
                 pos0: p,
                 tensor,
             } => {
-                assert_eq!((seq, p), (step as u32, pos0));
+                assert_eq!((seq, p), (1, pos0));
                 assert_eq!(
                     tensor.shape(),
                     [input.len() as u64, tail.config().dim as u64]
@@ -669,6 +670,8 @@ async fn serve_layers_in_browser(webgpu: bool) {
             end: SPLIT,
         },
         source: format!("http://{http}/model.gguf"),
+        next: None,
+        prev: None,
     };
     link.send(load.clone()).await.unwrap();
     match recv(&mut link, &mut telemetry, SLOW).await {

@@ -145,7 +145,9 @@ fn interleaved(from: u32) -> Vec<Message> {
             0 | 2 => Message::Token {
                 request: u64::from(from),
                 seq: i,
+                step: i,
                 id: i * 31,
+                passed_on: i % 2 == 0,
             },
             1 => Message::Activations {
                 request: u64::from(from),
@@ -235,7 +237,9 @@ async fn a_malformed_frame_closes_the_link_with_an_error_and_it_comes_back() {
         .send(Message::Token {
             request: 1,
             seq: 0,
+            step: 0,
             id: 5,
+            passed_on: false,
         })
         .await
         .unwrap();
@@ -279,7 +283,9 @@ async fn a_dead_network_is_detected_by_heartbeat_and_the_link_reestablished() {
         .send(Message::Token {
             request: 2,
             seq: 1,
+            step: 0,
             id: 77,
+            passed_on: false,
         })
         .await
         .unwrap();

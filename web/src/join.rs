@@ -808,10 +808,13 @@ impl Worker {
             return;
         }
         match message {
+            // A browser keeps only its coordinator link, so it is given no
+            // chain route: everything it produces goes to the coordinator.
             Message::LoadShard {
                 model_hash,
                 layers,
                 source,
+                ..
             } => {
                 let reply = self.load(&model_hash, layers, &source).await;
                 if let Err(e) = link.send(&reply).await {
@@ -835,8 +838,8 @@ impl Worker {
             | Message::Telemetry(_) => {}
             other => {
                 let kind = other.kind();
-                if let Some(reply) = self.stage.handle(other).await
-                    && let Err(e) = link.send(&reply).await
+                if let Some(out) = self.stage.handle(other).await
+                    && let Err(e) = link.send(&out.into_reply()).await
                 {
                     ui::log(&format!("cannot reply to {kind}: {e}"));
                 }

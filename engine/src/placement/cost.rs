@@ -70,8 +70,8 @@ pub(super) fn max_layers(device: &DeviceProfile, model: &ModelCost, role: Role) 
     ((memory - fixed) / per_layer).min(model.n_layers as u128) as usize
 }
 
-/// Bytes on the wire per decoded token: input plus output.
-fn decode_bytes(model: &ModelCost, role: Role) -> u128 {
+/// Bytes a stage takes in and sends out per decoded token.
+fn decode_bytes(model: &ModelCost, role: Role) -> (u128, u128) {
     let input = if role.is_first() {
         model.token_bytes
     } else {
@@ -82,12 +82,13 @@ fn decode_bytes(model: &ModelCost, role: Role) -> u128 {
     } else {
         model.activation_bytes
     };
-    u128::from(input) + u128::from(output)
+    (u128::from(input), u128::from(output))
 }
 
-/// Bytes on the wire to prefill `prompt` tokens: every token in and every
-/// hidden state out, except that the last stage returns a single token.
-fn prefill_bytes(model: &ModelCost, role: Role, prompt: usize) -> u128 {
+/// Bytes a stage takes in and sends out to prefill `prompt` tokens: every
+/// token in and every hidden state out, except that the last stage sends a
+/// single token.
+fn prefill_bytes(model: &ModelCost, role: Role, prompt: usize) -> (u128, u128) {
     let prompt = prompt as u128;
     let input = if role.is_first() {
         model.token_bytes
@@ -99,7 +100,7 @@ fn prefill_bytes(model: &ModelCost, role: Role, prompt: usize) -> u128 {
     } else {
         prompt * u128::from(model.activation_bytes)
     };
-    prompt * u128::from(input) + output
+    (prompt * u128::from(input), output)
 }
 
 fn transfer_s(device: &DeviceProfile, bytes: u128) -> f64 {
@@ -110,9 +111,20 @@ fn transfer_s(device: &DeviceProfile, bytes: u128) -> f64 {
     }
 }
 
-/// Per-token link time of a stage: round trip + bytes / bandwidth.
+/// Per-token link time of a stage. A chained stage hands its output to the
+/// next one: half a round trip plus the output's bytes (the link between
+/// the two is taken to cost what this device's link does); a single chained
+/// stage feeds itself and pays nothing. A relayed stage's input and output
+/// both cross its link to the coordinator: a round trip plus both.
 pub(super) fn decode_link_s(device: &DeviceProfile, model: &ModelCost, role: Role) -> f64 {
-    device.link_rtt_s + transfer_s(device, decode_bytes(model, role))
+    let (input, output) = decode_bytes(model, role);
+    if device.relayed {
+        device.link_rtt_s + transfer_s(device, input + output)
+    } else if role == Role::Only {
+        0.0
+    } else {
+        device.link_rtt_s / 2.0 + transfer_s(device, output)
+    }
 }
 
 /// Per-token compute time of a stage: call overhead + layers × per-layer
@@ -138,10 +150,17 @@ pub(super) fn prefill_s(
     layers: usize,
     prompt: usize,
 ) -> f64 {
+    let (input, output) = prefill_bytes(model, role, prompt);
+    // The prompt reaches the first stage from the coordinator; otherwise a
+    // chained stage pays for its output's hop, as in `decode_link_s`.
+    let link = if device.relayed || role.is_first() {
+        device.link_rtt_s + transfer_s(device, input + output)
+    } else {
+        device.link_rtt_s / 2.0 + transfer_s(device, output)
+    };
     device.call_overhead_s
         + layers as f64 * device.prefill_s_per_layer_token * prompt as f64 * device.slowdown
-        + device.link_rtt_s
-        + transfer_s(device, prefill_bytes(model, role, prompt))
+        + link
 }
 
 /// Refuses profiles whose numbers would make costs meaningless.

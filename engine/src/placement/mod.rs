@@ -5,9 +5,11 @@
 //! a [`ModelCost`]. `docs/placement.md` describes the cost model, the solver
 //! and the slowdown policy.
 //!
-//! The topology is a star: the coordinator sends every stage its input and
-//! gets its output back over that device's own link, so a placement's
-//! per-token latency is a sum of per-stage terms and only the first stage
+//! The topology is a chain: each stage hands its output to the next, and the
+//! last stage feeds each sampled token back to the first, except that a
+//! relayed device (a browser, which keeps only its coordinator link) takes
+//! its input from and returns its output to the coordinator. A placement's
+//! per-token latency is a sum of per-stage terms, and only the first stage
 //! (takes tokens, holds the embedding) and the last stage (returns a token,
 //! holds the output head) are special.
 //!
@@ -47,10 +49,15 @@ pub struct DeviceProfile {
     /// What holding the output head adds per token (last stage only).
     #[serde(default)]
     pub head_s: f64,
-    /// Round trip to the coordinator.
+    /// Round trip to the coordinator (also what a hop to the next stage is
+    /// taken to cost).
     pub link_rtt_s: f64,
     /// Bandwidth to the coordinator; `f64::INFINITY` for an in-process device.
     pub link_bytes_per_s: f64,
+    /// Its stage's input and output go through the coordinator rather than
+    /// straight to and from the neighbouring stages (a browser).
+    #[serde(default)]
+    pub relayed: bool,
     /// `>= 1.0`, multiplies compute time; `f64::INFINITY` means do not use.
     /// See [`slowdown`].
     pub slowdown: f64,
@@ -102,7 +109,8 @@ pub struct StagePrediction {
     pub memory_limit_bytes: u64,
     /// Per token: call overhead + layers × decode time × slowdown.
     pub compute_s: f64,
-    /// Per token: round trip + bytes in and out / bandwidth.
+    /// Per token: the hop to the next stage (half a round trip + bytes out /
+    /// bandwidth), or for a relayed stage a round trip + bytes in and out.
     pub link_s: f64,
 }
 

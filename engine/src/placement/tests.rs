@@ -24,6 +24,7 @@ fn device(id: &str, memory_bytes: u64, decode_s_per_layer: f64) -> DeviceProfile
         head_s: 0.0,
         link_rtt_s: 2e-3,
         link_bytes_per_s: 1e8,
+        relayed: false,
         slowdown: 1.0,
     }
 }
@@ -63,26 +64,34 @@ fn spec_latency(on: &[&DeviceProfile], layers: &[usize], model: &ModelCost) -> O
         if memory > u128::from(d.memory_bytes) {
             return None;
         }
-        let bytes = if first {
-            model.token_bytes
-        } else {
-            model.activation_bytes
-        } + if last {
+        let input = if first {
             model.token_bytes
         } else {
             model.activation_bytes
         };
-        let link = if bytes == 0 {
+        let output = if last {
+            model.token_bytes
+        } else {
+            model.activation_bytes
+        };
+        let over = |bytes: u64| {
+            if bytes == 0 {
+                0.0
+            } else {
+                bytes as f64 / d.link_bytes_per_s
+            }
+        };
+        // Chained: the hop to the next stage (none for a lone stage);
+        // relayed: to the coordinator and back.
+        let link = if d.relayed {
+            d.link_rtt_s + over(input + output)
+        } else if k == 1 {
             0.0
         } else {
-            bytes as f64 / d.link_bytes_per_s
+            d.link_rtt_s / 2.0 + over(output)
         };
         let head = if last { d.head_s * d.slowdown } else { 0.0 };
-        total += d.link_rtt_s
-            + link
-            + d.call_overhead_s
-            + head
-            + n as f64 * d.decode_s_per_layer * d.slowdown;
+        total += link + d.call_overhead_s + head + n as f64 * d.decode_s_per_layer * d.slowdown;
     }
     Some(total)
 }
@@ -166,36 +175,43 @@ fn arb_case() -> impl Strategy<Value = (Vec<DeviceProfile>, ModelCost)> {
         0u64..5000,
         0u64..8,
     );
-    (prop::collection::vec(device, 1..=4), model).prop_map(|(devices, m)| {
-        let devices = devices
-            .into_iter()
-            .enumerate()
-            .map(
-                |(i, (memory, decode, prefill, overhead, rtt, bw, slow, head))| DeviceProfile {
-                    id: format!("d{i}"),
-                    memory_bytes: memory,
-                    decode_s_per_layer: decode,
-                    prefill_s_per_layer_token: prefill,
-                    call_overhead_s: overhead,
-                    head_s: head,
-                    link_rtt_s: rtt,
-                    link_bytes_per_s: bw,
-                    slowdown: slow,
-                },
-            )
-            .collect();
-        let model = ModelCost {
-            n_layers: m.0,
-            layer_weight_bytes: m.1,
-            kv_bytes_per_layer: m.2,
-            first_extra_bytes: m.3,
-            last_extra_bytes: m.4,
-            scratch_bytes: m.5,
-            activation_bytes: m.6,
-            token_bytes: m.7,
-        };
-        (devices, model)
-    })
+    (
+        prop::collection::vec((device, prop::bool::weighted(0.3)), 1..=4),
+        model,
+    )
+        .prop_map(|(devices, m)| {
+            let devices = devices
+                .into_iter()
+                .enumerate()
+                .map(
+                    |(i, ((memory, decode, prefill, overhead, rtt, bw, slow, head), relayed))| {
+                        DeviceProfile {
+                            id: format!("d{i}"),
+                            memory_bytes: memory,
+                            decode_s_per_layer: decode,
+                            prefill_s_per_layer_token: prefill,
+                            call_overhead_s: overhead,
+                            head_s: head,
+                            link_rtt_s: rtt,
+                            link_bytes_per_s: bw,
+                            relayed,
+                            slowdown: slow,
+                        }
+                    },
+                )
+                .collect();
+            let model = ModelCost {
+                n_layers: m.0,
+                layer_weight_bytes: m.1,
+                kv_bytes_per_layer: m.2,
+                first_extra_bytes: m.3,
+                last_extra_bytes: m.4,
+                scratch_bytes: m.5,
+                activation_bytes: m.6,
+                token_bytes: m.7,
+            };
+            (devices, model)
+        })
 }
 
 proptest! {
@@ -276,6 +292,7 @@ fn sixty_four_devices_and_a_hundred_layers_solve_in_under_100_ms() {
             head_s: rng.random_range(0.0..5e-3),
             link_rtt_s: rng.random_range(1e-4..2e-2),
             link_bytes_per_s: rng.random_range(1e6..1e9),
+            relayed: rng.random_range(0..4) == 0,
             slowdown: [1.0, 1.0, 1.5, 2.0, 4.0][rng.random_range(0..5)],
         })
         .collect();
@@ -302,7 +319,10 @@ fn a_device_too_small_for_one_layer_is_left_out() {
     let model = model(10);
     let mut tiny = device("tiny", 119, 1e-6);
     tiny.link_rtt_s = 0.0;
-    let devices = [device("big", 10_000, 1e-3), tiny];
+    // Alone, big pays no link at all; a hop must be cheap to be worth it.
+    let mut big = device("big", 10_000, 1e-3);
+    big.link_rtt_s = 1e-4;
+    let devices = [big, tiny];
     let stages = place(&devices, &model).unwrap();
     assert_eq!(layers_on(&stages, "tiny"), 0);
     assert_eq!(layers_on(&stages, "big"), 10);
@@ -575,9 +595,10 @@ fn evaluate_predicts_by_the_formula() {
         },
     ];
     let p = evaluate(&[a.clone(), b.clone()], &model, &stages, 100).unwrap();
-    let a_link = 2e-3 + (4.0 + 8192.0) / 1e8;
+    // Chained: each stage pays the hop its output takes.
+    let a_link = 1e-3 + 8192.0 / 1e8;
     let a_compute = 1e-4 + 4.0 * 1e-3;
-    let b_link = 2e-3;
+    let b_link = 1e-3;
     let b_compute = 1e-4 + 6.0 * 2e-3 * 1.5;
     assert!(close(p.stages[0].link_s, a_link) && close(p.stages[0].compute_s, a_compute));
     assert!(close(p.stages[1].link_s, b_link) && close(p.stages[1].compute_s, b_compute));
@@ -590,7 +611,7 @@ fn evaluate_predicts_by_the_formula() {
     assert_eq!(p.stages[1].memory_bytes, 6 * 120 + 400 + 50);
     assert_eq!(p.stages[1].memory_limit_bytes, 10_000);
     let prefill_a = 1e-4 + 4.0 * 1e-4 * 100.0 + 2e-3 + (100.0 * 4.0 + 100.0 * 8192.0) / 1e8;
-    let prefill_b = 1e-4 + 6.0 * 2e-4 * 100.0 * 1.5 + 2e-3;
+    let prefill_b = 1e-4 + 6.0 * 2e-4 * 100.0 * 1.5 + 1e-3;
     assert!(
         close(p.prefill_s, prefill_a + prefill_b),
         "{} vs {}",
@@ -598,6 +619,27 @@ fn evaluate_predicts_by_the_formula() {
         prefill_a + prefill_b
     );
     assert_eq!(p.prompt_tokens, 100);
+    // Relayed (a browser): its input and output both cross its coordinator link.
+    let relayed_b = DeviceProfile {
+        relayed: true,
+        ..b.clone()
+    };
+    let r = evaluate(&[a.clone(), relayed_b], &model, &stages, 100).unwrap();
+    assert!(close(r.stages[1].link_s, 2e-3), "{}", r.stages[1].link_s);
+    assert!(close(r.stages[0].link_s, a_link));
+    // One chained device alone feeds itself: no link time per token.
+    let whole = [Stage {
+        device: "a".into(),
+        start: 0,
+        end: 10,
+    }];
+    assert_eq!(
+        evaluate(std::slice::from_ref(&a), &model, &whole, 1)
+            .unwrap()
+            .stages[0]
+            .link_s,
+        0.0
+    );
 
     // serde_json without `float_roundtrip` may parse a float 1 ulp off.
     let back: Prediction = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();

@@ -225,6 +225,35 @@ pub struct LayerRange {
     pub end: u32,
 }
 
+/// The stage after this one: who runs it and which layers it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Hop {
+    /// The peer's id in the signaling room.
+    pub peer: String,
+    pub layers: LayerRange,
+}
+
+/// How a request goes on without the coordinator: each stage hands its
+/// output straight to the next (where it has a link to it), and the last
+/// stage feeds each sampled token back to the first until a stop rule holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chain {
+    /// Tokens the request generates in all: sampling step `max_steps - 1` is the last.
+    pub max_steps: u32,
+    /// Tokens that end generation (empty when the request ignores them).
+    pub end_ids: Vec<u32>,
+}
+
+impl Chain {
+    /// Most end-of-generation ids a chain carries; more is a malformed message.
+    pub const MAX_END_IDS: usize = 64;
+
+    /// Whether the token sampled at `step` is followed by another step.
+    pub fn continues_after(&self, step: u32, token: u32) -> bool {
+        step.saturating_add(1) < self.max_steps && !self.end_ids.contains(&token)
+    }
+}
+
 /// What a worker reports about itself now and then.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 pub struct Telemetry {
@@ -262,21 +291,32 @@ pub enum Message {
         pos0: u32,
         tensor: Tensor,
     },
-    /// A sampled token of request `request`.
+    /// The token request `request` sampled at step `step` (tokens generated
+    /// before it). `passed_on`: the last stage has already handed it to the
+    /// first stage as the next step's input (a [`Chain`]); otherwise the
+    /// coordinator decides whether, and where, the request goes on.
     Token {
         request: u64,
         seq: u32,
+        step: u32,
         id: u32,
+        passed_on: bool,
     },
     /// Load layers `layers` of the model whose id is `model_hash` (see
     /// `worker::model_id`), from a local copy when the worker has one, else
     /// from `source` (an HTTP URL serving the GGUF with range requests).
     /// Any shard loaded before is dropped with its KV caches. Answered with
-    /// `ShardLoaded` or `Error`.
+    /// `ShardLoaded` or `Error`. `next` is the stage that takes this one's
+    /// output under a [`Chain`] (the first stage, after the last; this very
+    /// peer when it is the only stage), `None` to send every output to the
+    /// coordinator; `prev` is the only other worker whose `Forward`s are
+    /// served.
     LoadShard {
         model_hash: String,
         layers: LayerRange,
         source: String,
+        next: Option<Hop>,
+        prev: Option<String>,
     },
     Telemetry(Telemetry),
     /// Throughput probe: `payload` is padding the receiver counts and drops,
@@ -303,8 +343,14 @@ pub enum Message {
     /// afresh (a cache of `max_len` positions); a `pos0` below what the cache
     /// holds rewinds it first. The last shard samples with `sample` and
     /// answers `Token`; the others answer `Activations`. `layers` is the
-    /// range the coordinator believes this peer holds: a peer holding other
-    /// layers (a placement changed under the step) refuses it.
+    /// range the sender believes this peer holds: a peer holding other
+    /// layers (a placement changed under the step) refuses it. `seq` names
+    /// the run of the request (the coordinator starts a new one at position
+    /// 0 after a failure or a new placement); a stage drops steps of a run
+    /// older than the one its cache holds. With `chain`, the output goes to
+    /// the next stage as another `Forward` where the stage has a link to it
+    /// (see `LoadShard::next`), and the request loops through the stages
+    /// until the chain's stop rule holds.
     Forward {
         request: u64,
         seq: u32,
@@ -312,6 +358,7 @@ pub enum Message {
         pos0: u32,
         max_len: u32,
         sample: Option<SampleParams>,
+        chain: Option<Chain>,
         tensor: Tensor,
     },
     /// A `LoadShard` is done: `weight_bytes` are on the device.
@@ -409,12 +456,16 @@ enum Head {
     Token {
         request: u64,
         seq: u32,
+        step: u32,
         id: u32,
+        passed_on: bool,
     },
     LoadShard {
         model_hash: String,
         layers: LayerRange,
         source: String,
+        next: Option<Hop>,
+        prev: Option<String>,
     },
     Telemetry(Telemetry),
     Probe {
@@ -438,6 +489,7 @@ enum Head {
         pos0: u32,
         max_len: u32,
         sample: Option<SampleParams>,
+        chain: Option<Chain>,
         dtype: DType,
         shape: Vec<u64>,
     },
@@ -497,16 +549,35 @@ pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
             },
             &tensor.data,
         ),
-        &Message::Token { request, seq, id } => (Head::Token { request, seq, id }, &[]),
+        &Message::Token {
+            request,
+            seq,
+            step,
+            id,
+            passed_on,
+        } => (
+            Head::Token {
+                request,
+                seq,
+                step,
+                id,
+                passed_on,
+            },
+            &[],
+        ),
         Message::LoadShard {
             model_hash,
             layers,
             source,
+            next,
+            prev,
         } => (
             Head::LoadShard {
                 model_hash: model_hash.clone(),
                 layers: *layers,
                 source: source.clone(),
+                next: next.clone(),
+                prev: prev.clone(),
             },
             &[],
         ),
@@ -533,6 +604,7 @@ pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
             pos0,
             max_len,
             sample,
+            chain,
             tensor,
         } => (
             Head::Forward {
@@ -542,6 +614,7 @@ pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
                 pos0: *pos0,
                 max_len: *max_len,
                 sample: *sample,
+                chain: chain.clone(),
                 dtype: tensor.dtype,
                 shape: tensor.shape.clone(),
             },
@@ -641,15 +714,31 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
                 tensor: Tensor::new(dtype, shape, bytes)?,
             })
         }
-        Head::Token { request, seq, id } => no_body(Message::Token { request, seq, id }),
+        Head::Token {
+            request,
+            seq,
+            step,
+            id,
+            passed_on,
+        } => no_body(Message::Token {
+            request,
+            seq,
+            step,
+            id,
+            passed_on,
+        }),
         Head::LoadShard {
             model_hash,
             layers,
             source,
+            next,
+            prev,
         } => no_body(Message::LoadShard {
             model_hash,
             layers,
             source,
+            next,
+            prev,
         }),
         Head::Telemetry(t) => no_body(Message::Telemetry(t)),
         Head::Probe { nonce } => {
@@ -669,9 +758,16 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
             pos0,
             max_len,
             sample,
+            chain,
             dtype,
             shape,
         } => {
+            if chain
+                .as_ref()
+                .is_some_and(|c| c.end_ids.len() > Chain::MAX_END_IDS)
+            {
+                return Err(bad("a chain with too many end-of-generation ids"));
+            }
             bytes.truncate(body_len);
             Ok(Message::Forward {
                 request,
@@ -680,6 +776,7 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
                 pos0,
                 max_len,
                 sample,
+                chain,
                 tensor: Tensor::new(dtype, shape, bytes)?,
             })
         }

@@ -70,7 +70,9 @@ fn frames_are_bounded_and_ordered() {
             0 => Message::Token {
                 request: 1,
                 seq: i,
+                step: i / 3,
                 id: i * 3,
+                passed_on: i % 2 == 0,
             },
             1 => Message::Probe {
                 nonce: u64::from(i),
@@ -120,6 +122,53 @@ fn a_stream_split_anywhere_reassembles() {
         }
         assert_eq!(got, messages, "step {step}");
     }
+}
+
+#[test]
+fn a_chain_with_too_many_end_ids_is_refused() {
+    let forward = |n: usize| Message::Forward {
+        request: 1,
+        seq: 1,
+        layers: LayerRange { start: 0, end: 1 },
+        pos0: 0,
+        max_len: 8,
+        sample: None,
+        chain: Some(super::Chain {
+            max_steps: 4,
+            end_ids: (0..n as u32).collect(),
+        }),
+        tensor: Tensor::from_values(DType::U32, vec![1], &[7u32]).unwrap(),
+    };
+    let roundtrip = |m: &Message| {
+        let mut d = Deframer::new(Limits::default());
+        let mut out = Vec::new();
+        for f in Framer::new(1 << 16).encode(m).unwrap() {
+            out.extend(d.push(&f)?);
+        }
+        Ok::<_, super::ProtocolError>(out)
+    };
+    let fine = forward(super::Chain::MAX_END_IDS);
+    assert_eq!(roundtrip(&fine).unwrap(), vec![fine]);
+    let err = roundtrip(&forward(super::Chain::MAX_END_IDS + 1)).unwrap_err();
+    assert!(err.to_string().contains("end-of-generation"), "{err}");
+}
+
+#[test]
+fn a_chain_stops_at_its_last_step_or_an_end_token() {
+    let chain = super::Chain {
+        max_steps: 3,
+        end_ids: vec![2, 9],
+    };
+    assert!(chain.continues_after(0, 5));
+    assert!(chain.continues_after(1, 5));
+    assert!(!chain.continues_after(2, 5), "step 2 is the third and last");
+    assert!(!chain.continues_after(0, 9), "an end token stops it");
+    assert!(!chain.continues_after(u32::MAX, 5));
+    let none = super::Chain {
+        max_steps: 0,
+        end_ids: vec![],
+    };
+    assert!(!none.continues_after(0, 5));
 }
 
 fn frames_of(message: &Message) -> Vec<Vec<u8>> {
@@ -251,18 +300,37 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 tensor
             }
         ),
-        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(request, seq, id)| Message::Token {
-            request,
-            seq,
-            id
-        }),
-        (".{0,64}", any::<u32>(), any::<u32>(), ".{0,40}").prop_map(
-            |(model_hash, start, end, source)| Message::LoadShard {
-                model_hash,
-                layers: LayerRange { start, end },
-                source,
-            }
-        ),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>()
+        )
+            .prop_map(|(request, seq, step, id, passed_on)| Message::Token {
+                request,
+                seq,
+                step,
+                id,
+                passed_on,
+            }),
+        (
+            (".{0,64}", any::<u32>(), any::<u32>(), ".{0,40}"),
+            prop::option::of((".{0,20}", any::<u32>(), any::<u32>())),
+            prop::option::of(".{0,20}")
+        )
+            .prop_map(|((model_hash, start, end, source), next, prev)| {
+                Message::LoadShard {
+                    model_hash,
+                    layers: LayerRange { start, end },
+                    source,
+                    next: next.map(|(peer, start, end)| super::Hop {
+                        peer,
+                        layers: LayerRange { start, end },
+                    }),
+                    prev,
+                }
+            }),
         (
             any::<u64>(),
             any::<u32>(),
@@ -297,9 +365,13 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 any::<u64>(),
                 any::<u32>()
             )),
+            prop::option::of((
+                any::<u32>(),
+                prop::collection::vec(any::<u32>(), 0..=super::Chain::MAX_END_IDS)
+            )),
             arb_tensor()
         )
-            .prop_map(|((request, seq, pos0, max_len), sample, tensor)| {
+            .prop_map(|((request, seq, pos0, max_len), sample, chain, tensor)| {
                 Message::Forward {
                     request,
                     seq,
@@ -318,6 +390,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                             step,
                         }
                     }),
+                    chain: chain.map(|(max_steps, end_ids)| super::Chain { max_steps, end_ids }),
                     tensor,
                 }
             }),

@@ -4,7 +4,7 @@
 //! what it answers.
 //!
 //! - [`Capabilities`]: what a peer advertises in `Hello` (JSON).
-//! - [`StageServer`]: one loaded shard, a KV cache per request, and the
+//! - [`StageServer`]: one loaded shard, its [`Route`] in a chain, a KV cache per request, and the
 //!   `Forward` / `EndRequest` / `Calibrate` handlers.
 //! - [`calibrate`]: a short measured run on synthetic layers of the model's
 //!   shape, so placement uses measured speed rather than a guess from a name.
@@ -17,4 +17,4 @@ mod tests;
 
 pub use calibrate::calibrate;
 pub use capabilities::{Capabilities, PeerKind, Role};
-pub use stage::{StageServer, load_shard};
+pub use stage::{Outgoing, Pass, Route, StageServer, load_shard};

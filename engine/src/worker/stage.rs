@@ -8,17 +8,19 @@ use crate::gguf::TensorSource;
 use crate::kernels::SampleParams;
 use crate::model::shard::DEFAULT_MAX_BATCH;
 use crate::model::{KvCache, ModelError, Shard, ShardInput, ShardOutput, Want};
-use crate::protocol::{DType, LayerRange, Message, Telemetry, Tensor, error_code};
+use crate::protocol::{Chain, DType, Hop, LayerRange, Message, Telemetry, Tensor, error_code};
 
 /// Most requests with a live KV cache at once; more are refused (`OVERLOADED`)
 /// rather than growing memory without bound.
 pub const MAX_REQUESTS: usize = 64;
 
-/// A worker's serving state: its shard and one KV cache per request.
+/// A worker's serving state: its shard, where its output goes, and one KV
+/// cache per request.
 pub struct StageServer {
     device: Arc<Device>,
     shard: Option<Shard>,
-    caches: HashMap<u64, KvCache>,
+    route: Route,
+    caches: HashMap<u64, Entry>,
     started: Instant,
     /// Forward calls and the seconds they took since the last telemetry.
     window_calls: u32,
@@ -26,6 +28,101 @@ pub struct StageServer {
     window_tokens: u64,
     window_start: Instant,
     last_kernel_ms: f64,
+}
+
+/// One request's cache and the run (`Forward::seq`) that filled it.
+struct Entry {
+    cache: KvCache,
+    seq: u32,
+}
+
+/// The neighbours of this stage in a chain (`LoadShard::next` and `prev`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Route {
+    /// Where outputs go under a `Chain`; `None`: to the coordinator.
+    pub next: Option<Hop>,
+    /// The only other peer whose `Forward`s this stage serves.
+    pub prev: Option<String>,
+}
+
+/// Where what a stage produced goes.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// To the coordinator.
+    Reply(Message),
+    /// To the next stage, straight over a link between the two (or into this
+    /// stage's own queue when it is its own next).
+    Pass(Pass),
+}
+
+impl Outgoing {
+    /// What the coordinator gets when the output cannot be passed on.
+    pub fn into_reply(self) -> Message {
+        match self {
+            Outgoing::Reply(m) => m,
+            Outgoing::Pass(p) => p.undelivered(),
+        }
+    }
+}
+
+/// A `Forward` for the next stage of a chain.
+#[derive(Debug)]
+pub struct Pass {
+    /// The peer that runs the next stage.
+    pub to: String,
+    /// The step for it.
+    pub forward: Message,
+    /// The token this step sampled, when the pass closes the loop (last
+    /// stage to first): `(step, id)`.
+    token: Option<(u32, u32)>,
+}
+
+impl Pass {
+    /// What the coordinator hears once `forward` is on its way: the sampled
+    /// token, marked as passed on, when there is one.
+    pub fn delivered(&self) -> Option<Message> {
+        let (step, id) = self.token?;
+        let Message::Forward { request, seq, .. } = self.forward else {
+            return None;
+        };
+        Some(Message::Token {
+            request,
+            seq,
+            step,
+            id,
+            passed_on: true,
+        })
+    }
+
+    /// What the coordinator gets instead when `forward` cannot go straight
+    /// to the next stage: the activations (or the token) it then relays.
+    pub fn undelivered(self) -> Message {
+        let Message::Forward {
+            request,
+            seq,
+            pos0,
+            tensor,
+            ..
+        } = self.forward
+        else {
+            return self.forward;
+        };
+        match self.token {
+            Some((step, id)) => Message::Token {
+                request,
+                seq,
+                step,
+                id,
+                passed_on: false,
+            },
+            None => Message::Activations {
+                request,
+                seq,
+                pos0,
+                tensor,
+            },
+        }
+    }
 }
 
 /// Loads layers `start..end` from `src` and waits until they are on the device;
@@ -63,6 +160,7 @@ impl StageServer {
         StageServer {
             device,
             shard: None,
+            route: Route::default(),
             caches: HashMap::new(),
             started: Instant::now(),
             window_calls: 0,
@@ -83,6 +181,21 @@ impl StageServer {
         self.shard = Some(shard);
     }
 
+    /// Sets where this stage's outputs go (see [`Route`]).
+    pub fn set_route(&mut self, route: Route) {
+        self.route = route;
+    }
+
+    pub fn route(&self) -> &Route {
+        &self.route
+    }
+
+    /// Whether a `Forward` from the worker `peer` (not the coordinator) is
+    /// served: only the stage before this one sends them.
+    pub fn serves_forwards_from(&self, peer: &str) -> bool {
+        self.route.prev.as_deref() == Some(peer)
+    }
+
     /// Drops every request's cache, keeping the shard.
     pub fn clear_requests(&mut self) {
         self.caches.clear();
@@ -92,6 +205,7 @@ impl StageServer {
     pub fn clear(&mut self) {
         self.caches.clear();
         self.shard = None;
+        self.route = Route::default();
     }
 
     /// The loaded layer range.
@@ -99,10 +213,11 @@ impl StageServer {
         self.shard.as_ref().map(|s| s.range())
     }
 
-    /// Handles a coordinator message; returns the reply, if it has one.
-    /// `LoadShard` is the host's (it knows where bytes come from); other
-    /// messages not meant for a stage get `None`.
-    pub async fn handle(&mut self, msg: Message) -> Option<Message> {
+    /// Handles a message for the stage; returns where its output goes, if
+    /// it has one. `LoadShard` is the host's (it knows where bytes come
+    /// from); other messages not meant for a stage get `None`, as do steps
+    /// of a run older than the one a request's cache holds.
+    pub async fn handle(&mut self, msg: Message) -> Option<Outgoing> {
         match msg {
             Message::Forward {
                 request,
@@ -111,69 +226,175 @@ impl StageServer {
                 pos0,
                 max_len,
                 sample,
+                chain,
                 tensor,
-            } => Some(
-                match self
-                    .forward(request, layers, pos0, max_len, sample, &tensor)
+            } => {
+                if self.caches.get(&request).is_some_and(|e| seq < e.seq) {
+                    return None;
+                }
+                let step = Step {
+                    request,
+                    seq,
+                    pos0,
+                    max_len,
+                    sample,
+                    chain,
+                };
+                let out = self
+                    .forward(&step, layers, &tensor)
                     .await
-                {
-                    Ok(ShardOutput::Token(id)) => Message::Token { request, seq, id },
-                    Ok(ShardOutput::Hidden(h)) => {
-                        let dim = self.shard.as_ref().map_or(1, |s| s.config().dim);
-                        let rows = (h.len() / dim.max(1)) as u64;
-                        match Tensor::from_f32(vec![rows, dim as u64], &h) {
-                            Ok(tensor) => Message::Activations {
-                                request,
-                                seq,
-                                pos0,
-                                tensor,
-                            },
-                            Err(e) => request_error(request, seq, error_code::INTERNAL, e),
-                        }
-                    }
-                    Ok(ShardOutput::Logits(_)) => request_error(
-                        request,
-                        seq,
-                        error_code::INTERNAL,
-                        "the shard returned logits where a token was asked for",
-                    ),
-                    Err((code, text)) => {
+                    .map_err(|(code, text)| {
                         // The cache may hold half a step; the coordinator restarts the request.
                         self.caches.remove(&request);
                         request_error(request, seq, code, text)
-                    }
-                },
-            ),
+                    });
+                Some(match out {
+                    Ok((output, tokens)) => self.route_output(step, tokens, output),
+                    Err(e) => Outgoing::Reply(e),
+                })
+            }
             Message::EndRequest { request } => {
                 self.caches.remove(&request);
                 None
             }
-            Message::Calibrate { config } => Some(match serde_json::from_str(&config) {
-                Ok(cfg) => match super::calibrate(self.device.clone(), &cfg).await {
-                    Ok(c) => Message::Calibration(c),
-                    Err(e) => Message::Error {
-                        code: error_code::INTERNAL,
-                        text: format!("calibration failed: {e}"),
+            Message::Calibrate { config } => {
+                Some(Outgoing::Reply(match serde_json::from_str(&config) {
+                    Ok(cfg) => match super::calibrate(self.device.clone(), &cfg).await {
+                        Ok(c) => Message::Calibration(c),
+                        Err(e) => Message::Error {
+                            code: error_code::INTERNAL,
+                            text: format!("calibration failed: {e}"),
+                        },
                     },
-                },
-                Err(e) => Message::Error {
-                    code: error_code::BAD_REQUEST,
-                    text: format!("calibration config is not a model config: {e}"),
-                },
-            }),
+                    Err(e) => Message::Error {
+                        code: error_code::BAD_REQUEST,
+                        text: format!("calibration config is not a model config: {e}"),
+                    },
+                }))
+            }
             _ => None,
         }
     }
 
+    /// Where a step's output goes: straight to the next stage under a
+    /// chain (the sampled token back to the first stage while the chain's
+    /// stop rule allows), else to the coordinator.
+    fn route_output(&self, step: Step, tokens: usize, output: ShardOutput) -> Outgoing {
+        let Step {
+            request,
+            seq,
+            pos0,
+            max_len,
+            sample,
+            chain,
+        } = step;
+        let next = chain.as_ref().and(self.route.next.as_ref());
+        match output {
+            ShardOutput::Token(id) => {
+                let params = sample.unwrap_or_default();
+                let next_pos = pos0 as usize + tokens;
+                let goes_on = chain
+                    .as_ref()
+                    .is_some_and(|c| c.continues_after(params.step, id))
+                    && next_pos < max_len as usize;
+                match next.filter(|_| goes_on) {
+                    Some(hop) => Outgoing::Pass(Pass {
+                        to: hop.peer.clone(),
+                        forward: Message::Forward {
+                            request,
+                            seq,
+                            layers: hop.layers,
+                            pos0: next_pos as u32,
+                            max_len,
+                            sample: Some(SampleParams {
+                                step: params.step + 1,
+                                ..params
+                            }),
+                            chain,
+                            tensor: match Tensor::from_values(DType::U32, vec![1], &[id]) {
+                                Ok(t) => t,
+                                Err(e) => {
+                                    return Outgoing::Reply(request_error(
+                                        request,
+                                        seq,
+                                        error_code::INTERNAL,
+                                        e,
+                                    ));
+                                }
+                            },
+                        },
+                        token: Some((params.step, id)),
+                    }),
+                    None => Outgoing::Reply(Message::Token {
+                        request,
+                        seq,
+                        step: params.step,
+                        id,
+                        passed_on: false,
+                    }),
+                }
+            }
+            ShardOutput::Hidden(h) => {
+                let dim = self.shard.as_ref().map_or(1, |s| s.config().dim);
+                let rows = (h.len() / dim.max(1)) as u64;
+                let tensor = match Tensor::from_f32(vec![rows, dim as u64], &h) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        return Outgoing::Reply(request_error(
+                            request,
+                            seq,
+                            error_code::INTERNAL,
+                            e,
+                        ));
+                    }
+                };
+                match next {
+                    Some(hop) => Outgoing::Pass(Pass {
+                        to: hop.peer.clone(),
+                        forward: Message::Forward {
+                            request,
+                            seq,
+                            layers: hop.layers,
+                            pos0,
+                            max_len,
+                            sample,
+                            chain,
+                            tensor,
+                        },
+                        token: None,
+                    }),
+                    None => Outgoing::Reply(Message::Activations {
+                        request,
+                        seq,
+                        pos0,
+                        tensor,
+                    }),
+                }
+            }
+            ShardOutput::Logits(_) => Outgoing::Reply(request_error(
+                request,
+                seq,
+                error_code::INTERNAL,
+                "the shard returned logits where a token was asked for",
+            )),
+        }
+    }
+
+    /// Runs one step; the output and how many positions it covered.
     async fn forward(
         &mut self,
-        request: u64,
+        step: &Step,
         layers: LayerRange,
-        pos0: u32,
-        max_len: u32,
-        sample: Option<SampleParams>,
         tensor: &Tensor,
-    ) -> Result<ShardOutput, (u16, String)> {
+    ) -> Result<(ShardOutput, usize), (u16, String)> {
+        let Step {
+            request,
+            seq,
+            pos0,
+            max_len,
+            sample,
+            ..
+        } = *step;
         let bad = |text: String| (error_code::BAD_REQUEST, text);
         let shard = self
             .shard
@@ -195,11 +416,27 @@ impl StageServer {
         if pos0 == 0 {
             self.caches.remove(&request);
         }
+        if let Some(e) = self.caches.get(&request)
+            && e.seq != seq
+        {
+            // A newer run must start at position 0; not the request's fault.
+            return Err((
+                error_code::UNSUPPORTED,
+                format!(
+                    "request {request} holds run {} here; run {seq} must start at position 0, not {pos0}",
+                    e.seq
+                ),
+            ));
+        }
         if !self.caches.contains_key(&request) {
             if pos0 != 0 {
-                return Err(bad(format!(
-                    "request {request} is unknown here and starts at position {pos0}, not 0"
-                )));
+                // Its cache went (a new placement, an end): the coordinator rebuilds it.
+                return Err((
+                    error_code::UNSUPPORTED,
+                    format!(
+                        "request {request} is unknown here and starts at position {pos0}, not 0"
+                    ),
+                ));
             }
             if self.caches.len() >= MAX_REQUESTS {
                 return Err((
@@ -211,9 +448,9 @@ impl StageServer {
             let cache = shard
                 .new_cache(capacity)
                 .map_err(|e| (error_code::OVERLOADED, e.to_string()))?;
-            self.caches.insert(request, cache);
+            self.caches.insert(request, Entry { cache, seq });
         }
-        let Some(cache) = self.caches.get_mut(&request) else {
+        let Some(Entry { cache, .. }) = self.caches.get_mut(&request) else {
             return Err((error_code::INTERNAL, "cache vanished".into()));
         };
         if pos0 > cache.len() {
@@ -268,7 +505,7 @@ impl StageServer {
         self.window_busy_s += took;
         self.window_tokens += tokens as u64;
         self.last_kernel_ms = took * 1e3;
-        Ok(out)
+        Ok((out, tokens))
     }
 
     /// Telemetry since the last call: utilization, forward time, memory.
@@ -298,6 +535,17 @@ impl StageServer {
         self.window_start = Instant::now();
         t
     }
+}
+
+/// The step a `Forward` asks for, without its layers and input.
+#[derive(Clone, Debug)]
+struct Step {
+    request: u64,
+    seq: u32,
+    pos0: u32,
+    max_len: u32,
+    sample: Option<SampleParams>,
+    chain: Option<Chain>,
 }
 
 fn request_error(request: u64, seq: u32, code: u16, text: impl ToString) -> Message {

@@ -8,7 +8,9 @@ use crate::backend::Device;
 use crate::kernels::SampleParams;
 use crate::model::synthetic::SyntheticModel;
 use crate::model::{ModelConfig, Shard, ShardInput, ShardOutput, Want};
-use crate::protocol::{Deframer, Framer, LayerRange, Limits, Message, Tensor, error_code};
+use crate::protocol::{
+    Chain, DType, Deframer, Framer, Hop, LayerRange, Limits, Message, Tensor, error_code,
+};
 
 fn cpu() -> Arc<Device> {
     let sel = crate::Selection {
@@ -78,7 +80,8 @@ fn two_stages_match_one_shard() {
         let mut got = Vec::new();
         let mut pos = 0u32;
         let mut input = prompt.to_vec();
-        for seq in 0..4u32 {
+        let seq = 1;
+        for step in 0..4u32 {
             let fwd = Message::Forward {
                 request: 7,
                 seq,
@@ -86,14 +89,11 @@ fn two_stages_match_one_shard() {
                 pos0: pos,
                 max_len: 16,
                 sample: None,
-                tensor: Tensor::from_values(
-                    crate::protocol::DType::U32,
-                    vec![input.len() as u64],
-                    &input,
-                )
-                .unwrap(),
+                chain: None,
+                tensor: Tensor::from_values(DType::U32, vec![input.len() as u64], &input).unwrap(),
             };
-            let Some(Message::Activations { tensor, pos0, .. }) = first.handle(wire(fwd)).await
+            let Some(Outgoing::Reply(Message::Activations { tensor, pos0, .. })) =
+                first.handle(wire(fwd)).await
             else {
                 panic!("first stage gave no activations")
             };
@@ -104,13 +104,21 @@ fn two_stages_match_one_shard() {
                 layers: LayerRange { start: 2, end: 4 },
                 pos0: pos,
                 max_len: 16,
-                sample: Some(greedy),
+                sample: Some(SampleParams { step, ..greedy }),
+                chain: None,
                 tensor,
             };
-            let Some(Message::Token { id, seq: s, .. }) = last.handle(wire(fwd)).await else {
+            let Some(Outgoing::Reply(Message::Token {
+                id,
+                seq: s,
+                step: at,
+                passed_on: false,
+                ..
+            })) = last.handle(wire(fwd)).await
+            else {
                 panic!("last stage gave no token")
             };
-            assert_eq!(s, seq);
+            assert_eq!((s, at), (seq, step));
             got.push(id);
             pos += input.len() as u32;
             input = vec![id];
@@ -125,14 +133,11 @@ fn two_stages_match_one_shard() {
             pos0: 0,
             max_len: 16,
             sample: None,
-            tensor: Tensor::from_values(
-                crate::protocol::DType::U32,
-                vec![prompt.len() as u64],
-                &prompt,
-            )
-            .unwrap(),
+            chain: None,
+            tensor: Tensor::from_values(DType::U32, vec![prompt.len() as u64], &prompt).unwrap(),
         };
-        let Some(Message::Activations { tensor, .. }) = first.handle(fwd).await else {
+        let Some(Outgoing::Reply(Message::Activations { tensor, .. })) = first.handle(fwd).await
+        else {
             panic!()
         };
         let fwd = Message::Forward {
@@ -142,10 +147,11 @@ fn two_stages_match_one_shard() {
             pos0: 0,
             max_len: 16,
             sample: None,
+            chain: None,
             tensor,
         };
         assert!(
-            matches!(last.handle(fwd).await, Some(Message::Token { id, .. }) if id == expect[0])
+            matches!(last.handle(fwd).await, Some(Outgoing::Reply(Message::Token { id, .. })) if id == expect[0])
         );
     });
 }
@@ -157,7 +163,7 @@ fn bad_forwards_get_request_errors() {
         let model = SyntheticModel::new(&cfg, 3);
         let dev = cpu();
         let mut server = StageServer::new(dev.clone());
-        let tokens = Tensor::from_values(crate::protocol::DType::U32, vec![1], &[1u32]).unwrap();
+        let tokens = Tensor::from_values(DType::U32, vec![1], &[1u32]).unwrap();
         let fwd = |pos0, tensor: Tensor| Message::Forward {
             request: 1,
             seq: 0,
@@ -165,10 +171,11 @@ fn bad_forwards_get_request_errors() {
             pos0,
             max_len: 8,
             sample: None,
+            chain: None,
             tensor,
         };
-        let code = |m: Option<Message>| match m {
-            Some(Message::RequestError { code, .. }) => code,
+        let code = |m: Option<Outgoing>| match m {
+            Some(Outgoing::Reply(Message::RequestError { code, .. })) => code,
             other => panic!("expected a request error, got {other:?}"),
         };
         assert_eq!(
@@ -184,19 +191,19 @@ fn bad_forwards_get_request_errors() {
             error_code::BAD_REQUEST
         );
         // A token outside the vocabulary.
-        let forged =
-            Tensor::from_values(crate::protocol::DType::U32, vec![1], &[99_999u32]).unwrap();
+        let forged = Tensor::from_values(DType::U32, vec![1], &[99_999u32]).unwrap();
         assert_eq!(
             code(server.handle(fwd(0, forged)).await),
             error_code::BAD_REQUEST
         );
-        // An unknown request that does not start at 0.
+        // An unknown request that does not start at 0 (its cache went): the
+        // coordinator rebuilds it, so the request is not at fault.
         assert_eq!(
             code(server.handle(fwd(3, tokens.clone())).await),
-            error_code::BAD_REQUEST
+            error_code::UNSUPPORTED
         );
         // Past the cache's capacity.
-        let long = Tensor::from_values(crate::protocol::DType::U32, vec![9], &[1u32; 9]).unwrap();
+        let long = Tensor::from_values(DType::U32, vec![9], &[1u32; 9]).unwrap();
         assert_eq!(
             code(server.handle(fwd(0, long)).await),
             error_code::BAD_REQUEST
@@ -209,13 +216,14 @@ fn bad_forwards_get_request_errors() {
             pos0: 0,
             max_len: 8,
             sample: None,
+            chain: None,
             tensor: tokens.clone(),
         };
         assert_eq!(code(server.handle(moved).await), error_code::UNSUPPORTED);
         // And a good one still works afterwards.
         assert!(matches!(
             server.handle(fwd(0, tokens)).await,
-            Some(Message::Activations { .. })
+            Some(Outgoing::Reply(Message::Activations { .. }))
         ));
     });
 }
@@ -227,5 +235,286 @@ fn calibration_is_measured_and_positive() {
         assert!(c.decode_s_per_layer > 0.0 && c.decode_s_per_layer.is_finite());
         assert!(c.prefill_s_per_layer_token > 0.0 && c.prefill_s_per_layer_token.is_finite());
         assert!(c.call_overhead_s >= 0.0);
+    });
+}
+
+/// Greedy tokens of the whole model on one shard: what every chain must give.
+async fn whole_model_tokens(
+    model: &SyntheticModel,
+    dev: &Arc<Device>,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    let whole = Shard::load(dev.clone(), model, 0, 4, 32, &mut |_, _| {}).unwrap();
+    let mut cache = whole.new_cache(32).unwrap();
+    let mut out = Vec::new();
+    let mut input = prompt.to_vec();
+    for _ in 0..n {
+        let ShardOutput::Token(t) = whole
+            .forward(
+                &mut cache,
+                ShardInput::Tokens(&input),
+                Want::Sample(SampleParams::default()),
+            )
+            .await
+            .unwrap()
+        else {
+            panic!("no token")
+        };
+        out.push(t);
+        input = vec![t];
+    }
+    out
+}
+
+fn hop(peer: &str, start: u32, end: u32) -> Hop {
+    Hop {
+        peer: peer.into(),
+        layers: LayerRange { start, end },
+    }
+}
+
+fn first_step(prompt: &[u32], seq: u32, chain: Option<Chain>) -> Message {
+    Message::Forward {
+        request: 5,
+        seq,
+        layers: LayerRange { start: 0, end: 2 },
+        pos0: 0,
+        max_len: 32,
+        sample: Some(SampleParams::default()),
+        chain,
+        tensor: Tensor::from_values(DType::U32, vec![prompt.len() as u64], prompt).unwrap(),
+    }
+}
+
+#[test]
+fn a_chain_loops_through_its_stages_without_the_coordinator() {
+    pollster::block_on(async {
+        let cfg = small_config();
+        let model = SyntheticModel::new(&cfg, 5);
+        let dev = cpu();
+        let prompt = [3u32, 14, 15, 92, 65];
+        let expect = whole_model_tokens(&model, &dev, &prompt, 6).await;
+        let mut a = StageServer::new(dev.clone());
+        let mut b = StageServer::new(dev.clone());
+        a.set_shard(load_shard(dev.clone(), &model, 0, 2).await.unwrap().0);
+        b.set_shard(load_shard(dev.clone(), &model, 2, 4).await.unwrap().0);
+        a.set_route(Route {
+            next: Some(hop("B", 2, 4)),
+            prev: Some("B".into()),
+        });
+        b.set_route(Route {
+            next: Some(hop("A", 0, 2)),
+            prev: Some("A".into()),
+        });
+        assert!(a.serves_forwards_from("B") && !a.serves_forwards_from("C"));
+
+        // Five steps in all: the last stage stops the loop after step 4.
+        let chain = Chain {
+            max_steps: 5,
+            end_ids: vec![],
+        };
+        let mut tokens = Vec::new();
+        let mut msg = first_step(&prompt, 1, Some(chain));
+        let mut coordinator_heard = Vec::new();
+        let mut at = "A";
+        loop {
+            let server = if at == "A" { &mut a } else { &mut b };
+            match server.handle(wire(msg)).await.expect("an output") {
+                Outgoing::Pass(pass) => {
+                    if let Some(note) = pass.delivered() {
+                        coordinator_heard.push(note);
+                    }
+                    at = if pass.to == "A" { "A" } else { "B" };
+                    if let Message::Forward { tensor, .. } = &pass.forward
+                        && at == "A"
+                    {
+                        tokens.push(tensor.to_values::<u32>().unwrap()[0]);
+                    }
+                    msg = pass.forward;
+                }
+                Outgoing::Reply(last) => {
+                    coordinator_heard.push(last);
+                    break;
+                }
+            }
+        }
+        let heard: Vec<(u32, u32, bool)> = coordinator_heard
+            .iter()
+            .map(|m| match m {
+                Message::Token {
+                    step,
+                    id,
+                    passed_on,
+                    seq: 1,
+                    request: 5,
+                } => (*step, *id, *passed_on),
+                other => panic!("the coordinator heard {other:?}"),
+            })
+            .collect();
+        let want: Vec<(u32, u32, bool)> = expect[..5]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (i as u32, t, i < 4))
+            .collect();
+        assert_eq!(
+            heard, want,
+            "every token, in order, the last one not passed on"
+        );
+        assert_eq!(
+            tokens,
+            expect[..4],
+            "the tokens fed back to the first stage"
+        );
+    });
+}
+
+#[test]
+fn a_chain_stops_at_an_end_token_and_falls_back_to_the_coordinator() {
+    pollster::block_on(async {
+        let cfg = small_config();
+        let model = SyntheticModel::new(&cfg, 5);
+        let dev = cpu();
+        let prompt = [3u32, 14, 15, 92, 65];
+        let expect = whole_model_tokens(&model, &dev, &prompt, 2).await;
+        let mut a = StageServer::new(dev.clone());
+        let mut b = StageServer::new(dev.clone());
+        a.set_shard(load_shard(dev.clone(), &model, 0, 2).await.unwrap().0);
+        b.set_shard(load_shard(dev.clone(), &model, 2, 4).await.unwrap().0);
+        a.set_route(Route {
+            next: Some(hop("B", 2, 4)),
+            prev: None,
+        });
+        b.set_route(Route {
+            next: Some(hop("A", 0, 2)),
+            prev: None,
+        });
+        let chain = |end_ids| {
+            Some(Chain {
+                max_steps: 100,
+                end_ids,
+            })
+        };
+        let through = |out: Option<Outgoing>| match out {
+            Some(Outgoing::Pass(p)) => p,
+            other => panic!("expected a pass, got {other:?}"),
+        };
+
+        // The first token ends generation: the last stage does not go on.
+        let p = through(
+            a.handle(first_step(&prompt, 1, chain(vec![expect[0]])))
+                .await,
+        );
+        let Some(Outgoing::Reply(end)) = b.handle(p.forward).await else {
+            panic!("the end token did not stop the chain")
+        };
+        assert_eq!(
+            end,
+            Message::Token {
+                request: 5,
+                seq: 1,
+                step: 0,
+                id: expect[0],
+                passed_on: false
+            }
+        );
+
+        // Next stages that cannot be reached: the coordinator gets what it relays.
+        let p = through(a.handle(first_step(&prompt, 2, chain(vec![]))).await);
+        let p = through(b.handle(p.forward).await);
+        assert_eq!(
+            p.undelivered(),
+            Message::Token {
+                request: 5,
+                seq: 2,
+                step: 0,
+                id: expect[0],
+                passed_on: false
+            }
+        );
+        let next = Message::Forward {
+            request: 5,
+            seq: 2,
+            layers: LayerRange { start: 0, end: 2 },
+            pos0: prompt.len() as u32,
+            max_len: 32,
+            sample: Some(SampleParams {
+                step: 1,
+                ..SampleParams::default()
+            }),
+            chain: chain(vec![]),
+            tensor: Tensor::from_values(DType::U32, vec![1], &[expect[0]]).unwrap(),
+        };
+        let p = through(a.handle(next).await);
+        assert!(
+            p.delivered().is_none(),
+            "a middle hop has no token to report"
+        );
+        let Message::Forward { tensor, .. } = &p.forward else {
+            panic!()
+        };
+        let sent = tensor.clone();
+        assert_eq!(
+            p.undelivered(),
+            Message::Activations {
+                request: 5,
+                seq: 2,
+                pos0: prompt.len() as u32,
+                tensor: sent
+            }
+        );
+
+        // Without a next stage every output goes to the coordinator, chain or not.
+        a.set_route(Route::default());
+        assert!(matches!(
+            a.handle(first_step(&prompt, 3, chain(vec![]))).await,
+            Some(Outgoing::Reply(Message::Activations { seq: 3, .. }))
+        ));
+    });
+}
+
+#[test]
+fn steps_of_an_older_run_are_dropped() {
+    pollster::block_on(async {
+        let cfg = small_config();
+        let model = SyntheticModel::new(&cfg, 5);
+        let dev = cpu();
+        let mut a = StageServer::new(dev.clone());
+        a.set_shard(load_shard(dev.clone(), &model, 0, 2).await.unwrap().0);
+        let prompt = [3u32, 14, 15];
+        let step = |seq, pos0| Message::Forward {
+            request: 5,
+            seq,
+            layers: LayerRange { start: 0, end: 2 },
+            pos0,
+            max_len: 32,
+            sample: None,
+            chain: None,
+            tensor: Tensor::from_values(DType::U32, vec![1], &[7u32]).unwrap(),
+        };
+        assert!(matches!(
+            a.handle(first_step(&prompt, 4, None)).await,
+            Some(Outgoing::Reply(Message::Activations { seq: 4, .. }))
+        ));
+        // A step of run 3 still in flight when run 4 started: dropped without a word.
+        assert!(a.handle(step(3, 3)).await.is_none());
+        assert!(a.handle(first_step(&prompt, 3, None)).await.is_none());
+        // A later run that does not start at 0 is refused; run 4 goes on.
+        assert!(matches!(
+            a.handle(step(5, 3)).await,
+            Some(Outgoing::Reply(Message::RequestError { code, seq: 5, .. })) if code == error_code::UNSUPPORTED
+        ));
+        assert!(matches!(
+            a.handle(first_step(&prompt, 4, None)).await,
+            Some(Outgoing::Reply(Message::Activations { seq: 4, .. }))
+        ));
+        assert!(matches!(
+            a.handle(step(4, 3)).await,
+            Some(Outgoing::Reply(Message::Activations {
+                seq: 4,
+                pos0: 3,
+                ..
+            }))
+        ));
     });
 }

@@ -445,13 +445,43 @@ impl Cluster {
         }
         loop {
             if self.ready_stages().await?.as_ref() == Some(&want) {
-                return Ok(want);
+                break;
             }
             if Instant::now() > deadline {
                 bail!("the placement {want:?} was not ready within 300 s");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // Measure the chain, not the relays that stand in while the links
+        // between workers come up.
+        let linked_by = Instant::now() + Duration::from_secs(30);
+        loop {
+            let c = self.api.get("/api/cluster").await?;
+            let stages = c["placement"]["stages"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if stages
+                .iter()
+                .all(|s| s["direct"] != true || s["linked"] == true)
+            {
+                return Ok(want);
+            }
+            if Instant::now() > linked_by {
+                eprintln!("warning: links between workers not all up after 30 s; measuring anyway");
+                return Ok(want);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The coordinator's counts of relayed hops and tokens passed on.
+    async fn hop_counts(&self) -> Result<(u64, u64)> {
+        let c = self.api.get("/api/cluster").await?;
+        Ok((
+            c["requests"]["relayed"].as_u64().unwrap_or(0),
+            c["requests"]["passed_on"].as_u64().unwrap_or(0),
+        ))
     }
 }
 
@@ -551,6 +581,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         let predicted = preview["chosen"]["tokens_per_s"].as_f64();
         // Warm-up: every stage compiles its kernels and fills its caches once.
         c.api.stream(&prompt, 4, |_| {}).await?;
+        let (relayed_before, passed_before) = c.hop_counts().await?;
         let mut decode = Vec::new();
         let mut ttft = Vec::new();
         let mut e2e = Vec::new();
@@ -570,8 +601,9 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             reference = s.text;
         }
         let decode_tok_s = median(decode);
-        // Where a step goes: the coordinator's round trip to each stage
-        // against the compute the worker reports for its last call.
+        let (relayed_after, passed_after) = c.hop_counts().await?;
+        // Where a token's time goes: each stage's compute as its worker
+        // reports it (mean forward time), and the rest, which distribution costs.
         let state = c.api.get("/api/cluster").await?;
         let stage_times: Vec<Value> = stages
             .iter()
@@ -581,18 +613,14 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
                     .and_then(|ps| ps.iter().find(|p| p["peer_id"] == id.as_str()))
                     .cloned()
                     .unwrap_or(Value::Null);
-                let step = p["step_ms"].as_f64();
-                let kernel = p["telemetry"]["forward_ms"]
+                let compute = p["telemetry"]["forward_ms"]
                     .as_f64()
                     .or(p["telemetry"]["kernel_ms"].as_f64());
-                json!({
-                    "peer_id": id,
-                    "round_trip_ms": step,
-                    "compute_ms": kernel,
-                    "overhead_ms": step.zip(kernel).map(|(s, k)| s - k),
-                })
+                json!({"peer_id": id, "compute_ms": compute})
             })
             .collect();
+        let compute_ms: Option<f64> = stage_times.iter().map(|t| t["compute_ms"].as_f64()).sum();
+        let token_ms = 1e3 / decode_tok_s;
         let single_e2e = median(e2e);
         let mut row = json!({
             "workers": n,
@@ -605,6 +633,13 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             "predicted_over_measured": predicted.map(|p| p / decode_tok_s),
             "preview": preview["chosen"],
             "stage_times": stage_times,
+            "ms_per_token": token_ms,
+            "compute_ms_per_token": compute_ms,
+            "distribution_ms_per_token": compute_ms.map(|c| token_ms - c),
+            // Over the measured single requests: hops the coordinator relayed,
+            // and tokens the last stage passed straight to the first.
+            "relayed_hops": relayed_after - relayed_before,
+            "tokens_passed_on": passed_after - passed_before,
         });
         if a.concurrent > 0 {
             let t0 = Instant::now();
@@ -723,31 +758,31 @@ fn print_table(v: &Value) {
         f(&v["one_device"]["decode_tokens_per_s"])
     );
     println!(
-        "  {:<8} {:>12} {:>10} {:>14} {:>10} {:>16} {:>22}",
+        "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>11} {:>9} {:>16} {:>8} {:>10}",
         "workers",
         "decode tok/s",
         "vs one",
         "predicted",
         "first ms",
+        "ms/token",
+        "of it: distribution ms",
         "concurrent tok/s",
-        "per-stage overhead ms"
+        "relayed",
+        "passed on"
     );
     for c in v["clusters"].as_array().into_iter().flatten() {
-        let overheads: Vec<String> = c["stage_times"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|t| f(&t["overhead_ms"]))
-            .collect();
         println!(
-            "  {:<8} {:>12} {:>10} {:>14} {:>10} {:>16} {:>22}",
+            "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>11} {:>9} {:>16} {:>8} {:>10}",
             c["workers"],
             f(&c["decode_tokens_per_s"]),
             f(&c["vs_one_device"]),
             f(&c["predicted_tokens_per_s"]),
             f(&c["first_token_ms"]),
+            f(&c["ms_per_token"]),
+            f(&c["distribution_ms_per_token"]),
             f(&c["concurrent"]["aggregate_tokens_per_s"]),
-            overheads.join(" ")
+            c["relayed_hops"],
+            c["tokens_passed_on"]
         );
     }
     let r = &v["recovery"];

@@ -129,7 +129,9 @@ async fn bench(args: Args) -> Result<()> {
                         let ack = Message::Token {
                             request: received,
                             seq: 0,
+                            step: 0,
                             id: 0,
+                            passed_on: false,
                         };
                         received = 0;
                         if link_b.send(ack).await.is_err() {
@@ -149,7 +151,9 @@ async fn bench(args: Args) -> Result<()> {
             .send(Message::Token {
                 request: 0,
                 seq: i as u32,
+                step: 0,
                 id: 1,
+                passed_on: false,
             })
             .await?;
         let back = timeout(WAIT, link_a.recv())

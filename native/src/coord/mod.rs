@@ -1,9 +1,12 @@
 //! The coordinator: tracks the cluster, places layers on workers, runs
 //! requests through the stages, and recovers when a worker goes away.
 //!
-//! Topology is a star: the coordinator sends each stage its input and
-//! receives its output over that worker's link (docs/architecture.md says
-//! why, and what a chain would change). Everything that changes the cluster
+//! Topology is a chain where links allow: the coordinator sends a request's
+//! prompt to the first stage, each stage hands its output to the next over a
+//! worker-to-worker link, and the last stage feeds each sampled token back
+//! to the first while telling the coordinator, which streams it. A hop with
+//! no direct link (a browser's, or one not up yet) goes through the
+//! coordinator, which relays it (docs/architecture.md). Everything that changes the cluster
 //! (a link up or down, a peer leaving, telemetry, a pause, a manual
 //! placement) updates [`State`] and, where it matters, wakes the placer,
 //! which loads a new placement between tokens; requests notice the new epoch
@@ -27,7 +30,7 @@ use cairn_engine::protocol::{Message, error_code};
 use cairn_engine::worker::{Capabilities, Role as CapRole};
 use cairn_signal::Role;
 use cairn_signal::protocol::PeerId;
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::link::{Link, LinkConfig, LinkError, Mesh, MeshEvent};
@@ -72,10 +75,12 @@ pub(crate) enum StageFailure {
     Refused { code: u16, text: String },
 }
 
+/// A request's current run: what its stages say about it goes to `events`.
 struct Pending {
     seq: u32,
-    peer: PeerId,
-    reply: oneshot::Sender<StageReply>,
+    /// The run's stages; a loss of any fails the run.
+    peers: Vec<PeerId>,
+    events: mpsc::UnboundedSender<(PeerId, StageReply)>,
 }
 
 /// Shared by the event loop, the placer, the request tasks and the API.
@@ -123,17 +128,19 @@ impl Shared {
         self.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Fails every step waiting on `peer`.
+    /// Fails every run that has a stage on `peer`.
     fn fail_pending(&self, peer: &PeerId, why: &str) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let ids: Vec<u64> = pending
             .iter()
-            .filter(|(_, p)| &p.peer == peer)
+            .filter(|(_, p)| p.peers.contains(peer))
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
             if let Some(p) = pending.remove(&id) {
-                let _ = p.reply.send(Err(StageFailure::Lost(why.to_owned())));
+                let _ = p
+                    .events
+                    .send((peer.clone(), Err(StageFailure::Lost(why.to_owned()))));
             }
         }
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
@@ -279,7 +286,6 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
             stats: None,
             link_gen: 0,
             calibration: None,
-            step_ms: None,
             telemetry: None,
             extra: serde_json::Value::Null,
             paused: None,
@@ -315,23 +321,26 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
             Message::Token { request, seq, .. }
             | Message::Activations { request, seq, .. }
             | Message::RequestError { request, seq, .. } => {
-                let mut pending = shared
+                let run = shared
                     .pending
                     .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let ours = pending
+                    .unwrap_or_else(PoisonError::into_inner)
                     .get(&request)
-                    .is_some_and(|p| p.seq == seq && p.peer == peer);
-                if ours && let Some(p) = pending.remove(&request) {
-                    let reply = match m {
-                        Message::RequestError { code, text, .. } => {
-                            Err(StageFailure::Refused { code, text })
-                        }
-                        other => Ok(other),
-                    };
-                    let _ = p.reply.send(reply);
-                } else {
-                    debug!(%peer, request, seq, "an answer nobody waits for (a step given up on)");
+                    .filter(|p| p.seq == seq && p.peers.contains(&peer))
+                    .map(|p| p.events.clone());
+                match run {
+                    Some(events) => {
+                        let reply = match m {
+                            Message::RequestError { code, text, .. } => {
+                                Err(StageFailure::Refused { code, text })
+                            }
+                            other => Ok(other),
+                        };
+                        let _ = events.send((peer.clone(), reply));
+                    }
+                    None => {
+                        debug!(%peer, request, seq, kind = m.kind(), "an answer nobody waits for (a run given up on)")
+                    }
                 }
             }
             Message::ShardLoaded { .. } | Message::Error { .. } => {

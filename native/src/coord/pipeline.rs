@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cairn_engine::kernels::SampleParams;
-use cairn_engine::protocol::{DType, LayerRange, Message, Tensor};
-use tokio::sync::{mpsc, oneshot};
+use cairn_engine::protocol::{Chain, DType, LayerRange, Message, Tensor};
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::state::{Active, RequestView};
@@ -53,6 +53,10 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     pub recoveries: AtomicU64,
     pub in_flight: AtomicU64,
+    /// Hops the coordinator relayed (activations or a token it sent on).
+    pub relayed: AtomicU64,
+    /// Tokens the last stage handed straight to the first stage.
+    pub passed_on: AtomicU64,
     /// Generated tokens with the time they came, for the live rate.
     pub recent: std::sync::Mutex<std::collections::VecDeque<std::time::Instant>>,
 }
@@ -89,17 +93,30 @@ impl Metrics {
     }
 }
 
-enum StepError {
+/// How a run of a request ended, when the request does not end with it.
+enum RunEnd {
+    /// The request is done.
+    Finished(FinishReason),
     /// A worker went away: wait for a new placement and rebuild.
     Lost(String),
     /// A stage failed the step but is still there: rebuild and try again.
     Retry(String),
+    /// The placement changed under the run: rebuild on the new one.
+    Replaced,
+    /// Nothing came for too long and it is unknown where the run stopped:
+    /// go on with every step through the coordinator, which can tell which
+    /// stage does not answer.
+    Stalled,
     /// The request cannot go on.
     Fatal(String),
 }
 
 /// Failed steps retried on the same placement before the request fails.
 const MAX_RETRIES: u32 = 3;
+
+/// The least time a chained run may go without news before it counts as
+/// stalled; more when steps are slow (see `stall_after`).
+const MIN_STALL: Duration = Duration::from_secs(5);
 
 /// Starts generating; events arrive on the returned channel. Dropping the
 /// receiver cancels the request at its next token.
@@ -150,74 +167,59 @@ fn set_state(shared: &Shared, id: u64, state: &'static str, generated: usize, re
     }
 }
 
+/// What a request has produced so far and how to go on.
+struct Progress<'a> {
+    req: &'a GenRequest,
+    id: u64,
+    tx: &'a mpsc::Sender<GenEvent>,
+    out: Vec<u32>,
+    recoveries: u32,
+    /// Steps go through the coordinator one stage at a time (after a stall).
+    relay_all: bool,
+}
+
 async fn run(
     shared: &Arc<Shared>,
     id: u64,
     req: &GenRequest,
     tx: &mpsc::Sender<GenEvent>,
 ) -> Result<(FinishReason, u32), String> {
-    let max_len = (req.prompt.len() + req.max_tokens) as u32;
-    let mut out: Vec<u32> = Vec::new();
+    let mut p = Progress {
+        req,
+        id,
+        tx,
+        out: Vec::new(),
+        recoveries: 0,
+        relay_all: false,
+    };
     let mut seq = 0u32;
-    // The epoch whose KV caches hold this request's positions so far.
-    let mut cached_epoch: Option<u64> = None;
-    let mut recoveries = 0u32;
     let mut retries = 0u32;
     let mut min_epoch = 0;
-    let mut last_active: Option<Active> = None;
+    let mut placements: Vec<Active> = Vec::new();
     let result = loop {
-        if out.len() >= req.max_tokens {
+        if p.out.len() >= req.max_tokens {
             break Ok(FinishReason::Length);
         }
         if tx.is_closed() {
             break Err("the client went away".into());
         }
-        let active = wait_active(shared, min_epoch, id).await?;
-        let (input, pos0) = if cached_epoch == Some(active.epoch) {
-            let last = *out.last().ok_or("no token to continue from")?;
-            (vec![last], (req.prompt.len() + out.len() - 1) as u32)
-        } else {
-            if !out.is_empty() {
-                info!(request = %req.label, epoch = active.epoch, tokens = out.len(), "rebuilding the caches on a new placement");
-            }
-            let mut all = req.prompt.clone();
-            all.extend_from_slice(&out);
-            (all, 0)
+        let active = match wait_active(shared, min_epoch, id).await {
+            Ok(a) => a,
+            Err(e) => break Err(e),
         };
-        set_state(
-            shared,
-            id,
-            if pos0 == 0 && out.is_empty() {
-                "prefill"
-            } else if pos0 == 0 {
-                "recovering"
-            } else {
-                "decoding"
-            },
-            out.len(),
-            recoveries,
-        );
-        let mut params = req.sample;
-        params.step = out.len() as u32;
-        match step(shared, &active, id, &mut seq, pos0, max_len, &input, params).await {
-            Ok(token) => {
-                cached_epoch = Some(active.epoch);
-                last_active = Some(active);
-                out.push(token);
-                shared.metrics.token();
-                let eog = !req.ignore_eos && shared.model.tokenizer.is_end_of_generation(token);
-                if !eog && tx.send(GenEvent::Token(token)).await.is_err() {
-                    break Err("the client went away".into());
-                }
-                if eog {
-                    break Ok(FinishReason::Stop);
-                }
-            }
-            Err(StepError::Lost(why)) => {
+        if !placements.iter().any(|a| a.epoch == active.epoch) {
+            placements.push(active.clone());
+        }
+        if !p.out.is_empty() {
+            info!(request = %req.label, epoch = active.epoch, tokens = p.out.len(), "rebuilding the caches on a new run");
+        }
+        seq += 1;
+        match run_once(shared, &active, seq, &mut p).await {
+            RunEnd::Finished(reason) => break Ok(reason),
+            RunEnd::Lost(why) => {
                 warn!(request = %req.label, %why, "a stage was lost mid-request; waiting for a new placement");
-                recoveries += 1;
+                p.recoveries += 1;
                 shared.metrics.recoveries.fetch_add(1, Ordering::Relaxed);
-                cached_epoch = None;
                 let placement_stands = {
                     let st = shared.state();
                     st.active.as_ref().is_some_and(|a| a.epoch == active.epoch)
@@ -227,7 +229,7 @@ async fn run(
                             .all(|s| st.peers.get(&s.peer).is_some_and(|p| p.online))
                 };
                 if placement_stands {
-                    // A link was replaced under the step; the placement still holds.
+                    // A link was replaced under the run; the placement still holds.
                     retries += 1;
                     if retries > MAX_RETRIES {
                         break Err(format!("a stage kept failing: {why}"));
@@ -235,25 +237,36 @@ async fn run(
                 } else {
                     min_epoch = active.epoch + 1;
                 }
-                set_state(shared, id, "recovering", out.len(), recoveries);
+                set_state(shared, id, "recovering", p.out.len(), p.recoveries);
             }
-            Err(StepError::Retry(why)) => {
+            RunEnd::Retry(why) => {
                 retries += 1;
                 if retries > MAX_RETRIES {
                     break Err(format!("a stage kept failing: {why}"));
                 }
                 warn!(request = %req.label, %why, "a stage failed a step; rebuilding and retrying");
-                cached_epoch = None;
             }
-            Err(StepError::Fatal(msg)) => break Err(msg),
+            RunEnd::Replaced => {
+                info!(request = %req.label, epoch = active.epoch, "the placement changed under the request");
+                min_epoch = active.epoch + 1;
+            }
+            RunEnd::Stalled => {
+                warn!(request = %req.label, tokens = p.out.len(), "no word from the chain; going on through the coordinator");
+                p.relay_all = true;
+            }
+            RunEnd::Fatal(msg) => break Err(msg),
         }
     };
-    if let Some(active) = last_active {
+    // Every placement the request ran on may hold a cache of it.
+    let mut told = std::collections::HashSet::new();
+    for active in &placements {
         for s in &active.stages {
-            let _ = s.sender.send(Message::EndRequest { request: id }).await;
+            if told.insert(s.peer.clone()) {
+                let _ = s.sender.send(Message::EndRequest { request: id }).await;
+            }
         }
     }
-    result.map(|r| (r, recoveries))
+    result.map(|r| (r, p.recoveries))
 }
 
 /// The active placement of epoch `min_epoch` or later; waits for one up to
@@ -292,117 +305,239 @@ async fn wait_active(shared: &Shared, min_epoch: u64, id: u64) -> Result<Active,
     }
 }
 
-/// One token: the input through every stage in order.
-#[allow(clippy::too_many_arguments)]
-async fn step(
-    shared: &Shared,
-    active: &Active,
+/// Registers a run, so what its stages say reaches it; unregisters on drop.
+struct RunGuard<'a> {
+    shared: &'a Shared,
     id: u64,
-    seq: &mut u32,
-    pos0: u32,
-    max_len: u32,
-    input: &[u32],
-    params: SampleParams,
-) -> Result<u32, StepError> {
-    let fatal = |e: cairn_engine::protocol::ProtocolError| StepError::Fatal(e.to_string());
-    let mut tensor =
-        Tensor::from_values(DType::U32, vec![input.len() as u64], input).map_err(fatal)?;
-    let last = active.stages.len() - 1;
-    for (i, stage) in active.stages.iter().enumerate() {
-        *seq += 1;
-        let (reply_tx, reply_rx) = oneshot::channel();
-        shared
+}
+
+impl Drop for RunGuard<'_> {
+    fn drop(&mut self) {
+        self.shared
             .pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(
-                id,
-                Pending {
-                    seq: *seq,
-                    peer: stage.peer.clone(),
-                    reply: reply_tx,
-                },
-            );
-        // A loss noticed before the step was registered would never fail it.
-        let online = shared
-            .state()
-            .peers
-            .get(&stage.peer)
-            .is_some_and(|p| p.online);
-        if !online {
-            shared
-                .pending
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&id);
-            return Err(StepError::Lost(format!("{} is gone", stage.peer)));
-        }
-        let msg = Message::Forward {
-            request: id,
-            seq: *seq,
-            layers: LayerRange {
-                start: stage.start as u32,
-                end: stage.end as u32,
+            .remove(&self.id);
+    }
+}
+
+/// How long a chained run may go without news: several times the slowest
+/// token so far, and never less than [`MIN_STALL`].
+fn stall_after(slowest: Duration, step_timeout: Duration) -> Duration {
+    (slowest * 20).max(MIN_STALL).min(step_timeout)
+}
+
+/// One run of a request on `active`: prompt and tokens so far from
+/// position 0 (filling every stage's cache afresh), then token after token
+/// until the request is done or the run breaks.
+async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'_>) -> RunEnd {
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let _guard = RunGuard { shared, id: p.id };
+    shared
+        .pending
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(
+            p.id,
+            Pending {
+                seq,
+                peers: active.stages.iter().map(|s| s.peer.clone()).collect(),
+                events: events_tx,
             },
-            pos0,
-            max_len,
-            sample: (i == last).then_some(params),
-            tensor,
-        };
-        let sent = std::time::Instant::now();
-        if let Err(e) = stage.sender.send(msg).await {
-            shared
-                .pending
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&id);
-            return Err(StepError::Lost(format!("{}: {e}", stage.peer)));
-        }
-        let reply = match tokio::time::timeout(shared.opts.step_timeout, reply_rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(StageFailure::Lost(
-                "the coordinator dropped the step".into(),
-            )),
-            Err(_) => {
-                shared
-                    .pending
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&id);
-                // A stage this slow is as good as lost: take it out of service.
-                shared.peer_lost(&stage.peer, "a step timed out");
-                Err(StageFailure::Lost(format!(
-                    "{} did not answer within {:?}",
-                    stage.peer, shared.opts.step_timeout
-                )))
-            }
-        };
-        if reply.is_ok() && input.len() == 1 {
-            let ms = sent.elapsed().as_secs_f64() * 1e3;
-            if let Some(p) = shared.state().peers.get_mut(&stage.peer) {
-                p.step_ms = Some(p.step_ms.map_or(ms, |s| 0.8 * s + 0.2 * ms));
-            }
-        }
-        match reply {
-            Ok(Message::Activations { tensor: t, .. }) if i < last => tensor = t,
-            Ok(Message::Token { id: token, .. }) if i == last => return Ok(token),
-            Ok(other) => {
-                return Err(StepError::Fatal(format!(
-                    "{} answered a step with {}",
-                    stage.peer,
-                    other.kind()
-                )));
-            }
-            Err(StageFailure::Lost(why)) => return Err(StepError::Lost(why)),
-            Err(StageFailure::Refused { code, text }) => {
-                return Err(if is_request_fault(code) {
-                    StepError::Fatal(format!("{}: {text}", stage.peer))
-                } else {
-                    // Out of memory or an internal failure on that worker.
-                    StepError::Retry(format!("{} failed the step: {text}", stage.peer))
-                });
-            }
+        );
+    // A loss noticed before the run was registered would never fail it.
+    {
+        let st = shared.state();
+        if let Some(gone) = active
+            .stages
+            .iter()
+            .find(|s| !st.peers.get(&s.peer).is_some_and(|p| p.online))
+        {
+            return RunEnd::Lost(format!("{} is gone", gone.peer));
         }
     }
-    Err(StepError::Fatal("the placement has no stages".into()))
+    let mut changes = shared.subscribe();
+    let req = p.req;
+    let prompt_len = req.prompt.len();
+    let max_len = (prompt_len + req.max_tokens) as u32;
+    let chain = (!p.relay_all).then(|| Chain {
+        max_steps: req.max_tokens as u32,
+        end_ids: if req.ignore_eos {
+            Vec::new()
+        } else {
+            shared.model.tokenizer.end_of_generation_ids()
+        },
+    });
+    let sample = |step: usize| SampleParams {
+        step: step as u32,
+        ..req.sample
+    };
+    let forward = |stage: usize, pos0: usize, step: usize, tensor: Tensor| {
+        let s = &active.stages[stage];
+        Message::Forward {
+            request: p.id,
+            seq,
+            layers: LayerRange {
+                start: s.start as u32,
+                end: s.end as u32,
+            },
+            pos0: pos0 as u32,
+            max_len,
+            sample: Some(sample(step)),
+            chain: chain.clone(),
+            tensor,
+        }
+    };
+    let last = active.stages.len() - 1;
+    let mut all = req.prompt.clone();
+    all.extend_from_slice(&p.out);
+    set_state(
+        shared,
+        p.id,
+        if p.out.is_empty() {
+            "prefill"
+        } else {
+            "recovering"
+        },
+        p.out.len(),
+        p.recoveries,
+    );
+    let tokens = match Tensor::from_values(DType::U32, vec![all.len() as u64], &all) {
+        Ok(t) => t,
+        Err(e) => return RunEnd::Fatal(e.to_string()),
+    };
+    // The stage that has to answer next, when the coordinator knows it: the
+    // one it sent to, unless that one hands its output straight on.
+    let mut waiting_on = (p.relay_all || !active.stages[0].direct || last == 0).then_some(0);
+    if let Err(e) = active.stages[0]
+        .sender
+        .send(forward(0, 0, p.out.len(), tokens))
+        .await
+    {
+        return RunEnd::Lost(format!("{}: {e}", active.stages[0].peer));
+    }
+    let mut last_news = tokio::time::Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut run_tokens = 0usize;
+    loop {
+        // The first token of a run waits out a whole prefill.
+        let limit = if run_tokens == 0 || waiting_on.is_some() {
+            shared.opts.step_timeout
+        } else {
+            stall_after(slowest, shared.opts.step_timeout)
+        };
+        let event = tokio::select! {
+            e = events.recv() => e,
+            changed = changes.changed() => {
+                let current = shared.state().active.as_ref().map(|a| a.epoch);
+                if changed.is_err() || current != Some(active.epoch) {
+                    return RunEnd::Replaced;
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(last_news + limit) => {
+                return match waiting_on {
+                    Some(i) => {
+                        let peer = &active.stages[i].peer;
+                        // A stage this slow is as good as lost: take it out of service.
+                        shared.peer_lost(peer, "a step timed out");
+                        RunEnd::Lost(format!("{peer} did not answer within {limit:?}"))
+                    }
+                    None => RunEnd::Stalled,
+                };
+            }
+        };
+        let Some((from, reply)) = event else {
+            return RunEnd::Lost("the coordinator dropped the run".into());
+        };
+        let now = tokio::time::Instant::now();
+        let stage = active.stages.iter().position(|s| s.peer == from);
+        match reply {
+            Ok(Message::Activations { pos0, tensor, .. }) => {
+                let Some(i) = stage.filter(|&i| i < last) else {
+                    return RunEnd::Fatal(format!("{from} sent activations out of turn"));
+                };
+                shared.metrics.relayed.fetch_add(1, Ordering::Relaxed);
+                let next = &active.stages[i + 1];
+                if let Err(e) = next
+                    .sender
+                    .send(forward(i + 1, pos0 as usize, p.out.len(), tensor))
+                    .await
+                {
+                    return RunEnd::Lost(format!("{}: {e}", next.peer));
+                }
+                waiting_on =
+                    (p.relay_all || !active.stages[i + 1].direct || i + 1 == last).then_some(i + 1);
+            }
+            Ok(Message::Token {
+                step,
+                id: token,
+                passed_on,
+                ..
+            }) => {
+                if stage != Some(last) || step as usize != p.out.len() {
+                    return RunEnd::Fatal(format!(
+                        "{from} sent the token of step {step} where step {} of the last stage was due",
+                        p.out.len()
+                    ));
+                }
+                if run_tokens > 0 {
+                    slowest = slowest.max(now - last_news);
+                }
+                run_tokens += 1;
+                p.out.push(token);
+                shared.metrics.token();
+                if passed_on {
+                    shared.metrics.passed_on.fetch_add(1, Ordering::Relaxed);
+                }
+                set_state(shared, p.id, "decoding", p.out.len(), p.recoveries);
+                let eog = !req.ignore_eos && shared.model.tokenizer.is_end_of_generation(token);
+                if eog {
+                    return RunEnd::Finished(FinishReason::Stop);
+                }
+                if p.tx.send(GenEvent::Token(token)).await.is_err() {
+                    return RunEnd::Fatal("the client went away".into());
+                }
+                if p.out.len() >= req.max_tokens {
+                    return RunEnd::Finished(FinishReason::Length);
+                }
+                if passed_on {
+                    waiting_on = (last == 0).then_some(0);
+                } else {
+                    // The last stage could not hand it to the first: the coordinator does.
+                    shared.metrics.relayed.fetch_add(1, Ordering::Relaxed);
+                    let Ok(t) = Tensor::from_values(DType::U32, vec![1], &[token]) else {
+                        return RunEnd::Fatal("cannot wrap a token".into());
+                    };
+                    let pos0 = prompt_len + p.out.len() - 1;
+                    if let Err(e) = active.stages[0]
+                        .sender
+                        .send(forward(0, pos0, p.out.len(), t))
+                        .await
+                    {
+                        return RunEnd::Lost(format!("{}: {e}", active.stages[0].peer));
+                    }
+                    waiting_on =
+                        (p.relay_all || !active.stages[0].direct || last == 0).then_some(0);
+                }
+            }
+            Ok(other) => {
+                return RunEnd::Fatal(format!("{from} answered a step with {}", other.kind()));
+            }
+            Err(StageFailure::Lost(why)) => return RunEnd::Lost(why),
+            Err(StageFailure::Refused { code, text }) => {
+                if shared.state().active.as_ref().map(|a| a.epoch) != Some(active.epoch) {
+                    // The placement moved and took the caches with it.
+                    return RunEnd::Replaced;
+                }
+                return if is_request_fault(code) {
+                    RunEnd::Fatal(format!("{from}: {text}"))
+                } else {
+                    // Out of memory or an internal failure on that worker.
+                    RunEnd::Retry(format!("{from} failed the step: {text}"))
+                };
+            }
+        }
+        last_news = now;
+    }
 }

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_engine::placement::{self, DeviceProfile, Stage};
-use cairn_engine::protocol::{LayerRange, Message};
+use cairn_engine::protocol::{Hop, LayerRange, Message};
+use cairn_engine::worker::PeerKind;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
@@ -41,6 +42,7 @@ pub fn profiles(st: &State) -> Vec<DeviceProfile> {
                 head_s: c.head_s,
                 link_rtt_s: rtt,
                 link_bytes_per_s: bw,
+                relayed: p.caps.kind != PeerKind::Native,
                 slowdown: placement::slowdown(&p.condition()),
             })
         })
@@ -145,9 +147,20 @@ async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
                 .clone()
                 .ok_or_else(|| format!("{} has no link", s.device))?;
             p.loading = true;
-            senders.push((id.clone(), s.clone(), sender));
+            senders.push((
+                id.clone(),
+                s.clone(),
+                sender,
+                p.caps.kind == PeerKind::Native,
+            ));
         }
     }
+    let routes = chain_routes(
+        &senders
+            .iter()
+            .map(|(peer, s, _, native)| (peer.to_string(), s, *native))
+            .collect::<Vec<_>>(),
+    );
     shared.touch();
     info!(placement = %describe(stages), "loading placement");
     let source = format!(
@@ -155,7 +168,7 @@ async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
         shared.opts.public_url.trim_end_matches('/'),
         crate::model_fetch::model_route(&shared.model.id)
     );
-    for (peer, s, sender) in &senders {
+    for ((peer, s, sender, _), (next, prev)) in senders.iter().zip(routes) {
         let (tx, rx) = oneshot::channel();
         shared
             .loads
@@ -169,6 +182,8 @@ async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
                 end: s.end as u32,
             },
             source: source.clone(),
+            next,
+            prev,
         };
         if let Err(e) = sender.send(msg).await {
             return Err(format!("{peer}: {e}"));
@@ -196,21 +211,25 @@ async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
     // A worker may have gone while the others loaded.
     if senders
         .iter()
-        .any(|(p, _, _)| !st.peers.get(p).is_some_and(|p| p.online))
+        .any(|(p, _, _, _)| !st.peers.get(p).is_some_and(|p| p.online))
     {
         return Err("a worker went away while loading".into());
     }
     st.epoch += 1;
     let epoch = st.epoch;
+    let n = senders.len();
+    let native: Vec<bool> = senders.iter().map(|(_, _, _, native)| *native).collect();
     st.active = Some(Active {
         epoch,
         stages: senders
             .into_iter()
-            .map(|(peer, s, sender)| ActiveStage {
+            .enumerate()
+            .map(|(i, (peer, s, sender, _))| ActiveStage {
                 peer,
                 start: s.start,
                 end: s.end,
                 sender,
+                direct: native[i] && native[(i + 1) % n],
             })
             .collect(),
     });
@@ -222,10 +241,93 @@ async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
     Ok(())
 }
 
+/// Each stage's `next` and `prev` for `LoadShard`, from the stages in
+/// order with whether each runs on a native worker: a hop between two native
+/// workers goes over a link between them (the last stage's back to the
+/// first; a single native stage is its own next); a hop to or from a browser
+/// (which keeps only its coordinator link) is relayed by the coordinator.
+fn chain_routes(stages: &[(String, &Stage, bool)]) -> Vec<(Option<Hop>, Option<String>)> {
+    let n = stages.len();
+    (0..n)
+        .map(|i| {
+            let (j, k) = ((i + 1) % n, (i + n - 1) % n);
+            let next = (stages[i].2 && stages[j].2).then(|| Hop {
+                peer: stages[j].0.clone(),
+                layers: LayerRange {
+                    start: stages[j].1.start as u32,
+                    end: stages[j].1.end as u32,
+                },
+            });
+            let prev = (k != i && stages[k].2 && stages[i].2).then(|| stages[k].0.clone());
+            (next, prev)
+        })
+        .collect()
+}
+
 pub fn describe(stages: &[Stage]) -> String {
     stages
         .iter()
         .map(|s| format!("{}:{}-{}", s.device, s.start, s.end.saturating_sub(1)))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(device: &str, start: usize, end: usize) -> Stage {
+        Stage {
+            device: device.into(),
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn native_stages_form_a_ring_and_browsers_are_relayed() {
+        let (a, b, c) = (stage("a", 0, 10), stage("b", 10, 20), stage("c", 20, 30));
+        let hop = |peer: &str, s: &Stage| {
+            Some(Hop {
+                peer: peer.into(),
+                layers: LayerRange {
+                    start: s.start as u32,
+                    end: s.end as u32,
+                },
+            })
+        };
+        let ring = chain_routes(&[
+            ("a".into(), &a, true),
+            ("b".into(), &b, true),
+            ("c".into(), &c, true),
+        ]);
+        assert_eq!(
+            ring,
+            vec![
+                (hop("b", &b), Some("c".into())),
+                (hop("c", &c), Some("a".into())),
+                (hop("a", &a), Some("b".into())),
+            ]
+        );
+        // b is a browser: nothing goes straight to it or from it.
+        let mixed = chain_routes(&[
+            ("a".into(), &a, true),
+            ("b".into(), &b, false),
+            ("c".into(), &c, true),
+        ]);
+        assert_eq!(
+            mixed,
+            vec![(None, Some("c".into())), (None, None), (hop("a", &a), None),]
+        );
+        let whole = stage("a", 0, 30);
+        assert_eq!(
+            chain_routes(&[("a".into(), &whole, true)]),
+            vec![(hop("a", &whole), None)],
+            "a single native stage loops on itself"
+        );
+        assert_eq!(
+            chain_routes(&[("a".into(), &whole, false)]),
+            vec![(None, None)]
+        );
+    }
 }

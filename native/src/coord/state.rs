@@ -34,9 +34,6 @@ pub struct PeerState {
     /// successor offline.
     pub link_gen: u64,
     pub calibration: Option<Calibration>,
-    /// A decode step's round trip as the coordinator sees it (send to
-    /// reply, compute included), smoothed; set while the peer holds a stage.
-    pub step_ms: Option<f64>,
     pub telemetry: Option<Telemetry>,
     pub extra: serde_json::Value,
     pub paused: Option<String>,
@@ -119,6 +116,9 @@ pub struct Active {
 #[derive(Clone)]
 pub struct ActiveStage {
     pub peer: PeerId,
+    /// Whether this stage's output goes straight to the next stage's worker
+    /// (`LoadShard::next`); when not, the coordinator relays it.
+    pub direct: bool,
     pub start: usize,
     pub end: usize,
     pub sender: LinkSender,

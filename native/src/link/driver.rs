@@ -26,6 +26,14 @@ use super::stun;
 use super::turn::{Relay, TurnServer};
 use super::{LinkConfig, LinkError};
 
+/// Most DTLS datagrams kept while ICE checks their source.
+const MAX_EARLY_DTLS: usize = 8;
+
+/// A DTLS record, by its first byte (RFC 7983's demultiplexing).
+fn is_dtls(data: &[u8]) -> bool {
+    data.first().is_some_and(|b| (20..=63).contains(b))
+}
+
 /// What the mesh tells a driver.
 pub(crate) enum Control {
     Answer(SdpAnswer),
@@ -95,15 +103,31 @@ impl LinkSender {
 
     /// Queues `message`; waits while the queue is full. `Err` once the link is closed.
     pub async fn send(&self, message: Message) -> Result<(), LinkError> {
-        let len = Framer::encoded_len(&message)?;
+        self.send_or_return(message).await.map_err(|(_, e)| e)
+    }
+
+    /// Like [`Self::send`], but a message the link could not take comes
+    /// back with the reason, so the caller can send it another way.
+    pub async fn send_or_return(&self, message: Message) -> Result<(), (Message, LinkError)> {
+        let len = match Framer::encoded_len(&message) {
+            Ok(len) => len,
+            Err(e) => return Err((message, e.into())),
+        };
         let want = len.clamp(1, self.budget_bytes as u64) as u32;
-        let permit = Arc::clone(&self.budget)
-            .acquire_many_owned(want)
-            .await
-            .map_err(|_| self.closed_error())?;
+        let permit = match Arc::clone(&self.budget).acquire_many_owned(want).await {
+            Ok(p) => p,
+            Err(_) => return Err((message, self.closed_error())),
+        };
         self.queue
             .send(Outgoing::Message(message, Some(permit)))
-            .map_err(|_| self.closed_error())
+            .map_err(|mpsc::error::SendError(back)| {
+                let back = match back {
+                    Outgoing::Message(m, _) => m,
+                    // Only a message was queued above.
+                    Outgoing::Probe(..) | Outgoing::Raw(_) => Message::Resume,
+                };
+                (back, self.closed_error())
+            })
     }
 
     /// Measures throughput now: sends a probe of `bytes` and waits for the
@@ -314,6 +338,10 @@ struct Driver {
     /// Set when the link is ending: the reason, and the flush deadline.
     closing: Option<(LinkError, Instant)>,
     blackhole: bool,
+    /// DTLS datagrams that came before ICE had checked their source, replayed
+    /// once it has: str0m drops them, and the peer would resend its first
+    /// flight only after a second.
+    early_dtls: Vec<(usize, Vec<u8>, SocketAddr)>,
 }
 
 /// One of the things the driver waits for.
@@ -433,6 +461,7 @@ impl Driver {
             budget,
             closing: None,
             blackhole: false,
+            early_dtls: Vec::new(),
             config,
         }
     }
@@ -467,11 +496,40 @@ impl Driver {
         self.epoch.elapsed().as_micros() as u64
     }
 
+    /// Feeds the DTLS datagrams that came too early once str0m takes them.
+    async fn replay_early_dtls(&mut self) -> Result<(), LinkError> {
+        if self.early_dtls.is_empty() {
+            return Ok(());
+        }
+        let early = std::mem::take(&mut self.early_dtls);
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            early.into_iter().partition(|(socket, data, from)| {
+                data.as_slice().try_into().is_ok_and(|contents| {
+                    self.rtc.accepts(&Input::Receive(
+                        Instant::now(),
+                        Receive {
+                            proto: Protocol::Udp,
+                            source: *from,
+                            destination: self.locals[*socket],
+                            contents,
+                        },
+                    ))
+                })
+            });
+        self.early_dtls = waiting;
+        for (socket, data, from) in ready {
+            self.on_datagram(socket, &data, from).await?;
+            self.drain().await?;
+        }
+        Ok(())
+    }
+
     /// Runs until the link ends; `Ok` for an orderly end, `Err` for a failure.
     async fn run_inner(&mut self) -> Result<LinkError, LinkError> {
         let mut buf = vec![0u8; 65_536];
         loop {
             self.drain().await?;
+            self.replay_early_dtls().await?;
             if let Some(done) = self.finished() {
                 return Ok(done);
             }
@@ -838,6 +896,8 @@ impl Driver {
         );
         if self.rtc.accepts(&input) {
             self.rtc.handle_input(input)?;
+        } else if !self.up && is_dtls(data) && self.early_dtls.len() < MAX_EARLY_DTLS {
+            self.early_dtls.push((socket, data.to_vec(), from));
         }
         Ok(())
     }

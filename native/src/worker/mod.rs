@@ -3,8 +3,14 @@
 //!
 //! The stage runs on its own thread (the CPU backend computes inside
 //! `forward`, and wgpu's waits are blocking on native), fed in order through
-//! a channel; its replies go straight back to the link, so the link task
-//! keeps reading (and answering pings) while a step computes.
+//! a channel; its outputs go straight onto the links, so the link tasks keep
+//! reading (and answering pings) while a step computes.
+//!
+//! Under a chain (`LoadShard::next`), a worker links to the worker of the
+//! next stage and hands it each step's output directly; the last stage feeds
+//! each sampled token back to the first. Links from other workers are taken
+//! (the signaling server vouches for their role), but only `Forward`s from
+//! the stage before ours are served on them.
 
 pub mod host;
 mod source;
@@ -17,15 +23,16 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use cairn_engine::Device;
 use cairn_engine::protocol::{Message, error_code};
+use cairn_engine::worker::Route;
 use cairn_engine::worker::{Capabilities, PeerKind};
 use cairn_signal::Role;
 use cairn_signal::protocol::PeerId;
 use tokio::sync::{mpsc, oneshot};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::link::{Link, LinkConfig, Mesh, MeshEvent};
 pub use crate::model_fetch::local_model_id;
-use stage_thread::{Job, StageThread};
+use stage_thread::{Job, SharedRoutes, StageThread};
 
 /// Everything a worker needs.
 #[derive(Clone, Debug)]
@@ -76,27 +83,52 @@ pub async fn serve(
     if let Some(tx) = joined {
         let _ = tx.send(mesh.local_id().clone());
     }
-    let stage = StageThread::spawn(device.clone())?;
+    let routes: SharedRoutes = Arc::default();
+    let stage = StageThread::spawn(device.clone(), mesh.local_id().to_string(), routes.clone())?;
     let source = Arc::new(source::ShardSource {
         local: opts.model.clone().zip(local_id),
         cache_dir: opts.cache_dir.clone(),
     });
+    let (connect_tx, mut connect_rx) = mpsc::unbounded_channel::<PeerId>();
     let mut coordinators = std::collections::HashSet::new();
+    let mut workers = std::collections::HashSet::new();
     let mut current: Option<tokio::task::JoinHandle<()>> = None;
-    while let Some(event) = mesh.next_event().await {
+    loop {
+        let event = tokio::select! {
+            e = mesh.next_event() => match e {
+                Some(e) => e,
+                None => break,
+            },
+            Some(peer) = connect_rx.recv() => {
+                if &peer != mesh.local_id() {
+                    mesh.connect(&peer);
+                }
+                continue;
+            }
+        };
         match event {
-            MeshEvent::PeerJoined(p) | MeshEvent::PeerMeta(p) => {
-                if p.role == Role::Coordinator {
+            MeshEvent::PeerJoined(p) | MeshEvent::PeerMeta(p) => match p.role {
+                Role::Coordinator => {
                     coordinators.insert(p.peer_id);
                 }
-            }
+                Role::Worker => {
+                    workers.insert(p.peer_id);
+                }
+                _ => {}
+            },
             MeshEvent::PeerLeft(p) => {
                 coordinators.remove(&p);
+                workers.remove(&p);
             }
             MeshEvent::LinkUp(link) => {
+                if workers.contains(link.peer()) {
+                    info!(peer = %link.peer(), "linked to another worker");
+                    tokio::spawn(serve_worker_link(link, stage.clone(), routes.clone()));
+                    continue;
+                }
                 if !coordinators.contains(link.peer()) {
-                    warn!(peer = %link.peer(), "refusing a link from a peer that is not a coordinator");
-                    link.close("workers only take links from a coordinator");
+                    warn!(peer = %link.peer(), "refusing a link from a peer that is neither coordinator nor worker");
+                    link.close("workers only take links from a coordinator or another worker");
                     continue;
                 }
                 info!(coordinator = %link.peer(), "linked to the coordinator");
@@ -107,6 +139,8 @@ pub async fn serve(
                     link,
                     stage.clone(),
                     source.clone(),
+                    routes.clone(),
+                    connect_tx.clone(),
                 )));
             }
             MeshEvent::LinkDown { peer, error } => {
@@ -123,9 +157,18 @@ pub async fn serve(
 
 /// Serves one coordinator link: messages in order to the stage thread,
 /// replies and telemetry back.
-async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::ShardSource>) {
+async fn serve_link(
+    mut link: Link,
+    stage: StageThread,
+    source: Arc<source::ShardSource>,
+    routes: SharedRoutes,
+    connect: mpsc::UnboundedSender<PeerId>,
+) {
     let sender = link.sender();
-    let step_replies = link.sender();
+    routes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .set_coordinator(link.sender());
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
     let forward_out = tokio::spawn(async move {
         while let Some(m) = out_rx.recv().await {
@@ -139,11 +182,16 @@ async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::Shar
     loop {
         tokio::select! {
             m = link.recv() => match m {
-                Ok(Message::LoadShard { model_hash, layers, source: url }) => {
+                Ok(Message::LoadShard { model_hash, layers, source: url, next, prev }) => {
                     let (start, end) = (layers.start as usize, layers.end as usize);
-                    info!(start, end, "loading layers");
+                    info!(start, end, next = ?next.as_ref().map(|h| &h.peer), "loading layers");
+                    // The link to the next stage comes up while the layers load.
+                    if let Some(hop) = &next {
+                        let _ = connect.send(PeerId(hop.peer.clone()));
+                    }
+                    let route = Route { next, prev };
                     let reply = match source.open(&model_hash, &url, start, end).await {
-                        Ok(src) => stage.call(|tx| Job::Install { src, model: model_hash, start, end, reply: tx }).await,
+                        Ok(src) => stage.call(|tx| Job::Install { src, model: model_hash, start, end, route, reply: tx }).await,
                         Err(e) => Err(format!("{e:#}")),
                     };
                     let reply = reply.unwrap_or_else(|text| {
@@ -159,7 +207,7 @@ async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::Shar
                     info!(%reason, "the coordinator closed the link");
                     break;
                 }
-                Ok(m) => stage.send(Job::Handle(m, step_replies.clone())),
+                Ok(m) => stage.send(Job::Coordinator(m)),
                 Err(e) => {
                     info!(error = %e, "coordinator link ended");
                     break;
@@ -167,13 +215,46 @@ async fn serve_link(mut link: Link, stage: StageThread, source: Arc<source::Shar
             },
             _ = tick.tick() => {
                 if let Ok(mut t) = stage.call(Job::Telemetry).await {
-                    t.extra = with_host(&t.extra, host.read());
+                    let mut extra = host.read();
+                    let links = routes
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .peer_stats();
+                    extra.insert("links".into(), serde_json::Value::Object(links));
+                    t.extra = with_host(&t.extra, extra);
                     let _ = out_tx.send(Message::Telemetry(t));
                 }
             }
         }
     }
     forward_out.abort();
+}
+
+/// Serves a link from another worker: its steps go to the stage thread,
+/// which serves only those of the stage before ours.
+async fn serve_worker_link(mut link: Link, stage: StageThread, routes: SharedRoutes) {
+    let peer = link.peer().to_string();
+    let generation = routes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .add_peer(peer.clone(), link.sender(), link.stats_watch());
+    loop {
+        match link.recv().await {
+            Ok(Message::Close { reason }) => {
+                debug!(%peer, %reason, "a worker closed its link");
+                break;
+            }
+            Ok(m) => stage.send(Job::Peer(peer.clone(), m)),
+            Err(e) => {
+                debug!(%peer, error = %e, "a worker link ended");
+                break;
+            }
+        }
+    }
+    routes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .drop_peer(&peer, generation);
 }
 
 /// The stage's telemetry object with the host's condition added.

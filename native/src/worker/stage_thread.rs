@@ -1,30 +1,116 @@
-//! The stage server on its own thread.
+//! The stage server on its own thread, and where its outputs go.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cairn_engine::Device;
 use cairn_engine::gguf::TensorSource;
 use cairn_engine::protocol::{Message, Telemetry};
-use cairn_engine::worker::{StageServer, load_shard};
-use tokio::sync::{mpsc, oneshot};
+use cairn_engine::worker::{Outgoing, Route, StageServer, load_shard};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, warn};
 
-use crate::link::LinkSender;
+use crate::link::{LinkSender, LinkStats};
 
 pub enum Job {
-    /// A message for the stage; its reply, if any, goes straight onto the link: a step's
-    /// answer is on every token's critical path, and each task it passes through on the way
-    /// costs a thread wake-up.
-    Handle(Message, LinkSender),
-    /// Load layers from `src` and install them (answers `ShardLoaded`). The
-    /// same model and layers already loaded just drop their caches.
+    /// A message from the coordinator.
+    Coordinator(Message),
+    /// A message from another worker's link: only `Forward`s from the stage
+    /// before ours are served.
+    Peer(String, Message),
+    /// A step this stage passed to itself (it is the only stage of a chain).
+    Local(Message),
+    /// Load layers from `src` and install them with `route` (answers
+    /// `ShardLoaded`). The same model and layers already loaded just drop
+    /// their caches and take the new route.
     Install {
         src: Box<dyn TensorSource + Send>,
         model: String,
         start: usize,
         end: usize,
+        route: Route,
         reply: oneshot::Sender<Result<Message, String>>,
     },
     Telemetry(oneshot::Sender<Result<Telemetry, String>>),
+}
+
+/// A link to another worker, as the stage thread sends on it.
+struct PeerLink {
+    sender: LinkSender,
+    stats: watch::Receiver<LinkStats>,
+    generation: u64,
+}
+
+/// Where a worker's messages go: its coordinator, and the workers it has
+/// links to. Outputs go straight onto these links from the stage thread: a
+/// step's output is on every token's critical path, and each task it passes
+/// through on the way costs a thread wake-up.
+#[derive(Default)]
+pub struct Routes {
+    coordinator: Option<LinkSender>,
+    peers: HashMap<String, PeerLink>,
+    next_generation: u64,
+}
+
+impl Routes {
+    pub fn set_coordinator(&mut self, sender: LinkSender) {
+        self.coordinator = Some(sender);
+    }
+
+    /// Registers a link to worker `peer`; the generation to drop it with.
+    pub fn add_peer(
+        &mut self,
+        peer: String,
+        sender: LinkSender,
+        stats: watch::Receiver<LinkStats>,
+    ) -> u64 {
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        self.peers.insert(
+            peer,
+            PeerLink {
+                sender,
+                stats,
+                generation,
+            },
+        );
+        generation
+    }
+
+    /// Forgets the link to `peer` if it is still the one of `generation`.
+    pub fn drop_peer(&mut self, peer: &str, generation: u64) {
+        if self
+            .peers
+            .get(peer)
+            .is_some_and(|p| p.generation == generation)
+        {
+            self.peers.remove(peer);
+        }
+    }
+
+    /// The links to other workers as telemetry reports them: round trip and
+    /// throughput per peer, for the coordinator's link matrix.
+    pub fn peer_stats(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.peers
+            .iter()
+            .map(|(peer, l)| {
+                let s = l.stats.borrow();
+                (
+                    peer.clone(),
+                    serde_json::json!({
+                        "rtt_ms": s.rtt_smoothed.or(s.rtt).map(|d| d.as_secs_f64() * 1e3),
+                        "throughput_mb_s": s.throughput_bytes_per_s.map(|b| b / 1e6),
+                    }),
+                )
+            })
+            .collect()
+    }
+}
+
+pub type SharedRoutes = Arc<Mutex<Routes>>;
+
+fn lock(routes: &SharedRoutes) -> std::sync::MutexGuard<'_, Routes> {
+    routes.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[derive(Clone)]
@@ -32,21 +118,43 @@ pub struct StageThread {
     jobs: mpsc::UnboundedSender<Job>,
 }
 
+/// What the stage thread works with besides its server.
+struct Context {
+    device: Arc<Device>,
+    /// Our peer id: a pass to it goes into our own queue.
+    local_id: String,
+    routes: SharedRoutes,
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
 impl StageThread {
-    pub fn spawn(device: Arc<Device>) -> std::io::Result<StageThread> {
+    pub fn spawn(
+        device: Arc<Device>,
+        local_id: String,
+        routes: SharedRoutes,
+    ) -> std::io::Result<StageThread> {
         let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
+        let cx = Context {
+            device,
+            local_id,
+            routes,
+            jobs: jobs.clone(),
+        };
         std::thread::Builder::new()
             .name("cairn-stage".into())
             .spawn(move || {
-                let mut server = StageServer::new(device.clone());
+                let mut server = StageServer::new(cx.device.clone());
                 let mut loaded: Option<(String, usize, usize)> = None;
                 while let Some(job) = rx.blocking_recv() {
                     match job {
-                        Job::Handle(m, link) => {
-                            if let Some(reply) = pollster::block_on(server.handle(m)) {
-                                // Waits only while the link's send queue is full; an error
-                                // means the link is gone, which its reader notices.
-                                let _ = pollster::block_on(link.send(reply));
+                        Job::Coordinator(m) | Job::Local(m) => cx.serve(&mut server, m),
+                        Job::Peer(peer, m) => {
+                            if matches!(m, Message::Forward { .. })
+                                && server.serves_forwards_from(&peer)
+                            {
+                                cx.serve(&mut server, m);
+                            } else {
+                                warn!(%peer, kind = m.kind(), "dropping a message from a worker that is not the stage before ours");
                             }
                         }
                         Job::Install {
@@ -54,11 +162,13 @@ impl StageThread {
                             model,
                             start,
                             end,
+                            route,
                             reply,
                         } => {
                             let key = (model, start, end);
                             if loaded.as_ref() == Some(&key) && server.layers().is_some() {
                                 server.clear_requests();
+                                server.set_route(route);
                                 let _ = reply.send(Ok(Message::ShardLoaded {
                                     layers: cairn_engine::protocol::LayerRange {
                                         start: start as u32,
@@ -73,7 +183,7 @@ impl StageThread {
                             server.clear();
                             loaded = None;
                             let r = pollster::block_on(load_shard(
-                                device.clone(),
+                                cx.device.clone(),
                                 src.as_ref(),
                                 start,
                                 end,
@@ -82,6 +192,7 @@ impl StageThread {
                             let _ = reply.send(match r {
                                 Ok((shard, msg)) => {
                                     server.set_shard(shard);
+                                    server.set_route(route);
                                     loaded = Some(key);
                                     Ok(msg)
                                 }
@@ -110,5 +221,57 @@ impl StageThread {
         self.send(make(tx));
         rx.await
             .map_err(|_| "the stage thread has stopped".to_owned())?
+    }
+}
+
+impl Context {
+    fn serve(&self, server: &mut StageServer, m: Message) {
+        if let Some(out) = pollster::block_on(server.handle(m)) {
+            self.dispatch(out);
+        }
+    }
+
+    /// Sends a stage's output on its way: to the next stage where we have a
+    /// link to it, else to the coordinator, which relays it.
+    fn dispatch(&self, out: Outgoing) {
+        let mut pass = match out {
+            Outgoing::Reply(m) => return self.to_coordinator(m),
+            Outgoing::Pass(p) => p,
+        };
+        let note = pass.delivered();
+        if pass.to == self.local_id {
+            let forward = std::mem::replace(&mut pass.forward, Message::Resume);
+            let _ = self.jobs.send(Job::Local(forward));
+        } else {
+            let link = lock(&self.routes)
+                .peers
+                .get(&pass.to)
+                .map(|l| l.sender.clone());
+            let Some(link) = link else {
+                debug!(peer = %pass.to, "no link to the next stage yet; the coordinator relays");
+                return self.to_coordinator(pass.undelivered());
+            };
+            let forward = std::mem::replace(&mut pass.forward, Message::Resume);
+            if let Err((back, e)) = pollster::block_on(link.send_or_return(forward)) {
+                debug!(peer = %pass.to, error = %e, "the link to the next stage is down; the coordinator relays");
+                pass.forward = back;
+                return self.to_coordinator(pass.undelivered());
+            }
+        }
+        if let Some(note) = note {
+            self.to_coordinator(note);
+        }
+    }
+
+    fn to_coordinator(&self, m: Message) {
+        let link = lock(&self.routes).coordinator.clone();
+        match link {
+            // Waits only while the link's send queue is full; an error means
+            // the link is gone, which its reader notices.
+            Some(link) => {
+                let _ = pollster::block_on(link.send(m));
+            }
+            None => debug!(kind = m.kind(), "no coordinator to tell"),
+        }
     }
 }

@@ -67,7 +67,6 @@ pub fn cluster_json(shared: &Shared) -> Value {
                 "visibility": p.extra.get("visibility"),
             },
             "calibration": p.calibration,
-            "step_ms": p.step_ms,
             "joined_s_ago": p.joined.elapsed().as_secs(),
         }));
         if let Some(stats) = &p.stats {
@@ -82,12 +81,47 @@ pub fn cluster_json(shared: &Shared) -> Value {
                 "up": p.online,
             }));
         }
+        // Links between workers, as each reports its own.
+        if let Some(theirs) = p.extra.get("links").and_then(Value::as_object) {
+            for (to, l) in theirs {
+                links.push(json!({
+                    "from": id.to_string(),
+                    "to": to,
+                    "rtt_ms": l.get("rtt_ms"),
+                    "bandwidth_mb_s": l.get("throughput_mb_s"),
+                    "loss": Value::Null,
+                    "jitter_ms": Value::Null,
+                    "up": p.online,
+                }));
+            }
+        }
     }
+    // `direct`: the stage hands its output straight to the next stage's
+    // worker; `linked`: that worker reports the link to it as up (until then
+    // the coordinator relays).
     let stages: Vec<Value> = match &st.active {
         Some(a) => a
             .stages
             .iter()
-            .map(|s| json!({"peer_id": s.peer.to_string(), "start": s.start, "end": s.end}))
+            .enumerate()
+            .map(|(i, s)| {
+                let next = &a.stages[(i + 1) % a.stages.len()].peer;
+                let linked = s.direct
+                    && (next == &s.peer
+                        || st.peers.get(&s.peer).is_some_and(|p| {
+                            p.extra
+                                .get("links")
+                                .and_then(|l| l.get(next.as_str()))
+                                .is_some()
+                        }));
+                json!({
+                    "peer_id": s.peer.to_string(),
+                    "start": s.start,
+                    "end": s.end,
+                    "direct": s.direct,
+                    "linked": linked,
+                })
+            })
             .collect(),
         None => Vec::new(),
     };
@@ -140,6 +174,8 @@ pub fn cluster_json(shared: &Shared) -> Value {
             "completed": m.completed.load(Ordering::Relaxed),
             "failed": m.failed.load(Ordering::Relaxed),
             "recoveries": m.recoveries.load(Ordering::Relaxed),
+            "relayed": m.relayed.load(Ordering::Relaxed),
+            "passed_on": m.passed_on.load(Ordering::Relaxed),
             "tokens_per_s": m.tokens_per_s(),
             "list": requests,
         },
