@@ -2,7 +2,8 @@
 //! `cairn serve` (coordinator only) and native `cairn worker`s on the cpu
 //! backend, the real default model.
 //!
-//! - a greedy completion through the API equals `cairn run`'s;
+//! - a greedy completion through the API equals `cairn run`'s, and runs as a
+//!   chain over links between the workers (the coordinator relays nothing);
 //! - `kill -9` of a worker holding layers in the middle of a streamed
 //!   generation still yields the identical full output;
 //! - a worker joining mid-stream triggers a new placement and the stream
@@ -228,9 +229,38 @@ fn cluster_serves_survives_a_kill_and_a_join() {
     );
     assert_eq!(status, 400, "{body}");
 
+    // Once the workers have linked to one another, a request runs as a chain:
+    // each stage hands its output to the next, the last feeds every token but
+    // the final one back to the first, and the coordinator relays nothing.
+    wait_for(
+        Duration::from_secs(60),
+        "the links between the stages' workers",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            let stages = c["placement"]["stages"].as_array()?.clone();
+            (stages.len() >= 2 && stages.iter().all(|s| s["linked"] == true)).then_some(())
+        },
+    );
+    let hops = || {
+        let c = get_json(&format!("{api}/api/cluster")).expect("cluster");
+        (
+            c["requests"]["relayed"].as_u64().expect("relayed count"),
+            c["requests"]["passed_on"]
+                .as_u64()
+                .expect("passed-on count"),
+        )
+    };
+    let (relayed_before, passed_before) = hops();
+
     // A greedy completion across the stages equals the single-device run.
     let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
     assert_eq!(status, 200, "{body}");
+    let (relayed_after, passed_after) = hops();
+    assert_eq!(
+        (relayed_after - relayed_before, passed_after - passed_before),
+        (0, TOKENS as u64 - 1),
+        "(hops relayed by the coordinator, tokens passed on by the last stage)"
+    );
     let tokens: Vec<u64> = body["cairn"]["tokens"]
         .as_array()
         .expect("token ids")

@@ -329,6 +329,18 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "Requests rebuilt on a new placement after a loss.",
         m.recoveries.load(Ordering::Relaxed),
     );
+    counter(
+        &mut s,
+        "cairn_relayed_hops_total",
+        "Hops between stages the coordinator relayed (no direct link between the workers).",
+        m.relayed.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_tokens_passed_on_total",
+        "Tokens the last stage fed straight back to the first stage.",
+        m.passed_on.load(Ordering::Relaxed),
+    );
     let _ = writeln!(
         s,
         "# HELP cairn_requests_in_flight Requests being served.\n# TYPE cairn_requests_in_flight gauge\ncairn_requests_in_flight {}",
