@@ -5,11 +5,15 @@
 //! one device with the same backend, measured in the same run.
 //!
 //! For each worker count: single-request decode tokens/s (the layers split
-//! evenly, in order, by a manual placement), the placement preview's
-//! prediction for that placement, and the aggregate tokens/s of concurrent
-//! requests. Then, on the largest cluster, one worker is killed (SIGKILL) in
-//! the middle of a stream: the stall it causes, and whether the output
-//! still equals the uninterrupted one.
+//! evenly, in order, by a manual placement, measured once the links between
+//! the workers are up), where a token's time goes (the stages' compute as
+//! the workers report it, and the rest), the hops the coordinator relayed
+//! and the tokens passed straight from the last stage to the first, the
+//! placement preview's prediction for that placement, and the aggregate
+//! tokens/s of concurrent requests. Then, on the largest cluster, one worker
+//! is killed (SIGKILL) in the middle of a stream: the stall it causes,
+//! whether the coordinator recovered, and whether the output still equals
+//! the uninterrupted one.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -664,9 +668,10 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         if n == largest && n >= 2 && !a.no_recovery {
             recovery = measure_recovery(a, &mut c, &prompt, &reference).await?;
             say(format!(
-                "  recovery after killing a worker: stall {:.0} ms (steps {:.0} ms), output identical: {}",
+                "  recovery after killing a worker: stall {:.0} ms (steps {:.0} ms), recovered: {}, output identical: {}",
                 recovery["stall_ms"].as_f64().unwrap_or(f64::NAN),
                 recovery["median_step_ms"].as_f64().unwrap_or(f64::NAN),
+                recovery["recovered"],
                 recovery["output_identical"]
             ));
         }
@@ -699,6 +704,8 @@ async fn measure_recovery(
 ) -> Result<Value> {
     let victim = c.workers.len() - 1;
     let kill_at = a.gen_tokens / 3;
+    let recoveries = |cluster: &Value| cluster["requests"]["recoveries"].as_u64().unwrap_or(0);
+    let before = recoveries(&c.api.get("/api/cluster").await?);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let mut killed_at = None;
     let streamed = {
@@ -735,6 +742,9 @@ async fn measure_recovery(
     Ok(json!({
         "workers_before": c.workers.len(),
         "killed_after_tokens": kill_at,
+        // The chain may have run ahead of the client: when the whole output
+        // was made before the kill, nothing had to be recovered.
+        "recovered": recoveries(&metrics) > before,
         "stall_ms": (*next - killed_at).as_secs_f64() * 1e3,
         "median_step_ms": median(steps),
         "output_identical": streamed.text == reference,
@@ -758,28 +768,28 @@ fn print_table(v: &Value) {
         f(&v["one_device"]["decode_tokens_per_s"])
     );
     println!(
-        "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>11} {:>9} {:>16} {:>8} {:>10}",
+        "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>9} {:>11} {:>16} {:>8} {:>10}",
         "workers",
         "decode tok/s",
         "vs one",
         "predicted",
         "first ms",
         "ms/token",
-        "of it: distribution ms",
+        "compute ms",
         "concurrent tok/s",
         "relayed",
         "passed on"
     );
     for c in v["clusters"].as_array().into_iter().flatten() {
         println!(
-            "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>11} {:>9} {:>16} {:>8} {:>10}",
+            "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>9} {:>11} {:>16} {:>8} {:>10}",
             c["workers"],
             f(&c["decode_tokens_per_s"]),
             f(&c["vs_one_device"]),
             f(&c["predicted_tokens_per_s"]),
             f(&c["first_token_ms"]),
             f(&c["ms_per_token"]),
-            f(&c["distribution_ms_per_token"]),
+            f(&c["compute_ms_per_token"]),
             f(&c["concurrent"]["aggregate_tokens_per_s"]),
             c["relayed_hops"],
             c["tokens_passed_on"]
@@ -788,10 +798,11 @@ fn print_table(v: &Value) {
     let r = &v["recovery"];
     if !r.is_null() {
         println!(
-            "  recovery: a worker killed after {} tokens stalled the stream {} ms (steps {} ms); output identical: {}",
+            "  recovery: a worker killed after {} tokens stalled the stream {} ms (steps {} ms); recovered: {}; output identical: {}",
             r["killed_after_tokens"],
             f(&r["stall_ms"]),
             f(&r["median_step_ms"]),
+            r["recovered"],
             r["output_identical"]
         );
     }

@@ -8,7 +8,7 @@ use cairn_engine::gguf::TensorSource;
 use cairn_engine::protocol::{Message, Telemetry};
 use cairn_engine::worker::{Outgoing, Route, StageServer, load_shard};
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::link::{LinkSender, LinkStats};
 
@@ -154,7 +154,10 @@ impl StageThread {
                             {
                                 cx.serve(&mut server, m);
                             } else {
-                                warn!(%peer, kind = m.kind(), "dropping a message from a worker that is not the stage before ours");
+                                // Normal for a moment after a new placement (steps of
+                                // the old chain still in flight); anything else is a
+                                // misbehaving peer.
+                                debug!(%peer, kind = m.kind(), "dropping a message from a worker that is not the stage before ours");
                             }
                         }
                         Job::Install {
