@@ -93,6 +93,9 @@ pub struct Shared {
     /// waiting requests watch it).
     changed: watch::Sender<u64>,
     replace: Notify,
+    /// Set with `replace` when a worker holding layers is lost: requests
+    /// wait on the new placement, so it skips the debounce.
+    urgent: std::sync::atomic::AtomicBool,
     pending: Mutex<HashMap<u64, Pending>>,
     loads: Mutex<HashMap<PeerId, oneshot::Sender<Result<(), String>>>>,
     next_request: AtomicU64,
@@ -117,6 +120,13 @@ impl Shared {
     pub fn replace(&self) {
         self.replace.notify_one();
         self.touch();
+    }
+
+    /// Like [`Self::replace`], for a change that leaves requests without a
+    /// placement: placed at once rather than after the debounce.
+    fn replace_now(&self) {
+        self.urgent.store(true, Ordering::Relaxed);
+        self.replace();
     }
 
     pub fn set_manual(&self, manual: Option<Vec<Stage>>) {
@@ -153,7 +163,7 @@ impl Shared {
     /// placement that uses it, then fail its waiting steps, so requests that
     /// see the failure find the placement already being redone.
     fn peer_lost(&self, peer: &PeerId, why: &str) {
-        {
+        let lost_layers = {
             let mut st = self.state();
             if let Some(p) = st.peers.get_mut(peer) {
                 p.online = false;
@@ -173,10 +183,17 @@ impl Shared {
                 if n > 20 {
                     st.warnings.drain(..n - 20);
                 }
+                true
+            } else {
+                false
             }
-        }
+        };
         self.fail_pending(peer, why);
-        self.replace();
+        if lost_layers {
+            self.replace_now();
+        } else {
+            self.replace();
+        }
     }
 }
 
@@ -212,6 +229,7 @@ impl Coordinator {
             state: Mutex::new(State::new(manual)),
             changed: watch::channel(0).0,
             replace: Notify::new(),
+            urgent: std::sync::atomic::AtomicBool::new(false),
             pending: Mutex::new(HashMap::new()),
             loads: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),

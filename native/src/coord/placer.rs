@@ -16,6 +16,10 @@ use super::state::{Active, ActiveStage, PlacementStatus, State};
 const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
 /// Changes arriving together (several workers joining) are placed once.
 const DEBOUNCE: Duration = Duration::from_millis(200);
+/// After a loss that left no placement: long enough to take in a second
+/// worker lost at the same moment (a machine with several), short against
+/// the requests' stall.
+const URGENT_DEBOUNCE: Duration = Duration::from_millis(10);
 
 /// The profiles placement sees: calibrated, online workers.
 pub fn profiles(st: &State) -> Vec<DeviceProfile> {
@@ -74,7 +78,10 @@ fn target(shared: &Shared) -> Result<Vec<Stage>, String> {
 pub async fn run(shared: Arc<Shared>) {
     loop {
         shared.replace.notified().await;
-        tokio::time::sleep(DEBOUNCE).await;
+        let urgent = shared
+            .urgent
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(if urgent { URGENT_DEBOUNCE } else { DEBOUNCE }).await;
         let wanted = match target(&shared) {
             Ok(t) => t,
             Err(msg) => {
