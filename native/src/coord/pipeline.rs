@@ -321,6 +321,21 @@ impl Drop for RunGuard<'_> {
     }
 }
 
+/// Why the placement a run was on is no longer the active one: one of its
+/// workers was lost (the loss drops the placement before it fails the run,
+/// so the change may be seen first), or a new placement was chosen.
+fn moved_or_lost(shared: &Shared, active: &Active) -> RunEnd {
+    let st = shared.state();
+    match active
+        .stages
+        .iter()
+        .find(|s| !st.peers.get(&s.peer).is_some_and(|p| p.online))
+    {
+        Some(gone) => RunEnd::Lost(format!("{} is gone", gone.peer)),
+        None => RunEnd::Replaced,
+    }
+}
+
 /// How long a chained run may go without news: several times the slowest
 /// token so far, and never less than [`MIN_STALL`].
 fn stall_after(slowest: Duration, step_timeout: Duration) -> Duration {
@@ -431,7 +446,7 @@ async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'
             changed = changes.changed() => {
                 let current = shared.state().active.as_ref().map(|a| a.epoch);
                 if changed.is_err() || current != Some(active.epoch) {
-                    return RunEnd::Replaced;
+                    return moved_or_lost(shared, active);
                 }
                 continue;
             }
@@ -528,7 +543,7 @@ async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'
             Err(StageFailure::Refused { code, text }) => {
                 if shared.state().active.as_ref().map(|a| a.epoch) != Some(active.epoch) {
                     // The placement moved and took the caches with it.
-                    return RunEnd::Replaced;
+                    return moved_or_lost(shared, active);
                 }
                 return if is_request_fault(code) {
                     RunEnd::Fatal(format!("{from}: {text}"))
