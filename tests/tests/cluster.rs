@@ -654,3 +654,82 @@ fn a_throttled_worker_loses_its_layers() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
 }
+
+/// A step lost on a link between two workers (each worker here loses its
+/// fifth pass on purpose, as a link that died with the message in it
+/// would) stalls the chain; the coordinator notices the silence, goes on
+/// with every hop relayed through itself, and the output is still exactly
+/// `cairn run`'s.
+#[test]
+fn a_step_lost_between_workers_is_carried_through_the_coordinator() {
+    let dir = artifacts("cluster-lost-step");
+    let (ref_tokens, _) = reference();
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let serve = Serve::embedded(&dir, model, &["--no-mdns", "--ctx", "256"]);
+    let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
+    let _workers: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            let mut p = Proc::spawn_env(
+                &bin("cairn"),
+                &[
+                    "worker",
+                    "--signal",
+                    signal,
+                    "--token",
+                    token,
+                    "--backend",
+                    "cpu",
+                    "--loopback",
+                    "--memory-budget",
+                    BUDGET,
+                    "--model",
+                    model,
+                ],
+                &[("CAIRN_DEBUG_LOSE_PASS", std::path::Path::new("5"))],
+                &dir,
+                &format!("worker-{name}"),
+            );
+            p.wait_line("joined room");
+            p
+        })
+        .collect();
+    wait_for(
+        Duration::from_secs(180),
+        "two linked stages over the two workers",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            let stages = c["placement"]["stages"].as_array()?.clone();
+            (c["placement"]["state"] == "ready"
+                && stages.len() == 2
+                && stages.iter().all(|s| s["linked"] == true))
+            .then_some(())
+        },
+    );
+    let relayed = || {
+        get_json(&format!("{api}/api/cluster")).expect("cluster")["requests"]["relayed"]
+            .as_u64()
+            .expect("relayed count")
+    };
+    let before = relayed();
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["cairn"]["tokens"],
+        json!(ref_tokens),
+        "the output across a lost step differs from cairn run's"
+    );
+    assert!(
+        relayed() > before,
+        "the coordinator relayed nothing after the chain stalled"
+    );
+    let lost = ["a", "b"]
+        .iter()
+        .filter(|name| {
+            std::fs::read_to_string(dir.join(format!("worker-{name}.log")))
+                .is_ok_and(|log| log.contains("losing this pass on purpose"))
+        })
+        .count();
+    assert!(lost >= 1, "no worker lost a pass");
+}

@@ -287,26 +287,34 @@ fn first_step(prompt: &[u32], seq: u32, chain: Option<Chain>) -> Message {
     }
 }
 
+/// Two stages of a 4-layer synthetic model, A (layers 0..2) and B (2..4),
+/// each the other's next; with `prevs`, each serves only the other's steps.
+/// Also the prompt and the whole model's first `n` greedy tokens for it.
+async fn two_stage_ring(prevs: bool, n: usize) -> (StageServer, StageServer, Vec<u32>, Vec<u32>) {
+    let cfg = small_config();
+    let model = SyntheticModel::new(&cfg, 5);
+    let dev = cpu();
+    let prompt = vec![3u32, 14, 15, 92, 65];
+    let expect = whole_model_tokens(&model, &dev, &prompt, n).await;
+    let mut a = StageServer::new(dev.clone());
+    let mut b = StageServer::new(dev.clone());
+    a.set_shard(load_shard(dev.clone(), &model, 0, 2).await.unwrap().0);
+    b.set_shard(load_shard(dev.clone(), &model, 2, 4).await.unwrap().0);
+    a.set_route(Route {
+        next: Some(hop("B", 2, 4)),
+        prev: prevs.then(|| "B".into()),
+    });
+    b.set_route(Route {
+        next: Some(hop("A", 0, 2)),
+        prev: prevs.then(|| "A".into()),
+    });
+    (a, b, prompt, expect)
+}
+
 #[test]
 fn a_chain_loops_through_its_stages_without_the_coordinator() {
     pollster::block_on(async {
-        let cfg = small_config();
-        let model = SyntheticModel::new(&cfg, 5);
-        let dev = cpu();
-        let prompt = [3u32, 14, 15, 92, 65];
-        let expect = whole_model_tokens(&model, &dev, &prompt, 6).await;
-        let mut a = StageServer::new(dev.clone());
-        let mut b = StageServer::new(dev.clone());
-        a.set_shard(load_shard(dev.clone(), &model, 0, 2).await.unwrap().0);
-        b.set_shard(load_shard(dev.clone(), &model, 2, 4).await.unwrap().0);
-        a.set_route(Route {
-            next: Some(hop("B", 2, 4)),
-            prev: Some("B".into()),
-        });
-        b.set_route(Route {
-            next: Some(hop("A", 0, 2)),
-            prev: Some("A".into()),
-        });
+        let (mut a, mut b, prompt, expect) = two_stage_ring(true, 6).await;
         assert!(a.serves_forwards_from("B") && !a.serves_forwards_from("C"));
 
         // Five steps in all: the last stage stops the loop after step 4.
@@ -372,23 +380,7 @@ fn a_chain_loops_through_its_stages_without_the_coordinator() {
 #[test]
 fn a_chain_stops_at_an_end_token_and_falls_back_to_the_coordinator() {
     pollster::block_on(async {
-        let cfg = small_config();
-        let model = SyntheticModel::new(&cfg, 5);
-        let dev = cpu();
-        let prompt = [3u32, 14, 15, 92, 65];
-        let expect = whole_model_tokens(&model, &dev, &prompt, 2).await;
-        let mut a = StageServer::new(dev.clone());
-        let mut b = StageServer::new(dev.clone());
-        a.set_shard(load_shard(dev.clone(), &model, 0, 2).await.unwrap().0);
-        b.set_shard(load_shard(dev.clone(), &model, 2, 4).await.unwrap().0);
-        a.set_route(Route {
-            next: Some(hop("B", 2, 4)),
-            prev: None,
-        });
-        b.set_route(Route {
-            next: Some(hop("A", 0, 2)),
-            prev: None,
-        });
+        let (mut a, mut b, prompt, expect) = two_stage_ring(false, 2).await;
         let chain = |end_ids| {
             Some(Chain {
                 max_steps: 100,

@@ -125,6 +125,11 @@ struct Context {
     local_id: String,
     routes: SharedRoutes,
     jobs: mpsc::UnboundedSender<Job>,
+    /// Tests: `CAIRN_DEBUG_LOSE_PASS=N` loses this worker's Nth pass to
+    /// another worker (it is never sent), as a link that died with the
+    /// message in it would; the count of passes so far.
+    lose_pass: Option<u64>,
+    passes: std::cell::Cell<u64>,
 }
 
 impl StageThread {
@@ -139,6 +144,10 @@ impl StageThread {
             local_id,
             routes,
             jobs: jobs.clone(),
+            lose_pass: std::env::var("CAIRN_DEBUG_LOSE_PASS")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            passes: std::cell::Cell::new(0),
         };
         std::thread::Builder::new()
             .name("cairn-stage".into())
@@ -255,6 +264,11 @@ impl Context {
                 return self.to_coordinator(pass.undelivered());
             };
             let forward = std::mem::replace(&mut pass.forward, Message::Resume);
+            self.passes.set(self.passes.get() + 1);
+            if self.lose_pass == Some(self.passes.get()) {
+                tracing::warn!(peer = %pass.to, "losing this pass on purpose (CAIRN_DEBUG_LOSE_PASS)");
+                return;
+            }
             if let Err((back, e)) = pollster::block_on(link.send_or_return(forward)) {
                 debug!(peer = %pass.to, error = %e, "the link to the next stage is down; the coordinator relays");
                 pass.forward = back;
