@@ -325,15 +325,20 @@ impl Drop for RunGuard<'_> {
 /// workers was lost (the loss drops the placement before it fails the run,
 /// so the change may be seen first), or a new placement was chosen.
 fn moved_or_lost(shared: &Shared, active: &Active) -> RunEnd {
+    match gone(shared, active) {
+        Some(peer) => RunEnd::Lost(format!("{peer} is gone")),
+        None => RunEnd::Replaced,
+    }
+}
+
+/// A worker of `active` that is no longer online, if any.
+fn gone(shared: &Shared, active: &Active) -> Option<cairn_signal::protocol::PeerId> {
     let st = shared.state();
-    match active
+    active
         .stages
         .iter()
         .find(|s| !st.peers.get(&s.peer).is_some_and(|p| p.online))
-    {
-        Some(gone) => RunEnd::Lost(format!("{} is gone", gone.peer)),
-        None => RunEnd::Replaced,
-    }
+        .map(|s| s.peer.clone())
 }
 
 /// How long a chained run may go without news: several times the slowest
@@ -361,15 +366,8 @@ async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'
             },
         );
     // A loss noticed before the run was registered would never fail it.
-    {
-        let st = shared.state();
-        if let Some(gone) = active
-            .stages
-            .iter()
-            .find(|s| !st.peers.get(&s.peer).is_some_and(|p| p.online))
-        {
-            return RunEnd::Lost(format!("{} is gone", gone.peer));
-        }
+    if let Some(peer) = gone(shared, active) {
+        return RunEnd::Lost(format!("{peer} is gone"));
     }
     let mut changes = shared.subscribe();
     let req = p.req;
@@ -377,10 +375,14 @@ async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'
     let max_len = (prompt_len + req.max_tokens) as u32;
     let chain = (!p.relay_all).then(|| Chain {
         max_steps: req.max_tokens as u32,
+        // Peers refuse longer lists; the coordinator's own stop rule holds
+        // whatever the last stage misses (it then makes a token or two more).
         end_ids: if req.ignore_eos {
             Vec::new()
         } else {
-            shared.model.tokenizer.end_of_generation_ids()
+            let mut ids = shared.model.tokenizer.end_of_generation_ids();
+            ids.truncate(Chain::MAX_END_IDS);
+            ids
         },
     });
     let sample = |step: usize| SampleParams {
