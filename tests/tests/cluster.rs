@@ -44,28 +44,42 @@ fn worker(
     let model = model_path();
     let cache = dir.join(format!("{name}-cache"));
     let _ = std::fs::remove_dir_all(&cache);
+    // With a budget the worker has the model file at hand; without one it
+    // fetches its layers from the coordinator over HTTP (cached under `dir`).
+    let args: Vec<&str> = match budget {
+        Some(b) => vec![
+            "--memory-budget",
+            b,
+            "--model",
+            model.to_str().expect("utf-8 path"),
+        ],
+        None => vec!["--cache-dir", cache.to_str().expect("utf-8 path")],
+    };
+    cpu_worker(&signal.url, token, dir, name, &args, &[])
+}
+
+/// `cairn worker` on the cpu backend, joined to the room at `signal` with
+/// `extra` flags and `env`; its peer id.
+fn cpu_worker(
+    signal: &str,
+    token: &str,
+    dir: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> (Proc, String) {
     let mut args = vec![
         "worker",
         "--signal",
-        &signal.url,
+        signal,
         "--token",
         token,
         "--backend",
         "cpu",
         "--loopback",
     ];
-    // With a budget the worker has the model file at hand; without one it
-    // fetches its layers from the coordinator over HTTP (cached under `dir`).
-    match budget {
-        Some(b) => args.extend([
-            "--memory-budget",
-            b,
-            "--model",
-            model.to_str().expect("utf-8 path"),
-        ]),
-        None => args.extend(["--cache-dir", cache.to_str().expect("utf-8 path")]),
-    }
-    let mut p = Proc::spawn(&bin("cairn"), &args, dir, name);
+    args.extend_from_slice(extra);
+    let mut p = Proc::spawn_env(&bin("cairn"), &args, env, dir, name);
     let line = p.wait_line("joined room");
     let id = line.rsplit(' ').next().expect("peer id").to_owned();
     (p, id)
@@ -564,26 +578,14 @@ fn a_throttled_worker_loses_its_layers() {
         let sys = dir.join(format!("sys-{name}"));
         let _ = std::fs::remove_dir_all(&sys);
         set_zone(&sys, 45);
-        let mut p = Proc::spawn_env(
-            &bin("cairn"),
-            &[
-                "worker",
-                "--signal",
-                signal,
-                "--token",
-                token,
-                "--backend",
-                "cpu",
-                "--loopback",
-                "--model",
-                model,
-            ],
-            &[("CAIRN_SYSFS_ROOT", &sys)],
+        let (p, id) = cpu_worker(
+            signal,
+            token,
             &dir,
             &format!("worker-{name}"),
+            &["--model", model],
+            &[("CAIRN_SYSFS_ROOT", &sys)],
         );
-        let line = p.wait_line("joined room");
-        let id = line.rsplit(' ').next().expect("peer id").to_owned();
         workers.push((p, id, sys));
     }
     let peer = |c: &Value, id: &str| -> Option<Value> {
@@ -668,31 +670,17 @@ fn a_step_lost_between_workers_is_carried_through_the_coordinator() {
     let model = model.to_str().expect("utf-8 path");
     let serve = Serve::embedded(&dir, model, &["--no-mdns", "--ctx", "256"]);
     let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
-    let _workers: Vec<Proc> = ["a", "b"]
+    let _workers: Vec<(Proc, String)> = ["a", "b"]
         .iter()
         .map(|name| {
-            let mut p = Proc::spawn_env(
-                &bin("cairn"),
-                &[
-                    "worker",
-                    "--signal",
-                    signal,
-                    "--token",
-                    token,
-                    "--backend",
-                    "cpu",
-                    "--loopback",
-                    "--memory-budget",
-                    BUDGET,
-                    "--model",
-                    model,
-                ],
-                &[("CAIRN_DEBUG_LOSE_PASS", std::path::Path::new("5"))],
+            cpu_worker(
+                signal,
+                token,
                 &dir,
                 &format!("worker-{name}"),
-            );
-            p.wait_line("joined room");
-            p
+                &["--memory-budget", BUDGET, "--model", model],
+                &[("CAIRN_DEBUG_LOSE_PASS", std::path::Path::new("5"))],
+            )
         })
         .collect();
     wait_for(
