@@ -424,8 +424,11 @@ async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'
         Err(e) => return RunEnd::Fatal(e.to_string()),
     };
     // The stage that has to answer next, when the coordinator knows it: the
-    // one it sent to, unless that one hands its output straight on.
-    let mut waiting_on = (p.relay_all || !active.stages[0].direct || last == 0).then_some(0);
+    // one a step went to, unless that one hands its output straight on
+    // (the last stage always reports its token).
+    let relay_all = p.relay_all;
+    let answers = |i: usize| (relay_all || !active.stages[i].direct || i == last).then_some(i);
+    let mut waiting_on = answers(0);
     if let Err(e) = active.stages[0]
         .sender
         .send(forward(0, 0, p.out.len(), tokens))
@@ -483,8 +486,7 @@ async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'
                 {
                     return RunEnd::Lost(format!("{}: {e}", next.peer));
                 }
-                waiting_on =
-                    (p.relay_all || !active.stages[i + 1].direct || i + 1 == last).then_some(i + 1);
+                waiting_on = answers(i + 1);
             }
             Ok(Message::Token {
                 step,
@@ -519,7 +521,7 @@ async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'
                     return RunEnd::Finished(FinishReason::Length);
                 }
                 if passed_on {
-                    waiting_on = (last == 0).then_some(0);
+                    waiting_on = answers(0);
                 } else {
                     // The last stage could not hand it to the first: the coordinator does.
                     shared.metrics.relayed.fetch_add(1, Ordering::Relaxed);
@@ -534,8 +536,7 @@ async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'
                     {
                         return RunEnd::Lost(format!("{}: {e}", active.stages[0].peer));
                     }
-                    waiting_on =
-                        (p.relay_all || !active.stages[0].direct || last == 0).then_some(0);
+                    waiting_on = answers(0);
                 }
             }
             Ok(other) => {
