@@ -9,8 +9,9 @@ struct Params {
     tokens: u32,
     pos0: u32,
     scale: f32,
-    _pad0: u32,
-    _pad1: u32,
+    // Blocks per (head, token) in the cuda backend's split attention; unused here.
+    splits: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

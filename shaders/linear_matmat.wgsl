@@ -5,8 +5,8 @@
 struct Params {
     rows: u32,
     cols: u32,
-    row_bytes: u32,
     tokens: u32,
+    row_bytes: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

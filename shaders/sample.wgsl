@@ -5,12 +5,12 @@
 
 struct Params {
     n: u32,
+    temperature: f32,
     top_k: u32,
+    top_p: f32,
     seed_lo: u32,
     seed_hi: u32,
     step: u32,
-    temperature: f32,
-    top_p: f32,
     _pad: u32,
 }
 

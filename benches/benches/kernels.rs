@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cairn_engine::device::{Selection, discover_blocking};
-use cairn_engine::kernels::Op;
+use cairn_engine::kernels::{Add, Attention, BufferCopy, Linear, MatMul, Op, RmsNorm};
 use cairn_engine::quant::GgmlType;
 use cairn_engine::{BackendKind, Buffer, Device};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
@@ -306,13 +306,13 @@ impl Bench<'_> {
             self.dev.write(&src, off, &chunk[..n]).expect("write");
             off += n as u64;
         }
-        let op = Op::Copy {
+        let op = Op::Copy(BufferCopy {
             src: &src,
             src_offset: 0,
             dst: &dst,
             dst_offset: 0,
             bytes,
-        };
+        });
         let n = if self.gpu { 8 } else { 2 };
         let ops = vec![op; n];
         let mut g = self.group(c, "copy");
@@ -326,12 +326,12 @@ impl Bench<'_> {
         let a = self.dev.alloc("stream a", sbytes).expect("alloc");
         let b = self.dev.alloc("stream b", sbytes).expect("alloc");
         let out = self.dev.alloc("stream out", sbytes).expect("alloc");
-        let add = Op::Add {
+        let add = Op::Add(Add {
             a: &a,
             b: &b,
             out: &out,
             n: (sbytes / 4) as u32,
-        };
+        });
         let id = format!("add_stream_3x{}MiB", sbytes >> 20);
         self.batch(
             &mut g,
@@ -377,12 +377,12 @@ impl Bench<'_> {
             .upload("b", &f32_bytes(&vec![2.0; n as usize]))
             .expect("upload");
         let out = self.dev.alloc("out", u64::from(n) * 4).expect("alloc");
-        let op = Op::Add {
+        let op = Op::Add(Add {
             a: &a,
             b: &b,
             out: &out,
             n,
-        };
+        });
         let mut g = self.group(c, "dispatch");
         // One submission of 256 tiny dispatches: per-dispatch cost once submission is paid.
         let ops = vec![op; 256];
@@ -436,14 +436,14 @@ impl Bench<'_> {
             let cc = self.dev.alloc("c", bytes).expect("alloc");
             drop((av, bv));
             let flops = 2.0 * f64::from(n).powi(3);
-            let op = Op::MatMul {
+            let op = Op::MatMul(MatMul {
                 a: &a,
                 b: &b,
                 c: &cc,
                 m: n,
                 n,
                 k: n,
-            };
+            });
             let k =
                 ((self.tier.target_flops / flops).ceil() as usize).clamp(1, self.tier.max_dispatch);
             if k > 1 {
@@ -499,14 +499,16 @@ impl Bench<'_> {
                     .map(|_| self.dev.alloc("y", u64::from(rows) * 4).expect("alloc"))
                     .collect();
                 let ops: Vec<Op<'_>> = (0..k)
-                    .map(|i| Op::Linear {
-                        w: &ws[i % sets],
-                        wtype: ty,
-                        x: &x,
-                        y: &ys[i % sets],
-                        rows,
-                        cols,
-                        tokens: 1,
+                    .map(|i| {
+                        Op::Linear(Linear {
+                            w: &ws[i % sets],
+                            wtype: ty,
+                            x: &x,
+                            y: &ys[i % sets],
+                            rows,
+                            cols,
+                            tokens: 1,
+                        })
                     })
                     .collect();
                 // Bytes of weights read; x (cols * 4, cached) and y are left out.
@@ -549,14 +551,14 @@ impl Bench<'_> {
                 .upload("w", &f32_bytes(&rand_f32(&mut rng, dim as usize)))
                 .expect("upload");
             let y = self.dev.alloc("y", n as u64 * 4).expect("alloc");
-            let op = Op::RmsNorm {
+            let op = Op::RmsNorm(RmsNorm {
                 x: &x,
                 weight: &w,
                 y: &y,
                 dim,
                 tokens,
                 eps: 1e-5,
-            };
+            });
             let per = (2 * n + dim as usize) as f64 * 4.0;
             let k = self.dispatches(per, self.tier.target_bytes as f64 / 8.0);
             self.batch(
@@ -591,7 +593,7 @@ impl Bench<'_> {
                 .upload("v", &f32_bytes(&rand_f32(&mut rng, kv)))
                 .expect("upload");
             let out = self.dev.alloc("out", qn as u64 * 4).expect("alloc");
-            let op = Op::Attention {
+            let op = Op::Attention(Attention {
                 q: &q,
                 k_cache: &kc,
                 v_cache: &vc,
@@ -602,7 +604,7 @@ impl Bench<'_> {
                 tokens: 1,
                 pos0: ctx - 1,
                 scale: 1.0 / (head_dim as f32).sqrt(),
-            };
+            });
             // Bytes of the K and V caches read (q and out are negligible).
             let per = 2.0 * kv as f64 * 4.0;
             let k = self.dispatches(per, self.tier.target_bytes as f64 / 8.0);

@@ -9,7 +9,10 @@
 //! only required for integer results (argmax, ids).
 
 use cairn_engine::backend::BackendKind;
-use cairn_engine::kernels::{self as k, Op, SampleParams};
+use cairn_engine::kernels::{
+    self as k, Add, Argmax, Attention, Embed, Linear, MatMul, Op, RmsNorm, Rope, Sample,
+    SampleParams, SiluMul, Softmax,
+};
 use cairn_engine::quant::{GgmlType, dequantize_row, quantize_row};
 use cairn_engine::{Buffer, Device};
 use rand::rngs::StdRng;
@@ -87,14 +90,14 @@ fn matmul_f32() {
         for d in devices() {
             let (ba, bb) = (upload_f32(&d, "a", &a), upload_f32(&d, "b", &b));
             let bc = d.alloc("c", (m * n * 4) as u64).unwrap();
-            d.run(&[Op::MatMul {
+            d.run(&[Op::MatMul(MatMul {
                 a: &ba,
                 b: &bb,
                 c: &bc,
                 m: m as u32,
                 n: n as u32,
                 k: kk as u32,
-            }])
+            })])
             .unwrap();
             // fp32 accumulation in another order: relative error ~ k * eps.
             assert_close(
@@ -194,7 +197,7 @@ fn linear_every_format_matvec_and_matmat() {
                 let bw = d.upload("w", &wq).unwrap();
                 let bx = upload_f32(&d, "x", &x);
                 let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
-                d.run(&[Op::Linear {
+                d.run(&[Op::Linear(Linear {
                     w: &bw,
                     wtype: ty,
                     x: &bx,
@@ -202,7 +205,7 @@ fn linear_every_format_matvec_and_matmat() {
                     rows: rows as u32,
                     cols: cols as u32,
                     tokens: tokens as u32,
-                }])
+                })])
                 .unwrap();
                 // Same dequantized weights (and on cuda's split 4-bit matrix-vector path, the
                 // same rounded activations), different summation order: 2e-6 per element of the
@@ -250,37 +253,37 @@ fn rmsnorm_softmax_silu_add() {
         let ba = d.alloc("a", (n * 4) as u64).unwrap();
         let bacc = upload_f32(&d, "acc", &g);
         d.run(&[
-            Op::RmsNorm {
+            Op::RmsNorm(RmsNorm {
                 x: &bx,
                 weight: &bw,
                 y: &by,
                 dim: dim as u32,
                 tokens: tokens as u32,
                 eps: 1e-5,
-            },
-            Op::Softmax {
+            }),
+            Op::Softmax(Softmax {
                 x: &bs,
                 rows: tokens as u32,
                 cols: dim as u32,
-            },
-            Op::SiluMul {
+            }),
+            Op::SiluMul(SiluMul {
                 gate: &bg,
                 up: &bu,
                 out: &bo,
                 n: n as u32,
-            },
-            Op::Add {
+            }),
+            Op::Add(Add {
                 a: &bg,
                 b: &bu,
                 out: &ba,
                 n: n as u32,
-            },
-            Op::Add {
+            }),
+            Op::Add(Add {
                 a: &bacc,
                 b: &bu,
                 out: &bacc,
                 n: n as u32,
-            },
+            }),
         ])
         .unwrap();
         // Single reductions of a few hundred terms: 1e-5 relative.
@@ -315,7 +318,7 @@ fn rope_both_variants() {
         k::rope::rope(&mut want, heads, head_dim, rope_dim, pos0, 100_000.0, neox);
         for d in devices() {
             let bx = upload_f32(&d, "x", &x);
-            d.run(&[Op::Rope {
+            d.run(&[Op::Rope(Rope {
                 x: &bx,
                 heads: heads as u32,
                 head_dim: head_dim as u32,
@@ -324,7 +327,7 @@ fn rope_both_variants() {
                 pos0,
                 freq_base: 100_000.0,
                 neox,
-            }])
+            })])
             .unwrap();
             // Angles up to ~1000 rad: f32 argument reduction costs ~1e-4 absolute.
             assert_close(
@@ -360,7 +363,7 @@ fn embed_every_table_format() {
             let bt = d.upload("table", &table).unwrap();
             let bi = d.upload("ids", bytemuck::cast_slice(&ids)).unwrap();
             let bo = d.alloc("out", (ids.len() * dim * 4) as u64).unwrap();
-            d.run(&[Op::Embed {
+            d.run(&[Op::Embed(Embed {
                 table: &bt,
                 ttype: ty,
                 ids: &bi,
@@ -368,7 +371,7 @@ fn embed_every_table_format() {
                 dim: dim as u32,
                 vocab: vocab as u32,
                 tokens: ids.len() as u32,
-            }])
+            })])
             .unwrap();
             // Dequantization is exact arithmetic on both sides.
             assert_close(
@@ -404,7 +407,7 @@ fn attention_decode_and_causal_prefill() {
                 upload_f32(&d, "v", &vc),
             );
             let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
-            d.run(&[Op::Attention {
+            d.run(&[Op::Attention(Attention {
                 q: &bq,
                 k_cache: &bk,
                 v_cache: &bv,
@@ -415,7 +418,7 @@ fn attention_decode_and_causal_prefill() {
                 tokens: tokens as u32,
                 pos0: pos0 as u32,
                 scale,
-            }])
+            })])
             .unwrap();
             // Online softmax rescales partial sums: 1e-5 relative.
             assert_close(
@@ -443,11 +446,11 @@ fn argmax_and_sampling_pick_what_the_reference_picks() {
     for d in devices() {
         let bx = upload_f32(&d, "x", &x);
         let bo = d.alloc("out", 4).unwrap();
-        d.run(&[Op::Argmax {
+        d.run(&[Op::Argmax(Argmax {
             x: &bx,
             n: n as u32,
             out: &bo,
-        }])
+        })])
         .unwrap();
         let got = u32::from_le_bytes(d.read_blocking(&bo, 0, 4).unwrap().try_into().unwrap());
         assert_eq!(got, want, "argmax on {}", d.info().id);
@@ -464,12 +467,12 @@ fn argmax_and_sampling_pick_what_the_reference_picks() {
                 step,
             };
             let want = k::sample::sample(&logits, &params);
-            d.run(&[Op::Sample {
+            d.run(&[Op::Sample(Sample {
                 logits: &bl,
                 n: n as u32,
                 out: &bo,
                 params,
-            }])
+            })])
             .unwrap();
             let got = u32::from_le_bytes(d.read_blocking(&bo, 0, 4).unwrap().try_into().unwrap());
             if params.top_k > 0 {
@@ -516,7 +519,7 @@ fn buffers_are_accounted_and_bad_requests_are_refused() {
         assert!(err.contains("outside"), "{err}");
         let y = d.alloc("y", 8).unwrap();
         let err = d
-            .run(&[Op::Linear {
+            .run(&[Op::Linear(Linear {
                 w: &b,
                 wtype: GgmlType::Q4_1,
                 x: &c,
@@ -524,12 +527,12 @@ fn buffers_are_accounted_and_bad_requests_are_refused() {
                 rows: 4,
                 cols: 64,
                 tokens: 1,
-            }])
+            })])
             .unwrap_err()
             .to_string();
         assert!(err.contains("needs 160 bytes, has 12"), "{err}");
         let err = d
-            .run(&[Op::Linear {
+            .run(&[Op::Linear(Linear {
                 w: &b,
                 wtype: GgmlType::Q4_1,
                 x: &c,
@@ -537,17 +540,17 @@ fn buffers_are_accounted_and_bad_requests_are_refused() {
                 rows: 1,
                 cols: 30,
                 tokens: 1,
-            }])
+            })])
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a whole number of Q4_1 blocks"), "{err}");
         let err = d
-            .run(&[Op::SiluMul {
+            .run(&[Op::SiluMul(SiluMul {
                 gate: &y,
                 up: &b,
                 out: &y,
                 n: 2,
-            }])
+            })])
             .unwrap_err()
             .to_string();
         assert!(err.contains("must not also be an input"), "{err}");

@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use cairn_engine::backend::Device;
-use cairn_engine::kernels::{Op, SampleParams};
+use cairn_engine::kernels::{MatMul, Op, SampleParams};
 use cairn_engine::model::Shard;
 use cairn_engine::model::generate::{GenerateOptions, generate};
 use cairn_engine::model::shard::DEFAULT_MAX_BATCH;
@@ -112,14 +112,14 @@ impl Engine {
                 .map_err(js_err)?;
             let cb = device.alloc("c", (mu * nu * 4) as u64).map_err(js_err)?;
             device
-                .run(&[Op::MatMul {
+                .run(&[Op::MatMul(MatMul {
                     a: &ab,
                     b: &bb,
                     c: &cb,
                     m,
                     n,
                     k,
-                }])
+                })])
                 .map_err(js_err)?;
             let c = device.read_f32(&cb).await.map_err(js_err)?;
             Ok(js_sys::Float32Array::from(&c[..]).into())

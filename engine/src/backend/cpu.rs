@@ -4,7 +4,7 @@
 use std::sync::RwLock;
 
 use super::{BackendError, Buffer, Result, Storage};
-use crate::kernels::{self, Op};
+use crate::kernels::{Op, OpSpec, with_op};
 
 /// Host memory for one buffer; words keep f32 views aligned.
 pub struct CpuStorage {
@@ -40,20 +40,37 @@ fn storage(b: &Buffer) -> Result<&CpuStorage> {
 type ReadGuard<'a> = std::sync::RwLockReadGuard<'a, Vec<u32>>;
 type WriteGuard<'a> = std::sync::RwLockWriteGuard<'a, Vec<u32>>;
 
-fn rd(b: &Buffer) -> Result<ReadGuard<'_>> {
-    Ok(storage(b)?.words.read().unwrap_or_else(|e| e.into_inner()))
-}
-fn wr(b: &Buffer) -> Result<WriteGuard<'_>> {
-    Ok(storage(b)?.words.write().unwrap_or_else(|e| e.into_inner()))
-}
-fn f(g: &[u32]) -> &[f32] {
-    bytemuck::cast_slice(g)
-}
-fn fm(g: &mut [u32]) -> &mut [f32] {
-    bytemuck::cast_slice_mut(g)
-}
-fn bytes(g: &[u32]) -> &[u8] {
-    bytemuck::cast_slice(g)
+/// What the ops' reference runs use to reach `cpu` buffers: locked words, viewed as f32s or
+/// bytes. An op that reads and writes one buffer takes the write lock alone.
+pub(crate) mod access {
+    use super::*;
+
+    pub(crate) fn rd(b: &Buffer) -> Result<ReadGuard<'_>> {
+        Ok(storage(b)?.words.read().unwrap_or_else(|e| e.into_inner()))
+    }
+    pub(crate) fn wr(b: &Buffer) -> Result<WriteGuard<'_>> {
+        Ok(storage(b)?.words.write().unwrap_or_else(|e| e.into_inner()))
+    }
+    pub(crate) fn f(g: &[u32]) -> &[f32] {
+        bytemuck::cast_slice(g)
+    }
+    pub(crate) fn fm(g: &mut [u32]) -> &mut [f32] {
+        bytemuck::cast_slice_mut(g)
+    }
+    pub(crate) fn bytes(g: &[u32]) -> &[u8] {
+        bytemuck::cast_slice(g)
+    }
+    pub(crate) fn copy(
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let data = storage(src)?.read(src_offset, len);
+        storage(dst)?.write(dst_offset, &data);
+        Ok(())
+    }
 }
 
 impl CpuBackend {
@@ -84,179 +101,7 @@ impl CpuBackend {
 
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
         for op in ops {
-            self.run_one(op)?;
-        }
-        Ok(())
-    }
-
-    fn run_one(&self, op: &Op<'_>) -> Result<()> {
-        use kernels::*;
-        match *op {
-            Op::MatMul { a, b, c, m, n, k } => {
-                let (a, b, mut c) = (rd(a)?, rd(b)?, wr(c)?);
-                linear::matmul(f(&a), f(&b), fm(&mut c), m as usize, n as usize, k as usize);
-            }
-            Op::Linear {
-                w,
-                wtype,
-                x,
-                y,
-                rows,
-                cols,
-                tokens,
-            } => {
-                let (w, x, mut y) = (rd(w)?, rd(x)?, wr(y)?);
-                let (rows, cols, tokens) = (rows as usize, cols as usize, tokens as usize);
-                linear::linear(
-                    wtype,
-                    bytes(&w),
-                    &f(&x)[..tokens * cols],
-                    &mut fm(&mut y)[..tokens * rows],
-                    rows,
-                    cols,
-                    tokens,
-                );
-            }
-            Op::RmsNorm {
-                x,
-                weight,
-                y,
-                dim,
-                tokens,
-                eps,
-            } => {
-                let n = (dim * tokens) as usize;
-                let wv = rd(weight)?.clone();
-                if std::ptr::eq(x, y) {
-                    let mut g = wr(y)?;
-                    let xs = f(&g)[..n].to_vec();
-                    norm::rms_norm(&xs, f(&wv), &mut fm(&mut g)[..n], dim as usize, eps);
-                } else {
-                    let (x, mut y) = (rd(x)?, wr(y)?);
-                    norm::rms_norm(&f(&x)[..n], f(&wv), &mut fm(&mut y)[..n], dim as usize, eps);
-                }
-            }
-            Op::Rope {
-                x,
-                heads,
-                head_dim,
-                rope_dim,
-                tokens,
-                pos0,
-                freq_base,
-                neox,
-            } => {
-                let mut g = wr(x)?;
-                let n = (tokens * heads * head_dim) as usize;
-                rope::rope(
-                    &mut fm(&mut g)[..n],
-                    heads as usize,
-                    head_dim as usize,
-                    rope_dim as usize,
-                    pos0,
-                    freq_base,
-                    neox,
-                );
-            }
-            Op::Softmax { x, rows, cols } => {
-                let mut g = wr(x)?;
-                softmax::softmax(&mut fm(&mut g)[..(rows * cols) as usize], cols as usize);
-            }
-            Op::SiluMul { gate, up, out, n } => {
-                let (g, u, mut o) = (rd(gate)?, rd(up)?, wr(out)?);
-                let n = n as usize;
-                elementwise::silu_mul(&f(&g)[..n], &f(&u)[..n], &mut fm(&mut o)[..n]);
-            }
-            Op::Add { a, b, out, n } => {
-                let n = n as usize;
-                let other = if std::ptr::eq(out, a) {
-                    Some(b)
-                } else if std::ptr::eq(out, b) {
-                    Some(a)
-                } else {
-                    None
-                };
-                match other {
-                    Some(src) => {
-                        let s = rd(src)?.clone();
-                        let mut o = wr(out)?;
-                        elementwise::add_assign(&mut fm(&mut o)[..n], &f(&s)[..n]);
-                    }
-                    None => {
-                        let (a, b, mut o) = (rd(a)?, rd(b)?, wr(out)?);
-                        elementwise::add(&f(&a)[..n], &f(&b)[..n], &mut fm(&mut o)[..n]);
-                    }
-                }
-            }
-            Op::Embed {
-                table,
-                ttype,
-                ids,
-                out,
-                dim,
-                vocab,
-                tokens,
-            } => {
-                let (t, i, mut o) = (rd(table)?, rd(ids)?, wr(out)?);
-                let n = (dim * tokens) as usize;
-                embed::embed(
-                    bytes(&t),
-                    ttype,
-                    &i[..tokens as usize],
-                    &mut fm(&mut o)[..n],
-                    dim as usize,
-                    vocab as usize,
-                );
-            }
-            Op::Attention {
-                q,
-                k_cache,
-                v_cache,
-                out,
-                heads,
-                kv_heads,
-                head_dim,
-                tokens,
-                pos0,
-                scale,
-            } => {
-                let (q, k, v, mut o) = (rd(q)?, rd(k_cache)?, rd(v_cache)?, wr(out)?);
-                attention::attention(
-                    f(&q),
-                    f(&k),
-                    f(&v),
-                    fm(&mut o),
-                    heads as usize,
-                    kv_heads as usize,
-                    head_dim as usize,
-                    tokens as usize,
-                    pos0 as usize,
-                    scale,
-                );
-            }
-            Op::Argmax { x, n, out } => {
-                let (x, mut o) = (rd(x)?, wr(out)?);
-                o[0] = sample::argmax(&f(&x)[..n as usize]);
-            }
-            Op::Sample {
-                logits,
-                n,
-                out,
-                params,
-            } => {
-                let (x, mut o) = (rd(logits)?, wr(out)?);
-                o[0] = sample::sample(&f(&x)[..n as usize], &params);
-            }
-            Op::Copy {
-                src,
-                src_offset,
-                dst,
-                dst_offset,
-                bytes: len,
-            } => {
-                let data = storage(src)?.read(src_offset, len);
-                storage(dst)?.write(dst_offset, &data);
-            }
+            with_op!(op, o => o.cpu())?;
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::device::DeviceInfo;
-use crate::kernels::Op;
+use crate::kernels::{BufferCopy, Op, with_op};
 
 pub use validate::validate_op;
 
@@ -311,11 +311,10 @@ impl Device {
     /// buffers of this device) before anything is queued.
     pub fn run(&self, ops: &[Op<'_>]) -> Result<()> {
         for op in ops {
-            validate_op(op)?;
-            for buf in op_buffers(op) {
-                if !buf.same_device(&self.accounting) {
+            for u in with_op!(op, o => validate::validate(o))? {
+                if !u.buf.same_device(&self.accounting) {
                     return Err(BackendError::ForeignBuffer {
-                        label: buf.label.clone(),
+                        label: u.buf.label.clone(),
                     });
                 }
             }
@@ -400,13 +399,13 @@ impl Device {
             && dst_offset.is_multiple_of(4)
             && !std::ptr::eq(src, dst)
         {
-            self.run(&[Op::Copy {
+            self.run(&[Op::Copy(BufferCopy {
                 src,
                 src_offset,
                 dst,
                 dst_offset,
                 bytes,
-            }])?;
+            })])?;
             return Ok(true);
         }
         let data = self.read(src, src_offset, bytes).await?;
@@ -445,31 +444,5 @@ impl Device {
                 size: buf.size,
             }),
         }
-    }
-}
-
-/// Every buffer an op touches.
-pub(crate) fn op_buffers<'a>(op: &Op<'a>) -> Vec<&'a Buffer> {
-    match *op {
-        Op::MatMul { a, b, c, .. } => vec![a, b, c],
-        Op::Linear { w, x, y, .. } => vec![w, x, y],
-        Op::RmsNorm { x, weight, y, .. } => vec![x, weight, y],
-        Op::Rope { x, .. } => vec![x],
-        Op::Softmax { x, .. } => vec![x],
-        Op::SiluMul { gate, up, out, .. } => vec![gate, up, out],
-        Op::Add { a, b, out, .. } => vec![a, b, out],
-        Op::Embed {
-            table, ids, out, ..
-        } => vec![table, ids, out],
-        Op::Attention {
-            q,
-            k_cache,
-            v_cache,
-            out,
-            ..
-        } => vec![q, k_cache, v_cache, out],
-        Op::Argmax { x, out, .. } => vec![x, out],
-        Op::Sample { logits, out, .. } => vec![logits, out],
-        Op::Copy { src, dst, .. } => vec![src, dst],
     }
 }

@@ -1,6 +1,10 @@
 //! Causal grouped-query attention over a KV cache.
 
-/// See [`super::Op::Attention`]. `k_cache`/`v_cache` hold at least `pos0 + tokens` rows of
+use super::op::{OpSpec, Use, f32s, params};
+use crate::backend::cpu::access::{f, fm, rd, wr};
+use crate::backend::{self, Buffer};
+
+/// See [`Attention`]. `k_cache`/`v_cache` hold at least `pos0 + tokens` rows of
 /// `kv_heads × head_dim`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
@@ -46,5 +50,101 @@ pub fn attention(
                 }
             }
         }
+    }
+}
+
+/// Causal grouped-query attention. `q`: `tokens × heads × head_dim`; caches:
+/// `capacity × kv_heads × head_dim` holding positions `0..pos0 + tokens`; query `t` (at
+/// position `pos0 + t`) attends to cache positions `0..=pos0 + t`. `out` like `q`.
+#[derive(Debug, Clone, Copy)]
+pub struct Attention<'a> {
+    pub q: &'a Buffer,
+    pub k_cache: &'a Buffer,
+    pub v_cache: &'a Buffer,
+    pub out: &'a Buffer,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub tokens: u32,
+    pub pos0: u32,
+    pub scale: f32,
+}
+
+params!(AttentionParams {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    tokens: u32,
+    pos0: u32,
+    scale: f32,
+    // Blocks per (head, token) in cuda's `attention_split`; 0 elsewhere.
+    splits: u32,
+    _pad: u32,
+});
+
+impl<'a> OpSpec<'a> for Attention<'a> {
+    type Params = AttentionParams;
+
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let (heads, kv_heads, head_dim) = (self.heads, self.kv_heads, self.head_dim);
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(format!(
+                "{heads} query heads is not a multiple of {kv_heads} kv heads"
+            ));
+        }
+        if head_dim > 256 {
+            return Err(format!("head_dim {head_dim} exceeds 256"));
+        }
+        if self.pos0.checked_add(self.tokens).is_none() {
+            return Err("pos0 + tokens overflows".into());
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        let n_pos = self.pos0.saturating_add(self.tokens);
+        let q = f32s(&[self.tokens, self.heads, self.head_dim]);
+        let kv = f32s(&[n_pos, self.kv_heads, self.head_dim]);
+        vec![
+            Use::read("q", self.q, q),
+            Use::read("k_cache", self.k_cache, kv),
+            Use::read("v_cache", self.v_cache, kv),
+            Use::write("out", self.out, q),
+        ]
+    }
+
+    fn params(&self) -> AttentionParams {
+        AttentionParams {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            tokens: self.tokens,
+            pos0: self.pos0,
+            scale: self.scale,
+            splits: 0,
+            _pad: 0,
+        }
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let (q, k, v) = (rd(self.q)?, rd(self.k_cache)?, rd(self.v_cache)?);
+        let mut o = wr(self.out)?;
+        attention(
+            f(&q),
+            f(&k),
+            f(&v),
+            fm(&mut o),
+            self.heads as usize,
+            self.kv_heads as usize,
+            self.head_dim as usize,
+            self.tokens as usize,
+            self.pos0 as usize,
+            self.scale,
+        );
+        Ok(())
     }
 }

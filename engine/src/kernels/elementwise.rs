@@ -1,5 +1,9 @@
 //! Elementwise kernels: SiLU-gated multiply and residual add.
 
+use super::op::{CountParams, OpSpec, Use, f32s};
+use crate::backend::cpu::access::{f, fm, rd, wr};
+use crate::backend::{self, Buffer};
+
 pub fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
 }
@@ -20,5 +24,108 @@ pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
 pub fn add_assign(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;
+    }
+}
+
+/// `out = silu(gate) * up`, elementwise over `n`.
+#[derive(Debug, Clone, Copy)]
+pub struct SiluMul<'a> {
+    pub gate: &'a Buffer,
+    pub up: &'a Buffer,
+    pub out: &'a Buffer,
+    pub n: u32,
+}
+
+impl<'a> OpSpec<'a> for SiluMul<'a> {
+    type Params = CountParams;
+
+    fn name(&self) -> &'static str {
+        "silu_mul"
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        let n = f32s(&[self.n]);
+        vec![
+            Use::read("gate", self.gate, n),
+            Use::read("up", self.up, n),
+            Use::write("out", self.out, n),
+        ]
+    }
+
+    fn params(&self) -> CountParams {
+        CountParams::new(self.n)
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let (g, u, mut o) = (rd(self.gate)?, rd(self.up)?, wr(self.out)?);
+        let n = self.n as usize;
+        silu_mul(&f(&g)[..n], &f(&u)[..n], &mut fm(&mut o)[..n]);
+        Ok(())
+    }
+}
+
+/// `out = a + b`, elementwise over `n`; `out` may be `a` or `b`.
+#[derive(Debug, Clone, Copy)]
+pub struct Add<'a> {
+    pub a: &'a Buffer,
+    pub b: &'a Buffer,
+    pub out: &'a Buffer,
+    pub n: u32,
+}
+
+impl<'a> Add<'a> {
+    /// The input that is not `out` when the add runs in place on the other one.
+    pub fn in_place_other(&self) -> Option<&'a Buffer> {
+        if std::ptr::eq(self.out, self.a) {
+            Some(self.b)
+        } else if std::ptr::eq(self.out, self.b) {
+            Some(self.a)
+        } else {
+            None
+        }
+    }
+}
+
+impl<'a> OpSpec<'a> for Add<'a> {
+    type Params = CountParams;
+
+    fn name(&self) -> &'static str {
+        "add"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if std::ptr::eq(self.a, self.b) && std::ptr::eq(self.a, self.out) {
+            return Err("a, b and out are all the same buffer".into());
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        let n = f32s(&[self.n]);
+        vec![
+            Use::read("a", self.a, n),
+            Use::read("b", self.b, n),
+            Use::in_place("out", self.out, n),
+        ]
+    }
+
+    fn params(&self) -> CountParams {
+        CountParams::new(self.n)
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let n = self.n as usize;
+        match self.in_place_other() {
+            Some(src) => {
+                let s = rd(src)?.clone();
+                let mut o = wr(self.out)?;
+                add_assign(&mut fm(&mut o)[..n], &f(&s)[..n]);
+            }
+            None => {
+                let (a, b, mut o) = (rd(self.a)?, rd(self.b)?, wr(self.out)?);
+                add(&f(&a)[..n], &f(&b)[..n], &mut fm(&mut o)[..n]);
+            }
+        }
+        Ok(())
     }
 }

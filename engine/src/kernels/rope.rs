@@ -1,6 +1,10 @@
 //! Rotary position embedding.
 
-/// Rotates `x` (`tokens × heads × head_dim`) in place; see [`super::Op::Rope`].
+use super::op::{OpSpec, Use, f32s, params};
+use crate::backend::cpu::access::{fm, wr};
+use crate::backend::{self, Buffer};
+
+/// Rotates `x` (`tokens × heads × head_dim`) in place; see [`Rope`].
 #[allow(clippy::too_many_arguments)]
 pub fn rope(
     x: &mut [f32],
@@ -28,5 +32,83 @@ pub fn rope(
                 head[b] = x0 * s + x1 * c;
             }
         }
+    }
+}
+
+/// Rotary position embedding in place on `x` (`tokens × heads × head_dim`), token `t` at
+/// position `pos0 + t`. `neox` rotates pairs `(i, i + rope_dim/2)`; otherwise adjacent pairs
+/// `(2i, 2i+1)`, which is what GGUF llama models use (their Q/K weights are permuted at
+/// conversion).
+#[derive(Debug, Clone, Copy)]
+pub struct Rope<'a> {
+    pub x: &'a Buffer,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub rope_dim: u32,
+    pub tokens: u32,
+    pub pos0: u32,
+    pub freq_base: f32,
+    pub neox: bool,
+}
+
+params!(RopeParams {
+    heads: u32,
+    head_dim: u32,
+    rope_dim: u32,
+    tokens: u32,
+    pos0: u32,
+    freq_base: f32,
+    neox: u32,
+    _pad: u32,
+});
+
+impl<'a> OpSpec<'a> for Rope<'a> {
+    type Params = RopeParams;
+
+    fn name(&self) -> &'static str {
+        "rope"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let (rope_dim, head_dim) = (self.rope_dim, self.head_dim);
+        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
+            return Err(format!(
+                "rope_dim {rope_dim} must be even and at most head_dim {head_dim}"
+            ));
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        let n = f32s(&[self.tokens, self.heads, self.head_dim]);
+        vec![Use::in_place("x", self.x, n)]
+    }
+
+    fn params(&self) -> RopeParams {
+        RopeParams {
+            heads: self.heads,
+            head_dim: self.head_dim,
+            rope_dim: self.rope_dim,
+            tokens: self.tokens,
+            pos0: self.pos0,
+            freq_base: self.freq_base,
+            neox: u32::from(self.neox),
+            _pad: 0,
+        }
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let mut g = wr(self.x)?;
+        let n = (self.tokens * self.heads * self.head_dim) as usize;
+        rope(
+            &mut fm(&mut g)[..n],
+            self.heads as usize,
+            self.head_dim as usize,
+            self.rope_dim as usize,
+            self.pos0,
+            self.freq_base,
+            self.neox,
+        );
+        Ok(())
     }
 }

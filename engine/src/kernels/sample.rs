@@ -6,6 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::op::{CountParams, OpSpec, Use, f32s, params};
+use crate::backend::cpu::access::{f, rd, wr};
+use crate::backend::{self, Buffer};
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SampleParams {
     /// 0 (or less) means greedy.
@@ -116,6 +120,111 @@ pub fn sample(logits: &[f32], p: &SampleParams) -> u32 {
         }
     }
     best.1
+}
+
+/// Index of the largest of `n` f32 values (the first on ties) into `out[0]` as u32.
+#[derive(Debug, Clone, Copy)]
+pub struct Argmax<'a> {
+    pub x: &'a Buffer,
+    pub n: u32,
+    pub out: &'a Buffer,
+}
+
+impl<'a> OpSpec<'a> for Argmax<'a> {
+    type Params = CountParams;
+
+    fn name(&self) -> &'static str {
+        "argmax"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.n == 0 {
+            return Err("no values".into());
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        vec![
+            Use::read("x", self.x, f32s(&[self.n])),
+            Use::write("out", self.out, Some(4)),
+        ]
+    }
+
+    fn params(&self) -> CountParams {
+        CountParams::new(self.n)
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let (x, mut o) = (rd(self.x)?, wr(self.out)?);
+        o[0] = argmax(&f(&x)[..self.n as usize]);
+        Ok(())
+    }
+}
+
+/// Draws a token from `n` logits with temperature, top-k and top-p into `out[0]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample<'a> {
+    pub logits: &'a Buffer,
+    pub n: u32,
+    pub out: &'a Buffer,
+    pub params: SampleParams,
+}
+
+params!(SampleKernelParams {
+    n: u32,
+    temperature: f32,
+    top_k: u32,
+    top_p: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    step: u32,
+    _pad: u32,
+});
+
+impl<'a> OpSpec<'a> for Sample<'a> {
+    type Params = SampleKernelParams;
+
+    fn name(&self) -> &'static str {
+        "sample"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.n == 0 {
+            return Err("no logits".into());
+        }
+        if self.params.temperature.is_nan() || self.params.top_p.is_nan() {
+            return Err("temperature and top_p must be numbers".into());
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        vec![
+            Use::read("logits", self.logits, f32s(&[self.n])),
+            Use::write("out", self.out, Some(4)),
+        ]
+    }
+
+    fn params(&self) -> SampleKernelParams {
+        let p = &self.params;
+        SampleKernelParams {
+            n: self.n,
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            seed_lo: p.seed as u32,
+            seed_hi: (p.seed >> 32) as u32,
+            step: p.step,
+            _pad: 0,
+        }
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let (x, mut o) = (rd(self.logits)?, wr(self.out)?);
+        o[0] = sample(&f(&x)[..self.n as usize], &self.params);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

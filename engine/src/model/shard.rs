@@ -9,7 +9,9 @@ use super::config::ModelConfig;
 use super::weights::{self, Matrix, ShardWeights};
 use crate::backend::{Buffer, Device};
 use crate::gguf::TensorSource;
-use crate::kernels::{Op, SampleParams};
+use crate::kernels::{
+    Add, Attention, BufferCopy, Embed, Linear, Op, RmsNorm, Rope, Sample, SampleParams, SiluMul,
+};
 
 /// What a shard is fed.
 #[derive(Debug, Clone, Copy)]
@@ -238,17 +240,19 @@ impl Shard {
     ) {
         let c = &self.cfg;
         let tk = t as u32;
-        let lin = |m: &'a Matrix, x: &'a Buffer, y: &'a Buffer| Op::Linear {
-            w: &m.buf,
-            wtype: m.ty,
-            x,
-            y,
-            rows: m.rows as u32,
-            cols: m.cols as u32,
-            tokens: tk,
+        let lin = |m: &'a Matrix, x: &'a Buffer, y: &'a Buffer| {
+            Op::Linear(Linear {
+                w: &m.buf,
+                wtype: m.ty,
+                x,
+                y,
+                rows: m.rows as u32,
+                cols: m.cols as u32,
+                tokens: tk,
+            })
         };
         if let Some(e) = &self.weights.embed {
-            ops.push(Op::Embed {
+            ops.push(Op::Embed(Embed {
                 table: &e.buf,
                 ttype: e.ty,
                 ids: &s.ids,
@@ -256,27 +260,31 @@ impl Shard {
                 dim: c.dim as u32,
                 vocab: e.rows as u32,
                 tokens: tk,
-            });
+            }));
         }
         let kv_row = (c.kv_dim() * 4) as u64;
         for (i, w) in self.weights.layers.iter().enumerate() {
-            let norm = |weight: &'a Buffer| Op::RmsNorm {
-                x: &s.h,
-                weight,
-                y: &s.xn,
-                dim: c.dim as u32,
-                tokens: tk,
-                eps: c.norm_eps,
+            let norm = |weight: &'a Buffer| {
+                Op::RmsNorm(RmsNorm {
+                    x: &s.h,
+                    weight,
+                    y: &s.xn,
+                    dim: c.dim as u32,
+                    tokens: tk,
+                    eps: c.norm_eps,
+                })
             };
-            let rope = |x: &'a Buffer, heads: usize| Op::Rope {
-                x,
-                heads: heads as u32,
-                head_dim: c.head_dim as u32,
-                rope_dim: c.rope_dim as u32,
-                tokens: tk,
-                pos0: pos0 as u32,
-                freq_base: c.rope_base,
-                neox: false,
+            let rope = |x: &'a Buffer, heads: usize| {
+                Op::Rope(Rope {
+                    x,
+                    heads: heads as u32,
+                    head_dim: c.head_dim as u32,
+                    rope_dim: c.rope_dim as u32,
+                    tokens: tk,
+                    pos0: pos0 as u32,
+                    freq_base: c.rope_base,
+                    neox: false,
+                })
             };
             ops.push(norm(&w.attn_norm));
             ops.push(lin(&w.wq, &s.xn, &s.q));
@@ -286,21 +294,21 @@ impl Shard {
             ops.push(rope(&s.k, c.n_kv_heads));
             let off = pos0 as u64 * kv_row;
             let bytes = t as u64 * kv_row;
-            ops.push(Op::Copy {
+            ops.push(Op::Copy(BufferCopy {
                 src: &s.k,
                 src_offset: 0,
                 dst: &cache.k[i],
                 dst_offset: off,
                 bytes,
-            });
-            ops.push(Op::Copy {
+            }));
+            ops.push(Op::Copy(BufferCopy {
                 src: &s.v,
                 src_offset: 0,
                 dst: &cache.v[i],
                 dst_offset: off,
                 bytes,
-            });
-            ops.push(Op::Attention {
+            }));
+            ops.push(Op::Attention(Attention {
                 q: &s.q,
                 k_cache: &cache.k[i],
                 v_cache: &cache.v[i],
@@ -311,30 +319,30 @@ impl Shard {
                 tokens: tk,
                 pos0: pos0 as u32,
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
-            });
+            }));
             ops.push(lin(&w.wo, &s.att, &s.o));
-            ops.push(Op::Add {
+            ops.push(Op::Add(Add {
                 a: &s.h,
                 b: &s.o,
                 out: &s.h,
                 n: (t * c.dim) as u32,
-            });
+            }));
             ops.push(norm(&w.ffn_norm));
             ops.push(lin(&w.w_gate, &s.xn, &s.g));
             ops.push(lin(&w.w_up, &s.xn, &s.u));
-            ops.push(Op::SiluMul {
+            ops.push(Op::SiluMul(SiluMul {
                 gate: &s.g,
                 up: &s.u,
                 out: &s.a,
                 n: (t * c.ffn_dim) as u32,
-            });
+            }));
             ops.push(lin(&w.w_down, &s.a, &s.o));
-            ops.push(Op::Add {
+            ops.push(Op::Add(Add {
                 a: &s.h,
                 b: &s.o,
                 out: &s.h,
                 n: (t * c.dim) as u32,
-            });
+            }));
         }
     }
 
@@ -356,22 +364,22 @@ impl Shard {
             .output()
             .ok_or(ModelError::WrongInput("no output head"))?;
         let row = (c.dim * 4) as u64;
-        ops.push(Op::Copy {
+        ops.push(Op::Copy(BufferCopy {
             src: &s.h,
             src_offset: (t as u64 - 1) * row,
             dst: &s.last,
             dst_offset: 0,
             bytes: row,
-        });
-        ops.push(Op::RmsNorm {
+        }));
+        ops.push(Op::RmsNorm(RmsNorm {
             x: &s.last,
             weight: norm,
             y: &s.last_norm,
             dim: c.dim as u32,
             tokens: 1,
             eps: c.norm_eps,
-        });
-        ops.push(Op::Linear {
+        }));
+        ops.push(Op::Linear(Linear {
             w: &out.buf,
             wtype: out.ty,
             x: &s.last_norm,
@@ -379,14 +387,14 @@ impl Shard {
             rows: out.rows as u32,
             cols: out.cols as u32,
             tokens: 1,
-        });
+        }));
         if let Want::Sample(params) = want {
-            ops.push(Op::Sample {
+            ops.push(Op::Sample(Sample {
                 logits: &s.logits,
                 n: out.rows as u32,
                 out: &s.token,
                 params,
-            });
+            }));
         }
         Ok(())
     }

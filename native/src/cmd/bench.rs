@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use cairn_engine::gguf::{GgufFile, MappedGguf, TensorSource};
-use cairn_engine::kernels::{Op, SampleParams};
+use cairn_engine::kernels::{Add, BufferCopy, Op, SampleParams};
 use cairn_engine::model::generate::{GenerateOptions, generate};
 use cairn_engine::model::shard::DEFAULT_MAX_BATCH;
 use cairn_engine::model::synthetic::SyntheticModel;
@@ -195,13 +195,13 @@ fn copy_bandwidth(dev: &Device, free: u64) -> Result<CopyCeiling> {
     let dst = dev.alloc("copy dst", bytes)?;
     let n = if real_gpu { 8 } else { 2 };
     let ops = vec![
-        Op::Copy {
+        Op::Copy(BufferCopy {
             src: &src,
             src_offset: 0,
             dst: &dst,
             dst_offset: 0,
             bytes
-        };
+        });
         n
     ];
     dev.run(&ops)?;
@@ -220,12 +220,12 @@ fn copy_bandwidth(dev: &Device, free: u64) -> Result<CopyCeiling> {
         dev.alloc("stream out", sb)?,
     );
     let ops = vec![
-        Op::Add {
+        Op::Add(Add {
             a: &x,
             b: &y,
             out: &z,
             n: (sb / 4) as u32
-        };
+        });
         n
     ];
     dev.run(&ops)?;
@@ -255,12 +255,12 @@ fn dispatch_cost(dev: &Device) -> Result<DispatchCost> {
     let b = dev.upload("b", &bytes)?;
     let out = dev.alloc("out", 256)?;
     let ops = vec![
-        Op::Add {
+        Op::Add(Add {
             a: &a,
             b: &b,
             out: &out,
             n: 64
-        };
+        });
         N
     ];
     let run = |k: usize| -> Result<()> {

@@ -11,9 +11,10 @@
 //! written by one block while another reads it) is refused here, and those ops run as they
 //! are. Pure logic: tested without a GPU.
 
-use super::launch::{Kernel, Launch, MATVEC_MAX_TOKENS, ModuleKey, lane_step, row_bytes};
+use super::launch::{Kernel, Launch, MATVEC_MAX_TOKENS, ModuleKey, lane_step};
 use crate::backend::Buffer;
-use crate::kernels::Op;
+use crate::kernels::op::row_bytes;
+use crate::kernels::{self, Op};
 use crate::quant::GgmlType;
 
 /// The norm's staged activations live in dynamic shared memory, which needs no opt-in up to
@@ -126,15 +127,15 @@ fn none_of(b: &Buffer, others: &[&Buffer]) -> bool {
 fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
     let mut at = 0;
     let norm = match ops.first()? {
-        Op::RmsNorm { .. } if !norms => return None,
-        Op::RmsNorm {
+        Op::RmsNorm(_) if !norms => return None,
+        Op::RmsNorm(kernels::RmsNorm {
             x,
             weight,
             y,
             dim,
             tokens,
             eps,
-        } => {
+        }) => {
             // In place, the first block's copy of the output would race the others' reads;
             // the kernel stages rows as float4s.
             if same(x, y) || u64::from(*dim) * 4 > MAX_STAGE_BYTES || dim % 4 != 0 {
@@ -154,13 +155,13 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
         }
         _ => None,
     };
-    let Some(Op::Linear {
+    let Some(Op::Linear(kernels::Linear {
         x,
         wtype,
         cols,
         tokens,
         ..
-    }) = ops.get(at)
+    })) = ops.get(at)
     else {
         return None;
     };
@@ -181,7 +182,7 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
     let mut written: Vec<&Buffer> = norm.iter().map(|(n, _, _)| n.y).collect();
     let mut products: Vec<Product<'a>> = Vec::new();
     while products.len() < 3 {
-        let Some(Op::Linear {
+        let Some(Op::Linear(kernels::Linear {
             w,
             wtype: t,
             x: lx,
@@ -189,7 +190,7 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
             rows,
             cols: c,
             tokens: tk,
-        }) = ops.get(at)
+        })) = ops.get(at)
         else {
             break;
         };
@@ -216,7 +217,7 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
     let mut rope: Option<Rope> = None;
     let mut epilogue = Epilogue::None;
     match (products.len(), ops.get(at)) {
-        (2, Some(Op::SiluMul { gate, up, out, n }))
+        (2, Some(Op::SiluMul(kernels::SiluMul { gate, up, out, n })))
             if same(gate, products[0].y)
                 && same(up, products[1].y)
                 && products[0].rows == products[1].rows
@@ -227,7 +228,7 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
             epilogue = Epilogue::Glu { out };
             at += 1;
         }
-        (1, Some(Op::Add { a, b, out, n }))
+        (1, Some(Op::Add(kernels::Add { a, b, out, n })))
             if u64::from(*n) == u64::from(products[0].rows) * u64::from(tokens) =>
         {
             let y = products[0].y;
@@ -254,7 +255,7 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
             let mut caches: Vec<&Buffer> = Vec::new();
             while let Some(op) = ops.get(at) {
                 match *op {
-                    Op::Rope {
+                    Op::Rope(kernels::Rope {
                         x: rx,
                         heads,
                         head_dim,
@@ -263,7 +264,7 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
                         pos0,
                         freq_base,
                         neox: false,
-                    } => {
+                    }) => {
                         let Some(p) = products.iter_mut().find(|p| same(p.y, rx)) else {
                             break;
                         };
@@ -287,13 +288,13 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
                         p.rope = true;
                         rope = Some(r);
                     }
-                    Op::Copy {
+                    Op::Copy(kernels::BufferCopy {
                         src,
                         src_offset: 0,
                         dst,
                         dst_offset,
                         bytes,
-                    } => {
+                    }) => {
                         let Some(p) = products.iter_mut().find(|p| same(p.y, src)) else {
                             break;
                         };
@@ -489,39 +490,45 @@ mod tests {
     /// A Llama layer's ops as the model encodes them (model/shard.rs), 64 wide, 2 heads of 32
     /// (one kv head), ffn 128.
     fn layer<'a>(b: &'a Bufs, tokens: u32, pos0: u32) -> Vec<Op<'a>> {
-        let lin = |w, x, y, rows, cols| Op::Linear {
-            w,
-            wtype: GgmlType::Q4_1,
-            x,
-            y,
-            rows,
-            cols,
-            tokens,
+        let lin = |w, x, y, rows, cols| {
+            Op::Linear(kernels::Linear {
+                w,
+                wtype: GgmlType::Q4_1,
+                x,
+                y,
+                rows,
+                cols,
+                tokens,
+            })
         };
-        let norm = Op::RmsNorm {
+        let norm = Op::RmsNorm(kernels::RmsNorm {
             x: &b.h,
             weight: &b.nw,
             y: &b.xn,
             dim: 64,
             tokens,
             eps: 1e-5,
+        });
+        let rope = |x, heads| {
+            Op::Rope(kernels::Rope {
+                x,
+                heads,
+                head_dim: 32,
+                rope_dim: 32,
+                tokens,
+                pos0,
+                freq_base: 10000.0,
+                neox: false,
+            })
         };
-        let rope = |x, heads| Op::Rope {
-            x,
-            heads,
-            head_dim: 32,
-            rope_dim: 32,
-            tokens,
-            pos0,
-            freq_base: 10000.0,
-            neox: false,
-        };
-        let copy = |src, dst| Op::Copy {
-            src,
-            src_offset: 0,
-            dst,
-            dst_offset: u64::from(pos0) * 32 * 4,
-            bytes: u64::from(tokens) * 32 * 4,
+        let copy = |src, dst| {
+            Op::Copy(kernels::BufferCopy {
+                src,
+                src_offset: 0,
+                dst,
+                dst_offset: u64::from(pos0) * 32 * 4,
+                bytes: u64::from(tokens) * 32 * 4,
+            })
         };
         vec![
             norm,
@@ -532,7 +539,7 @@ mod tests {
             rope(&b.k, 1),
             copy(&b.k, &b.kc),
             copy(&b.v, &b.vc),
-            Op::Attention {
+            Op::Attention(kernels::Attention {
                 q: &b.q,
                 k_cache: &b.kc,
                 v_cache: &b.vc,
@@ -543,30 +550,30 @@ mod tests {
                 tokens,
                 pos0,
                 scale: 0.1,
-            },
+            }),
             lin(&b.wq, &b.att, &b.o, 64, 64),
-            Op::Add {
+            Op::Add(kernels::Add {
                 a: &b.h,
                 b: &b.o,
                 out: &b.h,
                 n: 64 * tokens,
-            },
+            }),
             norm,
             lin(&b.wk, &b.xn, &b.g, 128, 64),
             lin(&b.wv, &b.xn, &b.u, 128, 64),
-            Op::SiluMul {
+            Op::SiluMul(kernels::SiluMul {
                 gate: &b.g,
                 up: &b.u,
                 out: &b.a,
                 n: 128 * tokens,
-            },
+            }),
             lin(&b.wq, &b.a, &b.o, 64, 128),
-            Op::Add {
+            Op::Add(kernels::Add {
                 a: &b.h,
                 b: &b.o,
                 out: &b.h,
                 n: 64 * tokens,
-            },
+            }),
         ]
     }
 
@@ -661,50 +668,52 @@ mod tests {
     fn what_would_race_or_reorder_is_left_alone() {
         let d = cpu();
         let b = bufs(&d);
-        let lin = |x, y| Op::Linear {
-            w: &b.wq,
-            wtype: GgmlType::Q4_1,
-            x,
-            y,
-            rows: 64,
-            cols: 64,
-            tokens: 1,
+        let lin = |x, y| {
+            Op::Linear(kernels::Linear {
+                w: &b.wq,
+                wtype: GgmlType::Q4_1,
+                x,
+                y,
+                rows: 64,
+                cols: 64,
+                tokens: 1,
+            })
         };
         // A norm in place: its first block's copy would race the others' reads.
         let ops = [
-            Op::RmsNorm {
+            Op::RmsNorm(kernels::RmsNorm {
                 x: &b.h,
                 weight: &b.nw,
                 y: &b.h,
                 dim: 64,
                 tokens: 1,
                 eps: 1e-5,
-            },
+            }),
             lin(&b.h, &b.q),
         ];
         assert_eq!(shape(&fuse(&ops, true)), ["rmsnorm", "matvec"]);
         // A residual add into the product's own input.
         let ops = [
             lin(&b.att, &b.o),
-            Op::Add {
+            Op::Add(kernels::Add {
                 a: &b.att,
                 b: &b.o,
                 out: &b.att,
                 n: 64,
-            },
+            }),
         ];
         assert_eq!(shape(&fuse(&ops, true)), ["matvec", "add"]);
         // A copy before the rope of the same product keeps the rope out.
         let ops = [
             lin(&b.xn, &b.k),
-            Op::Copy {
+            Op::Copy(kernels::BufferCopy {
                 src: &b.k,
                 src_offset: 0,
                 dst: &b.kc,
                 dst_offset: 0,
                 bytes: 256,
-            },
-            Op::Rope {
+            }),
+            Op::Rope(kernels::Rope {
                 x: &b.k,
                 heads: 2,
                 head_dim: 32,
@@ -713,19 +722,19 @@ mod tests {
                 pos0: 0,
                 freq_base: 1e4,
                 neox: false,
-            },
+            }),
         ];
         assert_eq!(shape(&fuse(&ops, true)), ["fused2", "rope"]);
         // A copy of part of a product is not its cache write.
         let ops = [
             lin(&b.xn, &b.k),
-            Op::Copy {
+            Op::Copy(kernels::BufferCopy {
                 src: &b.k,
                 src_offset: 0,
                 dst: &b.kc,
                 dst_offset: 0,
                 bytes: 128,
-            },
+            }),
         ];
         assert_eq!(shape(&fuse(&ops, true)), ["matvec", "copy"]);
         // A second product that reads the first one's output is a separate step.

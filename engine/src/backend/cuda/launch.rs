@@ -1,8 +1,12 @@
-//! Which CUDA kernel runs an [`Op`], over what grid, with which buffers and parameter words.
+//! Which CUDA kernel runs an [`Op`], over what grid, with which buffers; the parameter words
+//! are the op's own `Params`.
 //! Pure logic: no driver calls, so it is tested without a GPU.
 
 use crate::backend::{BackendError, Buffer, Result};
-use crate::kernels::Op;
+use crate::kernels::{
+    Add, Argmax, Attention, AttentionParams, BufferCopy, Embed, Linear, MatMul, Op, OpSpec,
+    RmsNorm, Rope, Sample, SiluMul, Softmax, with_op,
+};
 use crate::quant::GgmlType;
 
 /// Parameter words per launch in the device's parameter arena (see kernels/common.cuh).
@@ -102,10 +106,12 @@ pub(crate) struct Launch<'a> {
     pub params: [u32; PARAM_WORDS],
 }
 
-fn params(words: &[u32]) -> [u32; PARAM_WORDS] {
-    let mut p = [0u32; PARAM_WORDS];
-    p[..words.len()].copy_from_slice(words);
-    p
+/// The parameter words of `p`, zero-padded.
+pub(crate) fn words<P: bytemuck::Pod>(p: &P) -> [u32; PARAM_WORDS] {
+    let mut w = [0u32; PARAM_WORDS];
+    let bytes = bytemuck::bytes_of(p);
+    bytemuck::cast_slice_mut::<u32, u8>(&mut w)[..bytes.len()].copy_from_slice(bytes);
+    w
 }
 
 fn blocks(n: u64, per: u64) -> u32 {
@@ -122,241 +128,176 @@ fn grid_yz(op: &'static str, what: &str, n: u32) -> Result<u32> {
     Ok(n)
 }
 
-pub(crate) fn row_bytes(ty: GgmlType, n: u32) -> u32 {
-    // validate_op has checked that `n` is a whole number of blocks and the size fits.
-    ty.row_bytes(n as usize)
-        .and_then(|b| u32::try_from(b).ok())
-        .unwrap_or(0)
+/// How the cuda backend runs one op: its launch, or `None` when it has no work (zero tokens,
+/// zero elements). The op has passed validation.
+pub(crate) trait CudaOp<'a>: OpSpec<'a> {
+    fn launch(&self) -> Result<Launch<'a>>;
 }
 
-/// The launch for `op`, or `None` when it has no work (zero tokens, zero elements). `op` must
-/// have passed `validate_op`.
+/// The launch for `op`, or `None` when it has no work. `op` must have passed `validate_op`.
 pub(crate) fn plan<'a>(op: &Op<'a>) -> Result<Option<Launch<'a>>> {
-    let name = op.name();
-    let l = |kernel, module, grid: [u32; 3], block: [u32; 3], buffers, words: &[u32]| {
-        Some(Launch {
-            kernel,
-            module,
-            grid,
-            block,
-            shared: 0,
-            scratch: 0,
-            buffers,
-            params: params(words),
-        })
-    };
-    let launch = match *op {
-        Op::MatMul { a, b, c, m, n, k } => l(
-            Kernel::MatMul,
-            ModuleKey::Ops,
-            [
-                blocks(n.into(), 16),
-                grid_yz(name, "rows", m.div_ceil(16))?,
-                1,
-            ],
-            [16, 16, 1],
-            vec![a, b, c],
-            &[m, n, k],
-        ),
-        Op::Linear {
-            w,
-            wtype,
-            x,
-            y,
-            rows,
-            cols,
-            tokens,
-        } => {
-            let p = [rows, cols, tokens, row_bytes(wtype, cols)];
-            if tokens <= MATVEC_MAX_TOKENS {
-                let kernel = if cols / lane_step(wtype) >= SPLIT_MIN_STEPS {
-                    Kernel::LinearMatvecSplit
-                } else {
-                    Kernel::LinearMatvec
-                };
-                l(
-                    kernel,
-                    ModuleKey::Weights(wtype),
-                    [blocks(rows.into(), 8), tokens, 1],
-                    [256, 1, 1],
-                    vec![w, x, y],
-                    &p,
-                )
+    let launch = with_op!(op, o => o.launch())?;
+    Ok(Some(launch).filter(|l| l.grid.iter().all(|g| *g > 0)))
+}
+
+/// A launch of `kernel` with the op's parameters, no shared memory and no scratch.
+fn launch<'a>(
+    op: &impl OpSpec<'a>,
+    (kernel, module): (Kernel, ModuleKey),
+    grid: [u32; 3],
+    block: [u32; 3],
+    buffers: Vec<&'a Buffer>,
+) -> Result<Launch<'a>> {
+    Ok(Launch {
+        kernel,
+        module,
+        grid,
+        block,
+        shared: 0,
+        scratch: 0,
+        buffers,
+        params: words(&op.params()),
+    })
+}
+
+const OPS: ModuleKey = ModuleKey::Ops;
+
+impl<'a> CudaOp<'a> for MatMul<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let rows = grid_yz(self.name(), "rows", self.m.div_ceil(16))?;
+        let grid = [blocks(self.n.into(), 16), rows, 1];
+        let buffers = vec![self.a, self.b, self.c];
+        launch(self, (Kernel::MatMul, OPS), grid, [16, 16, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for Linear<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let (rows, tokens, module) = (self.rows, self.tokens, ModuleKey::Weights(self.wtype));
+        let buffers = vec![self.w, self.x, self.y];
+        if tokens <= MATVEC_MAX_TOKENS {
+            let kernel = if self.cols / lane_step(self.wtype) >= SPLIT_MIN_STEPS {
+                Kernel::LinearMatvecSplit
             } else {
-                l(
-                    Kernel::LinearMatmat,
-                    ModuleKey::Weights(wtype),
-                    [
-                        blocks(rows.into(), 64),
-                        grid_yz(name, "tokens", tokens.div_ceil(64))?,
-                        1,
-                    ],
-                    [256, 1, 1],
-                    vec![w, x, y],
-                    &p,
-                )
-            }
-        }
-        Op::Embed {
-            table,
-            ttype,
-            ids,
-            out,
-            dim,
-            vocab,
-            tokens,
-        } => l(
-            Kernel::Embed,
-            ModuleKey::Weights(ttype),
-            [blocks(dim.into(), 256), grid_yz(name, "tokens", tokens)?, 1],
-            [256, 1, 1],
-            vec![table, ids, out],
-            &[dim, vocab, tokens, row_bytes(ttype, dim)],
-        ),
-        Op::RmsNorm {
-            x,
-            weight,
-            y,
-            dim,
-            tokens,
-            eps,
-        } => l(
-            Kernel::RmsNorm,
-            ModuleKey::Ops,
-            [tokens, 1, 1],
-            [1024, 1, 1],
-            vec![x, weight, y],
-            &[dim, tokens, eps.to_bits()],
-        ),
-        Op::Rope {
-            x,
-            heads,
-            head_dim,
-            rope_dim,
-            tokens,
-            pos0,
-            freq_base,
-            neox,
-        } => l(
-            Kernel::Rope,
-            ModuleKey::Ops,
-            [
-                blocks(u64::from(heads) * u64::from(rope_dim / 2), 256),
-                grid_yz(name, "tokens", tokens)?,
-                1,
-            ],
-            [256, 1, 1],
-            vec![x],
-            &[
-                heads,
-                head_dim,
-                rope_dim,
-                tokens,
-                pos0,
-                freq_base.to_bits(),
-                u32::from(neox),
-            ],
-        ),
-        Op::Softmax { x, rows, cols } => l(
-            Kernel::Softmax,
-            ModuleKey::Ops,
-            [rows, 1, 1],
-            [256, 1, 1],
-            vec![x],
-            &[rows, cols],
-        ),
-        Op::SiluMul { gate, up, out, n } => l(
-            Kernel::SiluMul,
-            ModuleKey::Ops,
-            [blocks(n.into(), 256), 1, 1],
-            [256, 1, 1],
-            vec![gate, up, out],
-            &[n],
-        ),
-        Op::Add { a, b, out, n } => l(
-            Kernel::Add,
-            ModuleKey::Ops,
-            [blocks(n.into(), 256), 1, 1],
-            [256, 1, 1],
-            vec![a, b, out],
-            &[n],
-        ),
-        Op::Attention {
-            q,
-            k_cache,
-            v_cache,
-            out,
-            heads,
-            kv_heads,
-            head_dim,
-            tokens,
-            pos0,
-            scale,
-        } => l(
-            Kernel::Attention,
-            ModuleKey::Ops,
-            [heads, grid_yz(name, "tokens", tokens)?, 1],
-            [256, 1, 1],
-            vec![q, k_cache, v_cache, out],
-            &[heads, kv_heads, head_dim, tokens, pos0, scale.to_bits()],
-        ),
-        Op::Argmax { x, n, out } => l(
-            Kernel::Argmax,
-            ModuleKey::Ops,
-            [1, 1, 1],
-            [1024, 1, 1],
-            vec![x, out],
-            &[n],
-        ),
-        Op::Sample {
-            logits,
-            n,
-            out,
-            params: sp,
-        } => l(
-            Kernel::Sample,
-            ModuleKey::Ops,
-            [1, 1, 1],
-            [1024, 1, 1],
-            vec![logits, out],
-            &[
-                n,
-                sp.temperature.to_bits(),
-                sp.top_k,
-                sp.top_p.to_bits(),
-                sp.seed as u32,
-                (sp.seed >> 32) as u32,
-                sp.step,
-            ],
-        ),
-        Op::Copy {
-            src,
-            src_offset,
-            dst,
-            dst_offset,
-            bytes,
-        } => {
-            let (s, d, n) = (src_offset / 4, dst_offset / 4, bytes / 4);
-            // A grid-stride loop: the grid depends on the length only, so a decode step that
-            // appends to the KV cache at a new offset replays the same graph.
-            l(
-                Kernel::Copy,
-                ModuleKey::Ops,
-                [blocks(n, 256).min(4096), 1, 1],
+                Kernel::LinearMatvec
+            };
+            let grid = [blocks(rows.into(), 8), tokens, 1];
+            launch(self, (kernel, module), grid, [256, 1, 1], buffers)
+        } else {
+            let tiles = grid_yz(self.name(), "tokens", tokens.div_ceil(64))?;
+            let grid = [blocks(rows.into(), 64), tiles, 1];
+            launch(
+                self,
+                (Kernel::LinearMatmat, module),
+                grid,
                 [256, 1, 1],
-                vec![src, dst],
-                &[
-                    s as u32,
-                    (s >> 32) as u32,
-                    d as u32,
-                    (d >> 32) as u32,
-                    n as u32,
-                    (n >> 32) as u32,
-                ],
+                buffers,
             )
         }
-    };
-    Ok(launch.filter(|l| l.grid.iter().all(|g| *g > 0)))
+    }
+}
+
+impl<'a> CudaOp<'a> for Embed<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let tokens = grid_yz(self.name(), "tokens", self.tokens)?;
+        let grid = [blocks(self.dim.into(), 256), tokens, 1];
+        let buffers = vec![self.table, self.ids, self.out];
+        let kernel = (Kernel::Embed, ModuleKey::Weights(self.ttype));
+        launch(self, kernel, grid, [256, 1, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for RmsNorm<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let buffers = vec![self.x, self.weight, self.y];
+        let grid = [self.tokens, 1, 1];
+        launch(self, (Kernel::RmsNorm, OPS), grid, [1024, 1, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for Rope<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let pairs = u64::from(self.heads) * u64::from(self.rope_dim / 2);
+        let grid = [
+            blocks(pairs, 256),
+            grid_yz(self.name(), "tokens", self.tokens)?,
+            1,
+        ];
+        launch(self, (Kernel::Rope, OPS), grid, [256, 1, 1], vec![self.x])
+    }
+}
+
+impl<'a> CudaOp<'a> for Softmax<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let grid = [self.rows, 1, 1];
+        launch(
+            self,
+            (Kernel::Softmax, OPS),
+            grid,
+            [256, 1, 1],
+            vec![self.x],
+        )
+    }
+}
+
+impl<'a> CudaOp<'a> for SiluMul<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let grid = [blocks(self.n.into(), 256), 1, 1];
+        let buffers = vec![self.gate, self.up, self.out];
+        launch(self, (Kernel::SiluMul, OPS), grid, [256, 1, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for Add<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let grid = [blocks(self.n.into(), 256), 1, 1];
+        let buffers = vec![self.a, self.b, self.out];
+        launch(self, (Kernel::Add, OPS), grid, [256, 1, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for Attention<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let grid = [self.heads, grid_yz(self.name(), "tokens", self.tokens)?, 1];
+        let buffers = vec![self.q, self.k_cache, self.v_cache, self.out];
+        launch(self, (Kernel::Attention, OPS), grid, [256, 1, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for Argmax<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let buffers = vec![self.x, self.out];
+        launch(
+            self,
+            (Kernel::Argmax, OPS),
+            [1, 1, 1],
+            [1024, 1, 1],
+            buffers,
+        )
+    }
+}
+
+impl<'a> CudaOp<'a> for Sample<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let buffers = vec![self.logits, self.out];
+        launch(
+            self,
+            (Kernel::Sample, OPS),
+            [1, 1, 1],
+            [1024, 1, 1],
+            buffers,
+        )
+    }
+}
+
+impl<'a> CudaOp<'a> for BufferCopy<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        // A grid-stride loop: the grid depends on the length only, so a decode step that
+        // appends to the KV cache at a new offset replays the same graph.
+        let grid = [blocks(self.bytes / 4, 256).min(4096), 1, 1];
+        let buffers = vec![self.src, self.dst];
+        launch(self, (Kernel::Copy, OPS), grid, [256, 1, 1], buffers)
+    }
 }
 
 /// At most this many blocks share one (head, token)'s keys in decode attention (the merge keeps
@@ -371,20 +312,23 @@ pub(crate) fn split_attention(l: &mut Launch<'_>, target_blocks: u32) {
     if l.kernel != Kernel::Attention {
         return;
     }
-    let (heads, head_dim, tokens) = (l.params[0], l.params[2], l.params[3]);
-    if tokens > MATVEC_MAX_TOKENS {
+    let size = std::mem::size_of::<AttentionParams>();
+    let mut p: AttentionParams =
+        bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
+    if p.tokens > MATVEC_MAX_TOKENS {
         return;
     }
-    let pairs = heads.saturating_mul(tokens).max(1);
+    let pairs = p.heads.saturating_mul(p.tokens).max(1);
     let splits = (target_blocks / pairs).min(MAX_ATTENTION_SPLITS);
     if splits < 2 {
         return;
     }
     l.kernel = Kernel::AttentionSplit;
     l.grid[2] = splits;
-    l.params[6] = splits;
+    p.splits = splits;
+    l.params = words(&p);
     let pairs = u64::from(pairs);
-    l.scratch = pairs * 4 + pairs * u64::from(splits) * (2 + u64::from(head_dim)) * 4;
+    l.scratch = pairs * 4 + pairs * u64::from(splits) * (2 + u64::from(p.head_dim)) * 4;
 }
 
 #[cfg(test)]
@@ -403,14 +347,16 @@ mod tests {
         let w = d.alloc("w", 20 * 2 * 100).unwrap();
         let x = d.alloc("x", 4 * 64 * 100).unwrap();
         let y = d.alloc("y", 4 * 100 * 100).unwrap();
-        let op = |tokens| Op::Linear {
-            w: &w,
-            wtype: GgmlType::Q4_1,
-            x: &x,
-            y: &y,
-            rows: 100,
-            cols: 64,
-            tokens,
+        let op = |tokens| {
+            Op::Linear(Linear {
+                w: &w,
+                wtype: GgmlType::Q4_1,
+                x: &x,
+                y: &y,
+                rows: 100,
+                cols: 64,
+                tokens,
+            })
         };
         let one = plan(&op(1)).unwrap().unwrap();
         assert_eq!(
@@ -421,7 +367,7 @@ mod tests {
         assert_eq!(one.module, ModuleKey::Weights(GgmlType::Q4_1));
         assert_eq!(one.grid, [13, 1, 1]);
         assert_eq!(&one.params[..4], &[100, 64, 1, 40]);
-        let long = Op::Linear {
+        let long = Op::Linear(Linear {
             w: &w,
             wtype: GgmlType::Q4_1,
             x: &x,
@@ -429,7 +375,7 @@ mod tests {
             rows: 100,
             cols: 2048,
             tokens: 1,
-        };
+        });
         assert_eq!(
             plan(&long).unwrap().unwrap().kernel,
             Kernel::LinearMatvecSplit,
@@ -446,12 +392,14 @@ mod tests {
         let d = cpu();
         let a = d.alloc("a", 1 << 12).unwrap();
         let b = d.alloc("b", 1 << 12).unwrap();
-        let op = |dst_offset| Op::Copy {
-            src: &a,
-            src_offset: 8,
-            dst: &b,
-            dst_offset,
-            bytes: 1024,
+        let op = |dst_offset| {
+            Op::Copy(BufferCopy {
+                src: &a,
+                src_offset: 8,
+                dst: &b,
+                dst_offset,
+                bytes: 1024,
+            })
         };
         let p0 = plan(&op(0)).unwrap().unwrap();
         let p1 = plan(&op(2048)).unwrap().unwrap();
@@ -474,12 +422,12 @@ mod tests {
             seed: 0x1234_5678_9abc_def0,
             step: 7,
         };
-        let p = plan(&Op::Sample {
+        let p = plan(&Op::Sample(Sample {
             logits: &l,
             n: 10,
             out: &o,
             params: sp,
-        })
+        }))
         .unwrap()
         .unwrap();
         assert_eq!(
@@ -500,17 +448,19 @@ mod tests {
     fn decode_attention_splits_keys_by_shape_not_position() {
         let d = cpu();
         let b = d.alloc("b", 1 << 16).unwrap();
-        let att = |tokens, pos0| Op::Attention {
-            q: &b,
-            k_cache: &b,
-            v_cache: &b,
-            out: &b,
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            tokens,
-            pos0,
-            scale: 0.125,
+        let att = |tokens, pos0| {
+            Op::Attention(Attention {
+                q: &b,
+                k_cache: &b,
+                v_cache: &b,
+                out: &b,
+                heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                tokens,
+                pos0,
+                scale: 0.125,
+            })
         };
         let split = |tokens, pos0| {
             let mut l = plan(&att(tokens, pos0)).unwrap().unwrap();
@@ -538,7 +488,7 @@ mod tests {
     fn too_many_tokens_for_one_launch_is_an_error() {
         let d = cpu();
         let x = d.alloc("x", 4).unwrap();
-        let err = plan(&Op::Rope {
+        let err = plan(&Op::Rope(Rope {
             x: &x,
             heads: 1,
             head_dim: 2,
@@ -547,7 +497,7 @@ mod tests {
             pos0: 0,
             freq_base: 10000.0,
             neox: false,
-        })
+        }))
         .unwrap_err()
         .to_string();
         assert!(err.contains("exceeds"), "{err}");

@@ -354,6 +354,7 @@ fn function_id(module: ModuleKey, kernel: Kernel) -> u32 {
 mod tests {
     use super::*;
     use crate::backend::BackendKind;
+    use crate::kernels::{Add, BufferCopy};
 
     /// On a machine with a CUDA driver, the first `cuda:N` device runs a kernel, a copy and a
     /// replayed graph; without one, discovery lists no cuda device and says why. The full
@@ -380,19 +381,19 @@ mod tests {
         for step in 0..4u64 {
             // The same ops with a new destination offset: the third run replays a graph.
             dev.run(&[
-                Op::Add {
+                Op::Add(Add {
                     a: &ba,
                     b: &bb,
                     out: &out,
                     n: 300,
-                },
-                Op::Copy {
+                }),
+                Op::Copy(BufferCopy {
                     src: &out,
                     src_offset: 0,
                     dst: &copy,
                     dst_offset: 400 * (step % 2),
                     bytes: 800,
-                },
+                }),
             ])
             .expect("run");
             let got = dev.read_f32_blocking(&copy).expect("read");
@@ -435,12 +436,12 @@ mod tests {
         let far = d1.alloc("far", 4 * n as u64 + 4096).expect("alloc");
         let back = d0.alloc("back", 4 * n as u64).expect("alloc");
         // Queued after the add on d0's stream: the copy must see its result.
-        d0.run(&[Op::Add {
+        d0.run(&[Op::Add(Add {
             a: &ba,
             b: &bb,
             out: &sum,
             n: n as u32,
-        }])
+        })])
         .expect("add");
         let direct = pollster::block_on(d0.copy_to(&sum, 0, &d1, &far, 4096, 4 * n as u64))
             .expect("copy 0 -> 1");

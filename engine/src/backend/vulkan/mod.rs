@@ -114,7 +114,7 @@ pub(crate) fn open(adapter: &wgpu::Adapter, info: &DeviceInfo) -> Result<WgpuBac
 #[cfg(test)]
 mod tests {
     use crate::backend::BackendKind;
-    use crate::kernels::Op;
+    use crate::kernels::{Add, BufferCopy, Op};
 
     /// The first `vulkan:N` device (lavapipe in CI) runs a kernel and a copy, and its buffers
     /// read back what was written. The full kernel suite runs in tests/tests/kernels.rs.
@@ -137,22 +137,22 @@ mod tests {
         let bb = dev.upload("b", bytemuck::cast_slice(&b)).expect("upload");
         let out = dev.alloc("out", 1200).expect("alloc");
         let copy = dev.alloc("copy", 1200).expect("alloc");
-        dev.run(&[Op::Copy {
+        dev.run(&[Op::Copy(BufferCopy {
             src: &ba,
             src_offset: 0,
             dst: &copy,
             dst_offset: 0,
             bytes: 1200,
-        }])
+        })])
         .expect("copy");
         assert_eq!(dev.read_f32_blocking(&copy).expect("read"), a);
         for _ in 0..2 {
-            dev.run(&[Op::Add {
+            dev.run(&[Op::Add(Add {
                 a: &ba,
                 b: &bb,
                 out: &out,
                 n: 300,
-            }])
+            })])
             .expect("run");
             let got = dev.read_f32_blocking(&out).expect("read");
             let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();

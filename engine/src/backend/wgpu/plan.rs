@@ -1,9 +1,13 @@
-//! How each op maps onto kernels: pipeline, bindings, parameters and grid.
+//! How each op maps onto WGSL kernels: pipeline, bindings and grid; the parameters are the
+//! op's own `Params`, written as they are.
 
 use cairn_shaders::{self as shaders, Kernel};
 
 use crate::backend::{BackendError, Buffer, Result};
-use crate::kernels::Op;
+use crate::kernels::{
+    Add, Argmax, Attention, BufferCopy, Embed, Linear, MatMul, Op, OpSpec, RmsNorm, Rope, Sample,
+    SiluMul, Softmax, with_op,
+};
 
 /// One GPU command of a submission.
 pub(crate) enum Step<'a> {
@@ -38,197 +42,317 @@ fn grid(n: u32, max_dim: u32) -> Result<[u32; 3]> {
     Ok([x, y, 1])
 }
 
-fn f(v: f32) -> u32 {
-    v.to_bits()
+/// How the wgpu and vulkan backends run one op.
+pub(crate) trait WgpuOp<'a>: OpSpec<'a> {
+    /// Every kernel the op may dispatch; each declares the op's `Params` at binding 0.
+    const KERNELS: &'static [Kernel];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>>;
 }
 
 pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32) -> Result<Step<'a>> {
-    let dispatch = |kernel, format, buffers, params, groups| {
-        Ok(Step::Dispatch {
-            kernel,
-            format,
-            buffers,
-            params,
-            groups,
-        })
-    };
-    match *op {
-        Op::MatMul { a, b, c, m, n, k } => dispatch(
+    with_op!(op, o => o.step(max_dim))
+}
+
+/// A dispatch of `kernel` with the op's parameters.
+fn dispatch<'a, O: WgpuOp<'a>>(
+    op: &O,
+    kernel: Kernel,
+    format: Option<&'static str>,
+    buffers: Vec<&'a Buffer>,
+    groups: [u32; 3],
+) -> Result<Step<'a>> {
+    // Only a listed kernel has its `Params` declaration checked against the op's struct.
+    debug_assert!(O::KERNELS.contains(&kernel), "{} is not in KERNELS", kernel.name);
+    let mut params = [0u32; 8];
+    let p = op.params();
+    let bytes = bytemuck::bytes_of(&p);
+    bytemuck::cast_slice_mut::<u32, u8>(&mut params)[..bytes.len()].copy_from_slice(bytes);
+    Ok(Step::Dispatch {
+        kernel,
+        format,
+        buffers,
+        params,
+        groups,
+    })
+}
+
+impl<'a> WgpuOp<'a> for MatMul<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::MATMUL];
+
+    fn step(&self, _: u32) -> Result<Step<'a>> {
+        let groups = [self.n.div_ceil(32).max(1), self.m.div_ceil(32).max(1), 1];
+        dispatch(
+            self,
             shaders::MATMUL,
             None,
-            vec![a, b, c],
-            [m, n, k, 0, 0, 0, 0, 0],
-            [n.div_ceil(32).max(1), m.div_ceil(32).max(1), 1],
-        ),
-        Op::Linear {
-            w,
-            wtype,
-            x,
-            y,
-            rows,
-            cols,
-            tokens,
-        } => {
-            let row_bytes = wtype.row_bytes(cols as usize).unwrap_or(0) as u32;
-            let params = [rows, cols, row_bytes, tokens, 0, 0, 0, 0];
-            if tokens == 1 {
-                dispatch(
-                    shaders::LINEAR_MATVEC,
-                    Some(wtype.name()),
-                    vec![w, x, y],
-                    params,
-                    grid(rows.div_ceil(8), max_dim)?,
-                )
-            } else {
-                dispatch(
-                    shaders::LINEAR_MATMAT,
-                    Some(wtype.name()),
-                    vec![w, x, y],
-                    params,
-                    [rows.div_ceil(32).max(1), tokens.div_ceil(32).max(1), 1],
-                )
-            }
-        }
-        Op::RmsNorm {
-            x,
-            weight,
-            y,
-            dim,
-            tokens,
-            eps,
-        } => dispatch(
+            vec![self.a, self.b, self.c],
+            groups,
+        )
+    }
+}
+
+impl<'a> WgpuOp<'a> for Linear<'a> {
+    // The vulkan backend swaps in the subgroup variant of the matrix-vector kernel.
+    const KERNELS: &'static [Kernel] = &[
+        shaders::LINEAR_MATVEC,
+        shaders::LINEAR_MATVEC_SUBGROUP,
+        shaders::LINEAR_MATMAT,
+    ];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let (rows, tokens) = (self.rows, self.tokens);
+        let (kernel, groups) = if tokens == 1 {
+            (shaders::LINEAR_MATVEC, grid(rows.div_ceil(8), max_dim)?)
+        } else {
+            let groups = [rows.div_ceil(32).max(1), tokens.div_ceil(32).max(1), 1];
+            (shaders::LINEAR_MATMAT, groups)
+        };
+        let buffers = vec![self.w, self.x, self.y];
+        dispatch(self, kernel, Some(self.wtype.name()), buffers, groups)
+    }
+}
+
+impl<'a> WgpuOp<'a> for RmsNorm<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::RMSNORM];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let buffers = vec![self.x, self.weight, self.y];
+        dispatch(
+            self,
             shaders::RMSNORM,
             None,
-            vec![x, weight, y],
-            [dim, tokens, f(eps), 0, 0, 0, 0, 0],
-            grid(tokens, max_dim)?,
-        ),
-        Op::Rope {
-            x,
-            heads,
-            head_dim,
-            rope_dim,
-            tokens,
-            pos0,
-            freq_base,
-            neox,
-        } => dispatch(
-            shaders::ROPE,
-            None,
-            vec![x],
-            [
-                heads,
-                head_dim,
-                rope_dim,
-                tokens,
-                pos0,
-                f(freq_base),
-                u32::from(neox),
-                0,
-            ],
-            grid((tokens * heads * (rope_dim / 2)).div_ceil(256), max_dim)?,
-        ),
-        Op::Softmax { x, rows, cols } => dispatch(
+            buffers,
+            grid(self.tokens, max_dim)?,
+        )
+    }
+}
+
+impl<'a> WgpuOp<'a> for Rope<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::ROPE];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let pairs = self.tokens * self.heads * (self.rope_dim / 2);
+        let groups = grid(pairs.div_ceil(256), max_dim)?;
+        dispatch(self, shaders::ROPE, None, vec![self.x], groups)
+    }
+}
+
+impl<'a> WgpuOp<'a> for Softmax<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::SOFTMAX];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        dispatch(
+            self,
             shaders::SOFTMAX,
             None,
-            vec![x],
-            [rows, cols, 0, 0, 0, 0, 0, 0],
-            grid(rows, max_dim)?,
-        ),
-        Op::SiluMul { gate, up, out, n } => dispatch(
-            shaders::SILU_MUL,
-            None,
-            vec![gate, up, out],
-            [n, 0, 0, 0, 0, 0, 0, 0],
-            grid(n.div_ceil(256), max_dim)?,
-        ),
-        Op::Add { a, b, out, n } => {
-            let groups = grid(n.div_ceil(256), max_dim)?;
-            let params = [n, 0, 0, 0, 0, 0, 0, 0];
-            if std::ptr::eq(out, a) {
-                dispatch(shaders::ADD_INPLACE, None, vec![out, b], params, groups)
-            } else if std::ptr::eq(out, b) {
-                dispatch(shaders::ADD_INPLACE, None, vec![out, a], params, groups)
-            } else {
-                dispatch(shaders::ADD, None, vec![a, b, out], params, groups)
-            }
+            vec![self.x],
+            grid(self.rows, max_dim)?,
+        )
+    }
+}
+
+impl<'a> WgpuOp<'a> for SiluMul<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::SILU_MUL];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let groups = grid(self.n.div_ceil(256), max_dim)?;
+        let buffers = vec![self.gate, self.up, self.out];
+        dispatch(self, shaders::SILU_MUL, None, buffers, groups)
+    }
+}
+
+impl<'a> WgpuOp<'a> for Add<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::ADD, shaders::ADD_INPLACE];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let groups = grid(self.n.div_ceil(256), max_dim)?;
+        match self.in_place_other() {
+            Some(other) => dispatch(
+                self,
+                shaders::ADD_INPLACE,
+                None,
+                vec![self.out, other],
+                groups,
+            ),
+            None => dispatch(
+                self,
+                shaders::ADD,
+                None,
+                vec![self.a, self.b, self.out],
+                groups,
+            ),
         }
-        Op::Embed {
-            table,
-            ttype,
-            ids,
-            out,
-            dim,
-            vocab,
-            tokens,
-        } => {
-            let row_bytes = ttype.row_bytes(dim as usize).unwrap_or(0) as u32;
-            dispatch(
-                shaders::EMBED,
-                Some(ttype.name()),
-                vec![table, ids, out],
-                [dim, vocab, tokens, row_bytes, 0, 0, 0, 0],
-                grid((dim * tokens).div_ceil(256), max_dim)?,
-            )
-        }
-        Op::Attention {
-            q,
-            k_cache,
-            v_cache,
-            out,
-            heads,
-            kv_heads,
-            head_dim,
-            tokens,
-            pos0,
-            scale,
-        } => dispatch(
-            shaders::ATTENTION,
-            None,
-            vec![q, k_cache, v_cache, out],
-            [heads, kv_heads, head_dim, tokens, pos0, f(scale), 0, 0],
-            [heads, tokens, 1],
-        ),
-        Op::Argmax { x, n, out } => dispatch(
+    }
+}
+
+impl<'a> WgpuOp<'a> for Embed<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::EMBED];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let groups = grid((self.dim * self.tokens).div_ceil(256), max_dim)?;
+        let buffers = vec![self.table, self.ids, self.out];
+        dispatch(
+            self,
+            shaders::EMBED,
+            Some(self.ttype.name()),
+            buffers,
+            groups,
+        )
+    }
+}
+
+impl<'a> WgpuOp<'a> for Attention<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::ATTENTION];
+
+    fn step(&self, _: u32) -> Result<Step<'a>> {
+        let buffers = vec![self.q, self.k_cache, self.v_cache, self.out];
+        let groups = [self.heads, self.tokens, 1];
+        dispatch(self, shaders::ATTENTION, None, buffers, groups)
+    }
+}
+
+impl<'a> WgpuOp<'a> for Argmax<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::ARGMAX];
+
+    fn step(&self, _: u32) -> Result<Step<'a>> {
+        dispatch(
+            self,
             shaders::ARGMAX,
             None,
-            vec![x, out],
-            [n, 0, 0, 0, 0, 0, 0, 0],
+            vec![self.x, self.out],
             [1, 1, 1],
-        ),
-        Op::Sample {
-            logits,
-            n,
-            out,
-            params: s,
-        } => dispatch(
+        )
+    }
+}
+
+impl<'a> WgpuOp<'a> for Sample<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::SAMPLE];
+
+    fn step(&self, _: u32) -> Result<Step<'a>> {
+        dispatch(
+            self,
             shaders::SAMPLE,
             None,
-            vec![logits, out],
-            [
-                n,
-                s.top_k,
-                s.seed as u32,
-                (s.seed >> 32) as u32,
-                s.step,
-                f(s.temperature),
-                f(s.top_p),
-                0,
-            ],
+            vec![self.logits, self.out],
             [1, 1, 1],
-        ),
-        Op::Copy {
-            src,
-            src_offset,
-            dst,
-            dst_offset,
-            bytes,
-        } => Ok(Step::Copy {
-            src,
-            src_offset,
-            dst,
-            dst_offset,
-            bytes,
-        }),
+        )
+    }
+}
+
+impl<'a> WgpuOp<'a> for BufferCopy<'a> {
+    const KERNELS: &'static [Kernel] = &[];
+
+    fn step(&self, _: u32) -> Result<Step<'a>> {
+        Ok(Step::Copy {
+            src: self.src,
+            src_offset: self.src_offset,
+            dst: self.dst,
+            dst_offset: self.dst_offset,
+            bytes: self.bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::op::Layout;
+
+    /// The members (name, offset) and size of the struct `kernel` binds at binding 0.
+    fn wgsl_params(kernel: Kernel) -> (Vec<(String, u32)>, u32) {
+        let format = kernel.formatted.then_some("F32");
+        let src = shaders::source(kernel, format).expect("source");
+        let module = naga::front::wgsl::parse_str(&src).expect("parses");
+        let var = module
+            .global_variables
+            .iter()
+            .map(|(_, v)| v)
+            .find(|v| v.binding.as_ref().is_some_and(|b| b.binding == 0))
+            .unwrap_or_else(|| panic!("{} binds nothing at 0", kernel.name));
+        let ty = &module.types[var.ty];
+        let naga::TypeInner::Struct { members, span } = &ty.inner else {
+            panic!("{}: binding 0 is not a struct", kernel.name);
+        };
+        let members = members
+            .iter()
+            .map(|m| (m.name.clone().unwrap_or_default(), m.offset))
+            .collect();
+        (members, *span)
+    }
+
+    fn matches<'a, O: WgpuOp<'a>>() -> Vec<&'static str>
+    where
+        O::Params: Layout,
+    {
+        let rust: Vec<(String, u32)> = <O::Params as Layout>::MEMBERS
+            .iter()
+            .map(|(n, _, off)| (n.to_string(), *off as u32))
+            .collect();
+        let size = std::mem::size_of::<O::Params>() as u32;
+        for &kernel in O::KERNELS {
+            let (members, span) = wgsl_params(kernel);
+            assert_eq!(members, rust, "{}: members of Params", kernel.name);
+            assert_eq!(span, size, "{}: size of Params", kernel.name);
+            assert!(size <= 32, "{}: parameters beyond 32 bytes", kernel.name);
+        }
+        O::KERNELS.iter().map(|k| k.name).collect()
+    }
+
+    /// Each kernel's WGSL `Params` has the members, offsets and size of the `#[repr(C)]`
+    /// struct its op writes, and every kernel belongs to an op.
+    #[test]
+    fn every_wgsl_params_declaration_is_its_ops_struct() {
+        let mut covered = [
+            matches::<MatMul>(),
+            matches::<Linear>(),
+            matches::<RmsNorm>(),
+            matches::<Rope>(),
+            matches::<Softmax>(),
+            matches::<SiluMul>(),
+            matches::<Add>(),
+            matches::<Embed>(),
+            matches::<Attention>(),
+            matches::<Argmax>(),
+            matches::<Sample>(),
+            matches::<BufferCopy>(),
+        ]
+        .concat();
+        covered.sort();
+        let mut all: Vec<&str> = shaders::ALL.iter().map(|k| k.name).collect();
+        all.sort();
+        assert_eq!(covered, all);
+    }
+
+    #[test]
+    fn a_dispatch_carries_the_ops_params_as_they_are() {
+        let d = crate::backend::Device::new_cpu(crate::device::info::describe_cpu());
+        let (l, o) = (d.alloc("l", 40).unwrap(), d.alloc("o", 4).unwrap());
+        let op = Sample {
+            logits: &l,
+            n: 10,
+            out: &o,
+            params: crate::kernels::SampleParams {
+                temperature: 0.5,
+                top_k: 3,
+                top_p: 0.9,
+                seed: 0x1234_5678_9abc_def0,
+                step: 7,
+            },
+        };
+        let Ok(Step::Dispatch { params, .. }) = op.step(65535) else {
+            panic!("sample is a dispatch");
+        };
+        let want = [
+            10,
+            0.5f32.to_bits(),
+            3,
+            0.9f32.to_bits(),
+            0x9abc_def0,
+            0x1234_5678,
+            7,
+            0,
+        ];
+        assert_eq!(params, want);
     }
 }

@@ -1,14 +1,37 @@
 // Shared by every Cairn CUDA module (compiled at run time by NVRTC, so no system headers).
 //
 // Kernel ABI: the first argument points at this launch's 16 parameter words in the device's
-// parameter arena (floats stored as their bits); buffers follow as raw pointers. Parameters
-// live in device memory rather than in kernel arguments so that a captured CUDA graph can be
-// replayed with new positions (decode steps) by rewriting the arena alone.
+// parameter arena, which an op's kernel reads as the op's parameter struct below (the fused
+// kernels read words); buffers follow as raw pointers. Parameters live in device memory
+// rather than in kernel arguments so that a captured CUDA graph can be replayed with new
+// positions (decode steps) by rewriting the arena alone.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 typedef unsigned long long u64;
+
+// Each op's parameters, member for member the `#[repr(C)]` struct the Rust side writes
+// (engine/src/kernels/*.rs, `params!`; a test there compares the two).
+struct MatMulParams { u32 m; u32 n; u32 k; u32 _pad; };
+struct LinearParams { u32 rows; u32 cols; u32 tokens; u32 row_bytes; };
+struct EmbedParams { u32 dim; u32 vocab; u32 tokens; u32 row_bytes; };
+struct RmsNormParams { u32 dim; u32 tokens; float eps; u32 _pad; };
+struct RopeParams {
+    u32 heads; u32 head_dim; u32 rope_dim; u32 tokens; u32 pos0; float freq_base; u32 neox;
+    u32 _pad;
+};
+struct SoftmaxParams { u32 rows; u32 cols; u32 _pad0; u32 _pad1; };
+struct CountParams { u32 n; u32 _pad0; u32 _pad1; u32 _pad2; };
+struct AttentionParams {
+    u32 heads; u32 kv_heads; u32 head_dim; u32 tokens; u32 pos0; float scale; u32 splits;
+    u32 _pad;
+};
+struct SampleKernelParams {
+    u32 n; float temperature; u32 top_k; float top_p; u32 seed_lo; u32 seed_hi; u32 step;
+    u32 _pad;
+};
+struct CopyParams { u32 src_lo; u32 src_hi; u32 dst_lo; u32 dst_hi; u32 n_lo; u32 n_hi; };
 
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)

@@ -14,11 +14,11 @@
 #define MATVEC_ROWS 8  // rows per block of 256 threads, in both matrix-vector kernels
 
 // y[t, r] = sum_c w[r, c] * x[t, c] for small token counts and short rows: grid (rows / 8,
-// tokens), one warp per row. P: rows, cols, tokens, row_bytes.
+// tokens), one warp per row.
 extern "C" __global__ void __launch_bounds__(256)
-linear_matvec(const u32* __restrict__ P, const u8* __restrict__ w, const float* __restrict__ x,
+linear_matvec(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
               float* __restrict__ y) {
-    const u32 rows = P[0], cols = P[1], row_bytes = P[3];
+    const u32 rows = p->rows, cols = p->cols, row_bytes = p->row_bytes;
     const u32 lane = threadIdx.x & 31;
     const u32 row = blockIdx.x * MATVEC_ROWS + (threadIdx.x >> 5);
     const u32 t = blockIdx.y;
@@ -47,10 +47,10 @@ linear_matvec(const u32* __restrict__ P, const u8* __restrict__ w, const float* 
 // Registers hold it at four blocks (50% occupancy, ncu); asking the compiler for five, six or
 // eight made it spill to local memory and lose 12% to 40%.
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_matvec_split(const u32* __restrict__ P, const u8* __restrict__ w,
+linear_matvec_split(const LinearParams* __restrict__ p, const u8* __restrict__ w,
                     const float* __restrict__ x, float* __restrict__ y) {
     __shared__ float part[8][MATVEC_ROWS];
-    const u32 rows = P[0], cols = P[1], row_bytes = P[3];
+    const u32 rows = p->rows, cols = p->cols, row_bytes = p->row_bytes;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 row0 = blockIdx.x * MATVEC_ROWS, t = blockIdx.y;
     const float* xt = x + (size_t)t * cols;
@@ -89,15 +89,15 @@ linear_matvec_split(const u32* __restrict__ P, const u8* __restrict__ w,
 }
 
 // The same product for many tokens: 64 rows x 64 tokens per block, weights dequantized into
-// shared memory 32 columns at a time, 4x4 outputs per thread. P: rows, cols, tokens, row_bytes.
+// shared memory 32 columns at a time, 4x4 outputs per thread.
 #define MM_T 64
 #define MM_K 32
 extern "C" __global__ void __launch_bounds__(256)
-linear_matmat(const u32* __restrict__ P, const u8* __restrict__ w, const float* __restrict__ x,
+linear_matmat(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
               float* __restrict__ y) {
     __shared__ float ws[MM_K][MM_T + 1];
     __shared__ float xs[MM_K][MM_T + 1];
-    const u32 rows = P[0], cols = P[1], tokens = P[2], row_bytes = P[3];
+    const u32 rows = p->rows, cols = p->cols, tokens = p->tokens, row_bytes = p->row_bytes;
     const u32 r0 = blockIdx.x * MM_T, t0 = blockIdx.y * MM_T;
     const u32 tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     float acc[4][4];
@@ -139,11 +139,10 @@ linear_matmat(const u32* __restrict__ P, const u8* __restrict__ w, const float* 
 }
 
 // out[t] = row ids[t] of the table, or zeros for ids at or past vocab: grid (dim / 256, tokens).
-// P: dim, vocab, tokens, row_bytes.
 extern "C" __global__ void __launch_bounds__(256)
-embed(const u32* __restrict__ P, const u8* __restrict__ table, const u32* __restrict__ ids,
+embed(const EmbedParams* __restrict__ p, const u8* __restrict__ table, const u32* __restrict__ ids,
       float* __restrict__ out) {
-    const u32 dim = P[0], vocab = P[1], row_bytes = P[3];
+    const u32 dim = p->dim, vocab = p->vocab, row_bytes = p->row_bytes;
     const u32 c = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
     if (c >= dim) return;
     const u32 id = ids[t];

@@ -1,13 +1,12 @@
 // Kernels that take f32 buffers only. common.cuh is prepended by the Rust side.
 
 // c[m x n] = a[m x k] . b[k x n], 16x16 tiles: grid (n / 16, m / 16), block 16x16.
-// P: m, n, k.
 extern "C" __global__ void __launch_bounds__(256)
-matmul(const u32* __restrict__ P, const float* __restrict__ a, const float* __restrict__ b,
+matmul(const MatMulParams* __restrict__ p, const float* __restrict__ a, const float* __restrict__ b,
        float* __restrict__ c) {
     __shared__ float as[16][17];
     __shared__ float bs[16][17];
-    const u32 m = P[0], n = P[1], k = P[2];
+    const u32 m = p->m, n = p->n, k = p->k;
     const u32 tx = threadIdx.x, ty = threadIdx.y;
     const u32 row = blockIdx.y * 16 + ty, col = blockIdx.x * 16 + tx;
     float acc = 0.0f;
@@ -24,14 +23,13 @@ matmul(const u32* __restrict__ P, const float* __restrict__ a, const float* __re
 
 // One block of 1024 per row; x may be y (each thread rewrites only what it read). A row of
 // up to 8192 is read once into registers, all loads issued before the sum waits on them.
-// P: dim, tokens, eps.
 #define RMS_THREADS 1024
 #define RMS_REGS 8
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
-rmsnorm(const u32* __restrict__ P, const float* x, const float* __restrict__ weight, float* y) {
+rmsnorm(const RmsNormParams* __restrict__ p, const float* x, const float* __restrict__ weight, float* y) {
     __shared__ float sh[32];
-    const u32 dim = P[0];
-    const float eps = param_f(P, 2);
+    const u32 dim = p->dim;
+    const float eps = p->eps;
     const float* xr = x + (size_t)blockIdx.x * dim;
     float* yr = y + (size_t)blockIdx.x * dim;
     float v[RMS_REGS];
@@ -56,10 +54,10 @@ rmsnorm(const u32* __restrict__ P, const float* x, const float* __restrict__ wei
 }
 
 // In place; one thread per rotated pair: grid (heads * rope_dim / 2 / 256, tokens).
-// P: heads, head_dim, rope_dim, tokens, pos0, freq_base, neox.
-extern "C" __global__ void __launch_bounds__(256) rope(const u32* __restrict__ P, float* x) {
-    const u32 heads = P[0], head_dim = P[1], rope_dim = P[2], pos0 = P[4], neox = P[6];
-    const float base = param_f(P, 5);
+extern "C" __global__ void __launch_bounds__(256) rope(const RopeParams* __restrict__ p, float* x) {
+    const u32 heads = p->heads, head_dim = p->head_dim, rope_dim = p->rope_dim, pos0 = p->pos0;
+    const u32 neox = p->neox;
+    const float base = p->freq_base;
     const u32 half = rope_dim / 2;
     const u32 idx = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
     if (idx >= heads * half) return;
@@ -76,10 +74,10 @@ extern "C" __global__ void __launch_bounds__(256) rope(const u32* __restrict__ P
     h[ib] = x0 * s + x1 * c;
 }
 
-// In place over each row; one block per row. P: rows, cols.
-extern "C" __global__ void __launch_bounds__(256) softmax(const u32* __restrict__ P, float* x) {
+// In place over each row; one block per row.
+extern "C" __global__ void __launch_bounds__(256) softmax(const SoftmaxParams* __restrict__ p, float* x) {
     __shared__ float sh[32];
-    const u32 cols = P[1];
+    const u32 cols = p->cols;
     float* r = x + (size_t)blockIdx.x * cols;
     float mx = NEG_INF;
     for (u32 c = threadIdx.x; c < cols; c += blockDim.x) mx = fmaxf(mx, r[c]);
@@ -95,21 +93,20 @@ extern "C" __global__ void __launch_bounds__(256) softmax(const u32* __restrict_
     for (u32 c = threadIdx.x; c < cols; c += blockDim.x) r[c] *= inv;
 }
 
-// P: n.
 extern "C" __global__ void __launch_bounds__(256)
-silu_mul(const u32* __restrict__ P, const float* __restrict__ gate, const float* __restrict__ up,
+silu_mul(const CountParams* __restrict__ p, const float* __restrict__ gate, const float* __restrict__ up,
          float* __restrict__ out) {
     const u32 i = blockIdx.x * 256 + threadIdx.x;
-    if (i >= P[0]) return;
+    if (i >= p->n) return;
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];
 }
 
-// out may be a or b. P: n.
+// out may be a or b.
 extern "C" __global__ void __launch_bounds__(256)
-add(const u32* __restrict__ P, const float* a, const float* b, float* out) {
+add(const CountParams* __restrict__ p, const float* a, const float* b, float* out) {
     const u32 i = blockIdx.x * 256 + threadIdx.x;
-    if (i >= P[0]) return;
+    if (i >= p->n) return;
     out[i] = a[i] + b[i];
 }
 
@@ -121,11 +118,11 @@ add(const u32* __restrict__ P, const float* a, const float* b, float* out) {
 // output element in acc; an empty range leaves m = -inf, l = 0, acc = 0.
 #define ATT_CHUNK 256
 struct AttPart { float m, l, acc; };
-__device__ __forceinline__ AttPart attend(const u32* P, const float* q, const float* kc,
+__device__ __forceinline__ AttPart attend(const AttentionParams* p, const float* q, const float* kc,
                                           const float* vc, u32 k0, u32 k1, float* qs, float* ps,
                                           float* red) {
-    const u32 heads = P[0], kv_heads = P[1], hd = P[2];
-    const float scale = param_f(P, 5);
+    const u32 heads = p->heads, kv_heads = p->kv_heads, hd = p->head_dim;
+    const float scale = p->scale;
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const u32 kh = h / (heads / kv_heads);
     const size_t kv_stride = (size_t)kv_heads * hd;
@@ -175,40 +172,40 @@ __device__ __forceinline__ AttPart attend(const u32* P, const float* q, const fl
     return AttPart{m, l, acc};
 }
 
-// One block per (head, token) over all its keys. P: heads, kv_heads, head_dim, tokens, pos0,
-// scale.
+// One block per (head, token) over all its keys.
 extern "C" __global__ void __launch_bounds__(256)
-attention(const u32* __restrict__ P, const float* __restrict__ q, const float* __restrict__ kc,
+attention(const AttentionParams* __restrict__ p, const float* __restrict__ q, const float* __restrict__ kc,
           const float* __restrict__ vc, float* __restrict__ out) {
     __shared__ float qs[256];
     __shared__ float ps[ATT_CHUNK];
     __shared__ float red[32];
-    const u32 heads = P[0], hd = P[2], pos0 = P[4];
+    const u32 heads = p->heads, hd = p->head_dim, pos0 = p->pos0;
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
-    const AttPart r = attend(P, q, kc, vc, 0, pos0 + t + 1, qs, ps, red);
+    const AttPart r = attend(p, q, kc, vc, 0, pos0 + t + 1, qs, ps, red);
     if (tid < hd) out[((size_t)t * heads + h) * hd + tid] = r.acc / r.l;
 }
 
-// Decode attention with each (head, token)'s keys split across P[6] blocks (grid z), so that a
+// Decode attention with each (head, token)'s keys split across p->splits blocks (grid z), so that a
 // step with few heads still fills the device (flash-decoding). Each block leaves its part in
 // the scratch buffer; the last of a (head, token)'s blocks to finish (an atomic count) merges
 // them and sets the count back to zero for the next launch. The split count depends on the
 // shape only, never on pos0, so a captured graph replays at every position.
 // Scratch: heads * tokens counts (u32), then per part (m, l), then per part head_dim floats.
 extern "C" __global__ void __launch_bounds__(256)
-attention_split(const u32* __restrict__ P, const float* __restrict__ q,
+attention_split(const AttentionParams* __restrict__ p, const float* __restrict__ q,
                 const float* __restrict__ kc, const float* __restrict__ vc,
                 float* __restrict__ out, u32* __restrict__ scratch) {
     __shared__ float qs[256];
     __shared__ float ps[ATT_CHUNK];
     __shared__ float red[32];
     __shared__ bool merge;
-    const u32 heads = P[0], hd = P[2], tokens = P[3], pos0 = P[4], splits = P[6];
+    const u32 heads = p->heads, hd = p->head_dim, tokens = p->tokens, pos0 = p->pos0;
+    const u32 splits = p->splits;
     const u32 h = blockIdx.x, t = blockIdx.y, part = blockIdx.z, tid = threadIdx.x;
     const u32 n_keys = pos0 + t + 1;
     const u32 per = (n_keys + splits - 1) / splits;
     const u32 k0 = min(part * per, n_keys), k1 = min(k0 + per, n_keys);
-    const AttPart r = attend(P, q, kc, vc, k0, k1, qs, ps, red);
+    const AttPart r = attend(p, q, kc, vc, k0, k1, qs, ps, red);
     const u32 ht = t * heads + h;
     u32* count = scratch + ht;
     float* ml = reinterpret_cast<float*>(scratch + (size_t)heads * tokens);
@@ -250,12 +247,12 @@ attention_split(const u32* __restrict__ P, const float* __restrict__ q,
     if (tid == 0) *count = 0;
 }
 
-// The first index of the largest value; one block of 1024. P: n.
+// The first index of the largest value; one block of 1024.
 extern "C" __global__ void __launch_bounds__(1024)
-argmax(const u32* __restrict__ P, const float* __restrict__ x, u32* __restrict__ out) {
+argmax(const CountParams* __restrict__ p, const float* __restrict__ x, u32* __restrict__ out) {
     __shared__ float shv[32];
     __shared__ u32 shi[32];
-    const u32 n = P[0];
+    const u32 n = p->n;
     float v = NEG_INF;
     u32 i = 0xffffffffu;
     for (u32 j = threadIdx.x; j < n; j += blockDim.x) arg_take(v, i, x[j], j);
@@ -288,13 +285,14 @@ __device__ float mass_above(const float* x, u32 n, u32 kmin, float mx, float* sh
     return block_sum(s, sh);
 }
 
-// One block of 1024. P: n, temperature, top_k, top_p, seed_lo, seed_hi, step.
+// One block of 1024.
 extern "C" __global__ void __launch_bounds__(1024)
-sample(const u32* __restrict__ P, const float* __restrict__ x, u32* __restrict__ out) {
+sample(const SampleKernelParams* __restrict__ p, const float* __restrict__ x, u32* __restrict__ out) {
     __shared__ float shv[32];
     __shared__ u32 shi[32];
-    const u32 n = P[0], top_k = P[2], seed_lo = P[4], seed_hi = P[5], step = P[6];
-    const float temp = param_f(P, 1), top_p = param_f(P, 3);
+    const u32 n = p->n, top_k = p->top_k, seed_lo = p->seed_lo, seed_hi = p->seed_hi;
+    const u32 step = p->step;
+    const float temp = p->temperature, top_p = p->top_p;
     float v = NEG_INF;
     u32 best = 0xffffffffu;
     for (u32 j = threadIdx.x; j < n; j += blockDim.x) arg_take(v, best, x[j], j);
@@ -334,12 +332,11 @@ sample(const u32* __restrict__ P, const float* __restrict__ x, u32* __restrict__
 }
 
 // Word copy between (possibly the same) buffers; ranges never overlap (validated).
-// P: src offset lo/hi, dst offset lo/hi, words lo/hi (all in 4-byte words).
 extern "C" __global__ void __launch_bounds__(256)
-copy_words(const u32* __restrict__ P, const u32* src, u32* dst) {
-    const u64 so = (u64)P[0] | ((u64)P[1] << 32);
-    const u64 dof = (u64)P[2] | ((u64)P[3] << 32);
-    const u64 n = (u64)P[4] | ((u64)P[5] << 32);
+copy_words(const CopyParams* __restrict__ p, const u32* src, u32* dst) {
+    const u64 so = (u64)p->src_lo | ((u64)p->src_hi << 32);
+    const u64 dof = (u64)p->dst_lo | ((u64)p->dst_hi << 32);
+    const u64 n = (u64)p->n_lo | ((u64)p->n_hi << 32);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         dst[dof + i] = src[so + i];
 }
