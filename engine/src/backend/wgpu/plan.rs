@@ -63,7 +63,11 @@ fn dispatch<'a, O: WgpuOp<'a>>(
     groups: [u32; 3],
 ) -> Result<Step<'a>> {
     // Only a listed kernel has its `Params` declaration checked against the op's struct.
-    debug_assert!(O::KERNELS.contains(&kernel), "{} is not in KERNELS", kernel.name);
+    debug_assert!(
+        O::KERNELS.contains(&kernel),
+        "{} is not in KERNELS",
+        kernel.name
+    );
     let mut params = [0u32; 8];
     let p = op.params();
     let bytes = bytemuck::bytes_of(&p);
