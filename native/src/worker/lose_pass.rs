@@ -12,14 +12,19 @@ pub(super) struct LosePass {
 }
 
 impl LosePass {
+    #[cfg(feature = "dev-hooks")]
     pub(super) fn from_env() -> LosePass {
         LosePass {
-            #[cfg(feature = "dev-hooks")]
             nth: std::env::var("CAIRN_DEBUG_LOSE_PASS")
                 .ok()
                 .and_then(|v| v.parse().ok()),
-            ..Default::default()
+            passes: Default::default(),
         }
+    }
+
+    #[cfg(not(feature = "dev-hooks"))]
+    pub(super) fn from_env() -> LosePass {
+        LosePass {}
     }
 
     /// Counts a pass about to go to another worker; true for the one to lose.
