@@ -43,8 +43,10 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # The vendor fast paths are compiled and tested too: `vulkan` runs on lavapipe here; `cuda`
 # builds without a toolkit (libcuda and libnvrtc are opened at run time), and on a machine
 # without an NVIDIA driver its tests print why they skip the cuda devices. One feature set for
-# clippy, the build and the tests, so nothing is compiled twice.
-features="cairn-engine/vulkan cairn-engine/cuda"
+# clippy, the build and the tests, so nothing is compiled twice. `cairn/dev-hooks` compiles
+# the development hooks in (release builds leave them off): the cluster test that loses a
+# pass between workers needs its fault injector in the cairn binary.
+features="cairn-engine/vulkan cairn-engine/cuda cairn/dev-hooks"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -9,6 +9,7 @@ pub mod device;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
+pub mod options;
 pub mod placement;
 pub mod protocol;
 pub mod quant;
@@ -16,5 +17,6 @@ pub mod tokenizer;
 pub mod worker;
 
 pub use backend::{BackendError, BackendKind, Buffer, Device};
-pub use device::{DeviceInfo, Selection, Support, discover};
+pub use device::{DeviceInfo, Selection, Support, discover, discover_with};
 pub use kernels::Op;
+pub use options::EngineOptions;

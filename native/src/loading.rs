@@ -11,6 +11,8 @@ use cairn_engine::model::shard::DEFAULT_MAX_BATCH;
 use cairn_engine::tokenizer::Tokenizer;
 use cairn_engine::{Device, Selection};
 
+use crate::cmd::engine_args::EngineArgs;
+
 pub struct Loaded {
     pub device: Arc<Device>,
     pub shard: Shard,
@@ -26,6 +28,8 @@ pub struct DeviceArgs {
     /// Device id from `cairn devices`.
     #[arg(long)]
     pub device: Option<String>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 impl DeviceArgs {
@@ -38,7 +42,7 @@ impl DeviceArgs {
 }
 
 pub fn open_device(args: &DeviceArgs) -> Result<Arc<Device>> {
-    let found = cairn_engine::device::discover_blocking();
+    let found = cairn_engine::device::discover_blocking_with(args.engine.options());
     let dev = found.open_blocking(&args.selection())?;
     tracing::info!(device = %dev.info().id, name = %dev.info().name, backend = %dev.kind(), "device");
     Ok(Arc::new(dev))

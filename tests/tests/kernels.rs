@@ -18,8 +18,18 @@ use cairn_engine::{Buffer, Device};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The engine reads no variables itself; on a GPU machine these two still pick what the
+/// kernels are compared in (graphs off, f32 activations), as `cairn`'s flags do.
+fn options() -> cairn_engine::EngineOptions {
+    let off = |var: &str| std::env::var(var).is_ok_and(|v| v == "0");
+    let mut o = cairn_engine::EngineOptions::default();
+    o.cuda.graphs = !off("CAIRN_CUDA_GRAPHS");
+    o.cuda.int8_dot = !off("CAIRN_CUDA_INT8_DOT");
+    o
+}
+
 fn devices() -> Vec<Device> {
-    let found = cairn_engine::device::discover_blocking();
+    let found = cairn_engine::device::discover_blocking_with(options());
     for (backend, why) in &found.unavailable {
         eprintln!("{backend} backend: no device ({why}); its part of this test is skipped");
     }
@@ -191,7 +201,7 @@ fn linear_every_format_matvec_and_matmat() {
             let int8 = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1)
                 && tokens <= CUDA_MATVEC_MAX_TOKENS
                 && cols / 8 >= CUDA_SPLIT_MIN_STEPS
-                && std::env::var("CAIRN_CUDA_INT8_DOT").map_or(true, |v| v != "0");
+                && options().cuda.int8_dot;
             let want_int8 = int8.then(|| linear_int8_activations(ty, &wq, &x, rows, cols, tokens));
             for d in devices() {
                 let bw = d.upload("w", &wq).unwrap();

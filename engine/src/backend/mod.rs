@@ -6,10 +6,19 @@
 //! native callers can block with the `*_blocking` helpers.
 
 pub mod cpu;
+pub(crate) mod cpu_discover;
+// Each backend module exists in every build: where its feature is off, a stand-in that finds
+// no device and refuses to open one, so `device/` and callers need no `#[cfg]`.
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+pub(crate) mod cuda;
+#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
+#[path = "cuda_off.rs"]
 pub(crate) mod cuda;
 mod validate;
 #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+pub(crate) mod vulkan;
+#[cfg(not(all(feature = "vulkan", not(target_arch = "wasm32"))))]
+#[path = "vulkan_off.rs"]
 pub(crate) mod vulkan;
 pub mod wgpu;
 

@@ -1,14 +1,15 @@
-//! Device discovery, capability detection and backend selection.
+//! Devices of every backend merged into one list, and selection: which device a request
+//! names, or the best one. Each backend discovers and describes its own devices
+//! (`backend::wgpu::discover`, `backend::vulkan`, `backend::cuda`, `backend::cpu_discover`).
 
 pub(crate) mod info;
-#[cfg(not(target_arch = "wasm32"))]
-mod vulkan_memory;
 
 use std::time::Duration;
 
 pub use info::{CudaProps, DeviceInfo, Support, Vendor};
 
-use crate::backend::{BackendError, BackendKind, Device, wgpu::WgpuBackend};
+use crate::backend::{self, BackendError, BackendKind, Device, wgpu::WgpuBackend};
+use crate::options::EngineOptions;
 
 /// What the user asked for: a backend by name, a device by id, both, or neither (automatic).
 #[derive(Debug, Clone, Default)]
@@ -49,76 +50,57 @@ pub enum SelectError {
 pub struct Discovery {
     pub devices: Vec<DeviceInfo>,
     pub elapsed: Duration,
-    /// Backends compiled in that found no device, each with the reason (`cuda` without a
-    /// driver, say), for messages such as the tests' "skipped" lines.
+    /// Backends that found no device, each with the reason (`cuda` without a driver, or not
+    /// compiled in, say), for messages such as the tests' "skipped" lines.
     pub unavailable: Vec<(BackendKind, String)>,
     adapters: Vec<(String, wgpu::Adapter)>,
+    /// Given to every device this discovery opens.
+    options: EngineOptions,
 }
 
-fn wgpu_instance() -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    if std::env::var_os("WGPU_BACKEND").is_none() {
-        desc.backends = wgpu::Backends::all();
-    }
-    wgpu::Instance::new(desc)
-}
-
-/// Enumerates every adapter wgpu sees on the compiled-in backends, plus the CPU.
+/// Enumerates every device of every backend with the default options.
 pub async fn discover() -> Discovery {
+    discover_with(EngineOptions::default()).await
+}
+
+/// Enumerates every device: each backend lists its own (wgpu adapters, their raw-Vulkan
+/// twins, CUDA devices, the CPU); devices opened from the result get `options`.
+pub async fn discover_with(options: EngineOptions) -> Discovery {
     let start = web_time_now();
-    let instance = wgpu_instance();
-    #[cfg_attr(not(target_arch = "wasm32"), allow(unused_mut))]
-    let mut adapters: Vec<wgpu::Adapter> = instance.enumerate_adapters(wgpu::Backends::all()).await;
-    #[cfg(target_arch = "wasm32")]
-    if adapters.is_empty() {
-        // Browsers hand out one adapter through request_adapter only.
-        if let Ok(a) = instance
-            .request_adapter(&wgpu::RequestAdapterOptions {
-                power_preference: wgpu::PowerPreference::HighPerformance,
-                ..Default::default()
-            })
-            .await
-        {
-            adapters.push(a);
-        }
-    }
     let mut devices = Vec::new();
-    let mut kept = Vec::new();
-    for (index, adapter) in adapters.into_iter().enumerate() {
-        let info = info::describe_adapter(&adapter, index, &devices);
-        kept.push((info.id.clone(), adapter));
-        devices.push(info);
-    }
-    #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
-    for (info, adapter) in crate::backend::vulkan::discover(&kept, &devices) {
-        kept.push((info.id.clone(), adapter));
-        devices.push(info);
-    }
-    #[cfg_attr(
-        not(all(feature = "cuda", not(target_arch = "wasm32"))),
-        allow(unused_mut)
-    )]
+    let mut adapters = Vec::new();
     let mut unavailable = Vec::new();
-    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-    {
-        let (cuda, why) = crate::backend::cuda::discover();
-        devices.extend(cuda);
-        if let Some(why) = why {
-            unavailable.push((BackendKind::Cuda, why));
-        }
+    for (info, adapter) in backend::wgpu::discover::discover(&options).await {
+        adapters.push((info.id.clone(), adapter));
+        devices.push(info);
     }
-    devices.push(info::describe_cpu());
+    let (vulkan, why) = backend::vulkan::discover(&adapters, &devices);
+    for (info, adapter) in vulkan {
+        adapters.push((info.id.clone(), adapter));
+        devices.push(info);
+    }
+    unavailable.extend(why.map(|w| (BackendKind::Vulkan, w)));
+    let (cuda, why) = backend::cuda::discover();
+    devices.extend(cuda);
+    unavailable.extend(why.map(|w| (BackendKind::Cuda, w)));
+    devices.push(backend::cpu_discover::describe());
     Discovery {
         devices,
         elapsed: web_time_now().saturating_sub(start),
         unavailable,
-        adapters: kept,
+        adapters,
+        options,
     }
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 pub fn discover_blocking() -> Discovery {
     pollster::block_on(discover())
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+pub fn discover_blocking_with(options: EngineOptions) -> Discovery {
+    pollster::block_on(discover_with(options))
 }
 
 fn web_time_now() -> Duration {
@@ -210,45 +192,111 @@ impl Discovery {
     }
 
     pub async fn open_info(&self, info: DeviceInfo) -> Result<Device, SelectError> {
-        match info.backend {
-            BackendKind::Cpu => Ok(Device::new_cpu(info)),
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-            BackendKind::Cuda => match crate::backend::cuda::open(&info) {
-                Ok(b) => Ok(Device::new_cuda(info, b)),
-                Err(source) => Err(SelectError::Open {
-                    id: info.id.clone(),
-                    name: info.name.clone(),
-                    source: Box::new(source),
-                }),
-            },
-            _ => {
-                let adapter = self
-                    .adapters
-                    .iter()
-                    .find(|(id, _)| *id == info.id)
-                    .map(|(_, a)| a)
-                    .ok_or_else(|| SelectError::UnknownDevice {
-                        asked: info.id.clone(),
-                        within: String::new(),
-                        available: self.available(),
-                    })?;
-                let opened = match info.backend {
-                    #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
-                    BackendKind::Vulkan => crate::backend::vulkan::open(adapter, &info),
-                    _ => WgpuBackend::open(adapter, &info).await,
-                };
-                let backend = opened.map_err(|source| SelectError::Open {
-                    id: info.id.clone(),
-                    name: info.name.clone(),
-                    source: Box::new(source),
-                })?;
-                Ok(Device::new_wgpu(info, backend))
-            }
-        }
+        let opts = &self.options;
+        let opened = match info.backend {
+            BackendKind::Cpu => return Ok(backend::cpu_discover::open(info, opts)),
+            BackendKind::Cuda => backend::cuda::open(&info, opts),
+            BackendKind::Vulkan => backend::vulkan::open(self.adapter(&info)?, &info, opts),
+            BackendKind::Wgpu => WgpuBackend::open(self.adapter(&info)?, &info)
+                .await
+                .map(|b| Device::new_wgpu(info.clone(), b)),
+        };
+        opened.map_err(|source| SelectError::Open {
+            id: info.id.clone(),
+            name: info.name.clone(),
+            source: Box::new(source),
+        })
+    }
+
+    /// The wgpu adapter behind a `wgpu` or `vulkan` device.
+    fn adapter(&self, info: &DeviceInfo) -> Result<&wgpu::Adapter, SelectError> {
+        self.adapters
+            .iter()
+            .find(|(id, _)| *id == info.id)
+            .map(|(_, a)| a)
+            .ok_or_else(|| SelectError::UnknownDevice {
+                asked: info.id.clone(),
+                within: String::new(),
+                available: self.available(),
+            })
     }
 
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_blocking(&self, sel: &Selection) -> Result<Device, SelectError> {
         pollster::block_on(self.open(sel))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every backend that lists no device says why, and one that lists devices does not.
+    #[test]
+    fn a_backend_without_devices_says_why() {
+        let found = discover_blocking();
+        for kind in [BackendKind::Vulkan, BackendKind::Cuda] {
+            let listed = found.devices.iter().any(|d| d.backend == kind);
+            let why = found.unavailable.iter().find(|(b, _)| *b == kind);
+            assert_eq!(listed, why.is_none(), "{kind}: {why:?}");
+            if !kind.compiled() {
+                let (_, why) = why.expect("a reason");
+                assert!(why.contains("not compiled in"), "{kind}: {why}");
+            }
+        }
+        assert_eq!(
+            found.devices.last().map(|d| d.backend),
+            Some(BackendKind::Cpu)
+        );
+    }
+
+    /// A backend left out of the build refuses to open a device with an error naming the
+    /// feature, rather than being absent from the code.
+    #[test]
+    fn a_backend_not_compiled_in_refuses_to_open() {
+        let found = discover_blocking();
+        let cpu = found.devices.last().cloned().expect("the cpu device");
+        for kind in [BackendKind::Vulkan, BackendKind::Cuda] {
+            if kind.compiled() {
+                continue;
+            }
+            let mut info = cpu.clone();
+            info.backend = kind;
+            info.id = format!("{kind}:0");
+            let err = match pollster::block_on(found.open_info(info)) {
+                Ok(_) => panic!("{kind} opened in a build without it"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(&format!("--features {kind}")), "{kind}: {err}");
+        }
+    }
+
+    /// Discovery's options reach the backends: wgpu enumerates on the backends they name
+    /// (Metal, which Linux lacks: no adapter), and devices it opens get them.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn discovery_uses_its_options() {
+        let options = EngineOptions {
+            wgpu_backends: Some(wgpu::Backends::METAL),
+            cpu_threads: Some(2),
+            ..Default::default()
+        };
+        let found = discover_blocking_with(options.clone());
+        assert!(
+            found
+                .devices
+                .iter()
+                .all(|d| !matches!(d.backend, BackendKind::Wgpu | BackendKind::Vulkan)),
+            "{:?}",
+            found.devices.iter().map(|d| &d.id).collect::<Vec<_>>()
+        );
+        assert_eq!(found.options, options);
+        let dev = found
+            .open_blocking(&Selection {
+                backend: Some("cpu".into()),
+                device: None,
+            })
+            .expect("the cpu device opens");
+        assert_eq!(dev.kind(), BackendKind::Cpu);
     }
 }

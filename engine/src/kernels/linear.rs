@@ -110,26 +110,36 @@ pub(crate) fn for_each_row_with<S, F>(
     serial(out, 0);
 }
 
-/// The CPU backend's threads (`CAIRN_CPU_THREADS`, default one per core), started once;
-/// `None` when there is one.
+/// The CPU backend's threads, started once per process: by the first cpu device opened
+/// (`EngineOptions::cpu_threads`), else on first use with one per core.
+#[cfg(not(target_arch = "wasm32"))]
+static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+
+/// Starts the pool with `threads` (`None`: one per core) unless it is already running.
+pub(crate) fn start_pool(threads: Option<usize>) {
+    #[cfg(not(target_arch = "wasm32"))]
+    POOL.get_or_init(|| make_pool(threads));
+    #[cfg(target_arch = "wasm32")]
+    let _ = threads;
+}
+
+/// `None` when there is one thread.
 #[cfg(not(target_arch = "wasm32"))]
 fn pool() -> Option<&'static rayon::ThreadPool> {
-    use std::sync::OnceLock;
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let n = std::env::var("CAIRN_CPU_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .max(1);
-        if n == 1 {
-            return None;
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(|i| format!("cairn-cpu-{i}"))
-            .build()
-            .ok()
-    })
-    .as_ref()
+    POOL.get_or_init(|| make_pool(None)).as_ref()
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn make_pool(threads: Option<usize>) -> Option<rayon::ThreadPool> {
+    let n = threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    if n == 1 {
+        return None;
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("cairn-cpu-{i}"))
+        .build()
+        .ok()
 }

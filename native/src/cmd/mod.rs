@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cluster_bench;
 pub mod devices;
+pub mod engine_args;
 pub mod ice_args;
 pub mod link_bench;
 pub mod model_args;

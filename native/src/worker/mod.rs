@@ -13,6 +13,7 @@
 //! the stage before ours are served on them.
 
 pub mod host;
+mod lose_pass;
 mod source;
 mod stage_thread;
 

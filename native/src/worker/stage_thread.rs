@@ -10,6 +10,7 @@ use cairn_engine::worker::{Outgoing, Route, StageServer, load_shard};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::debug;
 
+use super::lose_pass::LosePass;
 use crate::link::{LinkSender, LinkStats};
 
 pub enum Job {
@@ -125,11 +126,8 @@ struct Context {
     local_id: String,
     routes: SharedRoutes,
     jobs: mpsc::UnboundedSender<Job>,
-    /// Tests: `CAIRN_DEBUG_LOSE_PASS=N` loses this worker's Nth pass to
-    /// another worker (it is never sent), as a link that died with the
-    /// message in it would; the count of passes so far.
-    lose_pass: Option<u64>,
-    passes: std::cell::Cell<u64>,
+    /// Tests, `dev-hooks` builds: loses a chosen pass to another worker.
+    lose_pass: LosePass,
 }
 
 impl StageThread {
@@ -144,10 +142,7 @@ impl StageThread {
             local_id,
             routes,
             jobs: jobs.clone(),
-            lose_pass: std::env::var("CAIRN_DEBUG_LOSE_PASS")
-                .ok()
-                .and_then(|v| v.parse().ok()),
-            passes: std::cell::Cell::new(0),
+            lose_pass: LosePass::from_env(),
         };
         std::thread::Builder::new()
             .name("cairn-stage".into())
@@ -264,8 +259,7 @@ impl Context {
                 return self.to_coordinator(pass.undelivered());
             };
             let forward = std::mem::replace(&mut pass.forward, Message::Resume);
-            self.passes.set(self.passes.get() + 1);
-            if self.lose_pass == Some(self.passes.get()) {
+            if self.lose_pass.lose_this() {
                 tracing::warn!(peer = %pass.to, "losing this pass on purpose (CAIRN_DEBUG_LOSE_PASS)");
                 return;
             }

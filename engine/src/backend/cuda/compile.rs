@@ -2,11 +2,13 @@
 //! NVRTC for the device's compute capability.
 
 use std::ffi::{CStr, CString};
+use std::path::PathBuf;
 
 use cudarc::nvrtc::result as nvrtc;
 
 use super::launch::ModuleKey;
 use crate::backend::BackendError;
+use crate::options::{CudaOptions, DevHooks};
 use crate::quant::GgmlType;
 
 const COMMON: &str = include_str!("kernels/common.cuh");
@@ -28,48 +30,77 @@ fn format_header(ty: GgmlType) -> &'static str {
     }
 }
 
+/// What the source of a module depends on besides its key: one compiled module per variant
+/// and architecture.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Variant {
+    /// The 4-bit matrix-vector kernels keep activations in f32 instead of int8 with dp4a.
+    pub(crate) f32_activations: bool,
+    /// A folder whose kernel files replace the built-in ones (a development hook).
+    pub(crate) kernels: Option<PathBuf>,
+}
+
+impl Variant {
+    pub(crate) fn new(cuda: &CudaOptions, dev: &DevHooks) -> Variant {
+        Variant {
+            f32_activations: !cuda.int8_dot,
+            kernels: dev.cuda_kernels().map(PathBuf::from),
+        }
+    }
+}
+
 /// The whole source of one module: the shared header, the format's header where the module
 /// reads weights, then the kernels.
-pub(crate) fn source(key: ModuleKey) -> String {
-    let common = overridden("common.cuh", COMMON);
+pub(crate) fn source(key: ModuleKey, v: &Variant) -> String {
+    let common = overridden(v, "common.cuh", COMMON);
     match key {
-        ModuleKey::Ops => format!("{common}\n{}", overridden("ops.cu", OPS)),
+        ModuleKey::Ops => format!("{common}\n{}", overridden(v, "ops.cu", OPS)),
         ModuleKey::Weights(ty) => format!(
             "{}{common}\n{}\n{}",
-            activation_define(),
+            activation_define(v),
             overridden(
+                v,
                 &format!("{}.cuh", ty.name().to_ascii_lowercase()),
                 format_header(ty)
             ),
-            overridden("linear.cu", LINEAR)
+            overridden(v, "linear.cu", LINEAR)
         ),
     }
 }
 
 /// The 4-bit matrix-vector kernels round each lane step's activations to int8 and sum with
-/// dp4a; `CAIRN_CUDA_INT8_DOT=0` keeps them in f32 (for comparisons on a GPU machine).
-fn activation_define() -> &'static str {
-    if std::env::var("CAIRN_CUDA_INT8_DOT").is_ok_and(|v| v == "0") {
+/// dp4a unless told to keep them in f32 (`CudaOptions::int8_dot`, for comparisons on a GPU
+/// machine).
+fn activation_define(v: &Variant) -> &'static str {
+    if v.f32_activations {
         "#define CAIRN_F32_ACTIVATIONS\n"
     } else {
         ""
     }
 }
 
-/// Kernel work on a GPU machine without rebuilding: where `CAIRN_CUDA_KERNELS` names a folder,
-/// its copy of a kernel file replaces the built-in one (a missing file keeps the built-in).
-fn overridden(file: &str, builtin: &str) -> String {
-    let Some(dir) = std::env::var_os("CAIRN_CUDA_KERNELS") else {
+/// Kernel work on a GPU machine without rebuilding: where the variant names a folder (only
+/// builds with the `dev-hooks` feature let it), its copy of a kernel file replaces the
+/// built-in one (a missing file keeps the built-in).
+fn overridden(v: &Variant, file: &str, builtin: &str) -> String {
+    let Some(dir) = &v.kernels else {
         return builtin.to_string();
     };
-    let path = std::path::Path::new(&dir).join(file);
-    match std::fs::read_to_string(&path) {
-        Ok(s) => {
-            tracing::info!(path = %path.display(), "cuda kernel source from CAIRN_CUDA_KERNELS");
-            s
-        }
-        Err(_) => builtin.to_string(),
-    }
+    from_folder(dir, file).unwrap_or_else(|| builtin.to_string())
+}
+
+#[cfg(feature = "dev-hooks")]
+fn from_folder(dir: &std::path::Path, file: &str) -> Option<String> {
+    let path = dir.join(file);
+    let s = std::fs::read_to_string(&path).ok()?;
+    tracing::info!(path = %path.display(), "cuda kernel source from the kernel folder (dev hook)");
+    Some(s)
+}
+
+/// Release builds never read kernel source from disk.
+#[cfg(not(feature = "dev-hooks"))]
+fn from_folder(_dir: &std::path::Path, _file: &str) -> Option<String> {
+    None
 }
 
 pub(crate) fn module_name(key: ModuleKey) -> String {
@@ -128,37 +159,47 @@ const COMPILER_STACK: usize = 64 << 20;
 /// `key`'s PTX for `cc`, compiled once per process: every device of that architecture (and
 /// every test opening a fresh device) shares it. Compilations are serialised, one at a time
 /// on a thread with a large stack.
-pub(crate) fn ptx(key: ModuleKey, cc: (i32, i32)) -> Result<std::sync::Arc<Vec<u8>>, BackendError> {
+pub(crate) fn ptx(
+    key: ModuleKey,
+    cc: (i32, i32),
+    v: &Variant,
+) -> Result<std::sync::Arc<Vec<u8>>, BackendError> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
-    type Cache = Mutex<HashMap<(ModuleKey, (i32, i32)), Arc<Vec<u8>>>>;
+    type Cache = Mutex<HashMap<(ModuleKey, (i32, i32), Variant), Arc<Vec<u8>>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     // Held across the compilation on purpose: one NVRTC compilation at a time.
     let mut c = cache
         .lock()
         .map_err(|_| BackendError::Gpu("nvrtc: cache lock poisoned".into()))?;
-    if let Some(p) = c.get(&(key, cc)) {
+    let entry = (key, cc, v.clone());
+    if let Some(p) = c.get(&entry) {
         return Ok(p.clone());
     }
+    let variant = v.clone();
     let compiled = std::thread::Builder::new()
         .name("cairn-nvrtc".into())
         .stack_size(COMPILER_STACK)
-        .spawn(move || compile(key, cc))
+        .spawn(move || compile(key, cc, &variant))
         .map_err(|e| BackendError::Gpu(format!("nvrtc: starting the compiler thread: {e}")))?
         .join()
         .map_err(|_| BackendError::Gpu("nvrtc: the compiler thread panicked".into()))??;
     let p = Arc::new(compiled);
-    c.insert((key, cc), p.clone());
+    c.insert(entry, p.clone());
     Ok(p)
 }
 
 /// Compiles `key`'s module to NUL-terminated PTX.
-pub(crate) fn compile(key: ModuleKey, cc: (i32, i32)) -> Result<Vec<u8>, BackendError> {
+pub(crate) fn compile(
+    key: ModuleKey,
+    cc: (i32, i32),
+    v: &Variant,
+) -> Result<Vec<u8>, BackendError> {
     let name = module_name(key);
     let err =
         |what: &str, e: nvrtc::NvrtcError| BackendError::Gpu(format!("nvrtc {what} {name}: {e:?}"));
-    let src = CString::new(source(key))
+    let src = CString::new(source(key, v))
         .map_err(|_| BackendError::Gpu(format!("nvrtc: {name} contains a NUL byte")))?;
     let cname = CString::new(name.clone())
         .map_err(|_| BackendError::Gpu("nvrtc: bad module name".into()))?;
@@ -208,13 +249,13 @@ mod tests {
     #[test]
     fn every_weight_module_has_its_format_and_the_weight_kernels() {
         for ty in GgmlType::ALL {
-            let s = source(ModuleKey::Weights(ty));
+            let s = source(ModuleKey::Weights(ty), &Variant::default());
             assert!(s.contains("#define SUB"), "{ty:?}");
             for k in ["linear_matvec", "linear_matmat", "embed"] {
                 assert!(s.contains(&format!("{k}(")), "{ty:?} lacks {k}");
             }
         }
-        let ops = source(ModuleKey::Ops);
+        let ops = source(ModuleKey::Ops, &Variant::default());
         for k in [
             "matmul",
             "rmsnorm",
@@ -234,6 +275,52 @@ mod tests {
             "cairn_linear_q4_1.cu"
         );
         assert_eq!(options((9, 0))[0], "--gpu-architecture=compute_90");
+    }
+
+    /// `int8_dot: false` reaches the source as the define the 4-bit kernels test; only the
+    /// weight modules get it.
+    #[test]
+    fn the_activation_option_selects_the_f32_kernels() {
+        let f32 = Variant::new(
+            &CudaOptions {
+                int8_dot: false,
+                ..Default::default()
+            },
+            &DevHooks::default(),
+        );
+        let define = "#define CAIRN_F32_ACTIVATIONS";
+        let q4 = ModuleKey::Weights(GgmlType::Q4_0);
+        assert!(source(q4, &f32).starts_with(define));
+        assert!(!source(q4, &Variant::default()).contains(define));
+        assert!(!source(ModuleKey::Ops, &f32).contains(define));
+        assert_ne!(
+            f32,
+            Variant::default(),
+            "variants must not share compiled modules"
+        );
+    }
+
+    /// A kernel folder replaces the files it holds, and only in builds with `dev-hooks`.
+    #[test]
+    fn a_kernel_folder_replaces_its_files_only_with_dev_hooks() {
+        let dir = std::env::temp_dir().join(format!("cairn-cuda-kernels-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ops.cu"), "// replaced ops\n").unwrap();
+        let v = Variant::new(
+            &CudaOptions::default(),
+            &DevHooks {
+                cuda_kernels: Some(dir.clone()),
+            },
+        );
+        let ops = source(ModuleKey::Ops, &v);
+        let linear = source(ModuleKey::Weights(GgmlType::F32), &v);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(ops.contains("// replaced ops"), DevHooks::COMPILED);
+        assert_eq!(ops.contains("copy_words("), !DevHooks::COMPILED);
+        assert!(
+            linear.contains("linear_matvec("),
+            "a file the folder lacks stays built in"
+        );
     }
 
     #[test]
@@ -262,7 +349,7 @@ mod tests {
         let oldest = archs.iter().min().map(|a| (a / 10, a % 10)).unwrap();
         for key in keys {
             for cc in [oldest, (9, 0)] {
-                let ptx = compile(key, cc).unwrap_or_else(|e| panic!("{e}"));
+                let ptx = compile(key, cc, &Variant::default()).unwrap_or_else(|e| panic!("{e}"));
                 let text = String::from_utf8_lossy(&ptx);
                 assert!(
                     text.contains(".entry"),

@@ -20,9 +20,10 @@ mod launch;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::{BackendError, Buffer, Result, Storage};
+use super::{BackendError, Buffer, Device, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
+use crate::options::{CudaFuse, CudaOptions, EngineOptions};
 use driver::{Context, DevicePtr, Function, Module};
 use launch::{Kernel, ModuleKey};
 
@@ -55,6 +56,8 @@ pub(crate) struct CudaBackend {
     exec: Mutex<exec::Executor>,
     /// How decode ops are fused into fewer launches (fuse.rs).
     fusion: Fusion,
+    /// Which source the modules are compiled from (int8 or f32 activations, a kernel folder).
+    variant: compile::Variant,
     /// Working memory of kernels that need some (split attention), and its size; grown as
     /// needed, zeroed when made (the kernels leave it as they found it).
     scratch: Mutex<Option<(CudaStorage, u64)>>,
@@ -63,7 +66,11 @@ pub(crate) struct CudaBackend {
 }
 
 /// Opens the device behind a `cuda:N` entry.
-pub(crate) fn open(info: &DeviceInfo) -> Result<CudaBackend> {
+pub(crate) fn open(info: &DeviceInfo, opts: &EngineOptions) -> Result<Device> {
+    open_backend(info, opts).map(|b| Device::new_cuda(info.clone(), b))
+}
+
+fn open_backend(info: &DeviceInfo, opts: &EngineOptions) -> Result<CudaBackend> {
     let ordinal = discover::ordinal_of(&info.id)
         .ok_or_else(|| BackendError::Unsupported(format!("{}: not a cuda device id", info.id)))?;
     if !driver::driver_present() || !driver::nvrtc_present() {
@@ -92,12 +99,12 @@ pub(crate) fn open(info: &DeviceInfo) -> Result<CudaBackend> {
     })?;
     let total_bytes =
         driver::total_memory(ctx.dev).map_err(driver::gpu_err("cuDeviceTotalMem"))? as u64;
-    let graphs = std::env::var("CAIRN_CUDA_GRAPHS").map_or(true, |v| v != "0");
+    let graphs = opts.cuda.graphs;
     let sms = driver::attribute(
         ctx.dev,
         cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     );
-    let fusion = Fusion::from_env(sms);
+    let fusion = Fusion::new(&opts.cuda, sms);
     tracing::info!(id = %info.id, name = %info.name, cc = ?cc, graphs, ?fusion, pools = ctx.pools, "opened cuda device");
     Ok(CudaBackend {
         ctx,
@@ -107,15 +114,12 @@ pub(crate) fn open(info: &DeviceInfo) -> Result<CudaBackend> {
         modules: Mutex::new(HashMap::new()),
         exec: Mutex::new(exec::Executor::new(graphs)),
         fusion,
+        variant: compile::Variant::new(&opts.cuda, &opts.dev),
         scratch: Mutex::new(None),
     })
 }
 
-/// Fusion settings. `CAIRN_CUDA_FUSE`: `0` off, `nonorm` everything but the RMS norms, else
-/// all; `CAIRN_CUDA_FUSED_BLOCKS_PER_SM` (default 4, the matrix-vector kernels' occupancy; 0
-/// for a block per row group); `CAIRN_CUDA_SPLIT_ATTENTION` (default 4: decode attention split
-/// into about that many blocks per multiprocessor; 0 keeps a block per (head, token)): for
-/// comparisons on a GPU machine.
+/// Fusion settings, from `CudaOptions` (docs/cuda.md): for comparisons on a GPU machine.
 #[derive(Debug, Clone, Copy)]
 struct Fusion {
     on: bool,
@@ -126,24 +130,15 @@ struct Fusion {
 }
 
 impl Fusion {
-    fn from_env(sms: i32) -> Fusion {
-        let mode = std::env::var("CAIRN_CUDA_FUSE").unwrap_or_default();
-        let per_sm = std::env::var("CAIRN_CUDA_FUSED_BLOCKS_PER_SM")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(4);
+    fn new(o: &CudaOptions, sms: i32) -> Fusion {
         Fusion {
-            on: mode != "0",
-            norms: mode != "nonorm",
-            max_blocks: match per_sm {
+            on: o.fuse != CudaFuse::Off,
+            norms: o.fuse != CudaFuse::NoNorms,
+            max_blocks: match o.fused_blocks_per_sm {
                 0 => u32::MAX,
                 n => n.saturating_mul(sms.max(1) as u32),
             },
-            attention_blocks: std::env::var("CAIRN_CUDA_SPLIT_ATTENTION")
-                .ok()
-                .and_then(|v| v.parse::<u32>().ok())
-                .unwrap_or(4)
-                .saturating_mul(sms.max(0) as u32),
+            attention_blocks: o.split_attention.saturating_mul(sms.max(0) as u32),
         }
     }
 }
@@ -225,7 +220,7 @@ impl CudaBackend {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let t0 = std::time::Instant::now();
-                let ptx = compile::ptx(key, self.cc)?;
+                let ptx = compile::ptx(key, self.cc, &self.variant)?;
                 let module = Module::load_ptx(&ptx)?;
                 tracing::debug!(module = %compile::module_name(key), ms = t0.elapsed().as_secs_f64() * 1e3, "cuda module compiled");
                 e.insert((module, HashMap::new()))
@@ -402,12 +397,10 @@ mod tests {
             assert_eq!(&got[off..off + 200], &want[..200], "step {step}");
         }
         let stats = dev.cuda_backend().and_then(|b| b.stats()).expect("stats");
-        if std::env::var("CAIRN_CUDA_GRAPHS").map_or(true, |v| v != "0") {
-            assert_eq!(
-                (stats.direct_runs, stats.captures, stats.replays),
-                (1, 1, 2)
-            );
-        }
+        assert_eq!(
+            (stats.direct_runs, stats.captures, stats.replays),
+            (1, 1, 2)
+        );
     }
 
     /// With two CUDA devices (a multi-GPU host), `Device::copy_to` moves bytes between them

@@ -14,15 +14,16 @@ pub(crate) mod props;
 pub(crate) mod spirv;
 
 use super::wgpu::WgpuBackend;
-use super::{BackendError, BackendKind, Result};
+use super::{BackendError, BackendKind, Device, Result};
 use crate::device::DeviceInfo;
+use crate::options::{EngineOptions, VulkanOptions};
 
 /// A `vulkan:N` entry for each Vulkan adapter among `adapters` (wgpu ids and adapters, in
-/// discovery order), described from its wgpu twin in `earlier`.
+/// discovery order), described from its wgpu twin in `earlier`; where there is none, why.
 pub(crate) fn discover(
     adapters: &[(String, wgpu::Adapter)],
     earlier: &[DeviceInfo],
-) -> Vec<(DeviceInfo, wgpu::Adapter)> {
+) -> (Vec<(DeviceInfo, wgpu::Adapter)>, Option<String>) {
     let mut out = Vec::new();
     for (id, adapter) in adapters {
         if adapter.get_info().backend != wgpu::Backend::Vulkan {
@@ -63,11 +64,26 @@ pub(crate) fn discover(
         }
         out.push((info, adapter.clone()));
     }
-    out
+    let why = out
+        .is_empty()
+        .then(|| "wgpu found no Vulkan adapter with readable properties".to_string());
+    (out, why)
 }
 
 /// Opens the device behind a `vulkan:N` entry.
-pub(crate) fn open(adapter: &wgpu::Adapter, info: &DeviceInfo) -> Result<WgpuBackend> {
+pub(crate) fn open(
+    adapter: &wgpu::Adapter,
+    info: &DeviceInfo,
+    opts: &EngineOptions,
+) -> Result<Device> {
+    open_backend(adapter, info, &opts.vulkan).map(|b| Device::new_wgpu(info.clone(), b))
+}
+
+fn open_backend(
+    adapter: &wgpu::Adapter,
+    info: &DeviceInfo,
+    opts: &VulkanOptions,
+) -> Result<WgpuBackend> {
     let props = props::query(adapter)
         .ok_or_else(|| BackendError::Unsupported(format!("{}: not a Vulkan adapter", info.id)))?;
     let features = adapter.features() & device::WANTED;
@@ -98,10 +114,9 @@ pub(crate) fn open(adapter: &wgpu::Adapter, info: &DeviceInfo) -> Result<WgpuBac
     let subgroups = features.contains(wgpu::Features::SUBGROUP);
     // Experimental: kernels read zeros from push constants on lavapipe and on the H100 alike
     // (docs/vulkan.md), so they are off unless asked for while that is investigated.
-    let push_constants = features.contains(wgpu::Features::IMMEDIATES)
-        && std::env::var("CAIRN_VULKAN_PUSH_CONSTANTS").is_ok_and(|v| v == "1");
+    let push_constants = features.contains(wgpu::Features::IMMEDIATES) && opts.push_constants;
     if push_constants {
-        tracing::warn!("CAIRN_VULKAN_PUSH_CONSTANTS=1: known to give wrong results");
+        tracing::warn!("vulkan push constants on: known to give wrong results");
     }
     tracing::info!(id = %info.id, name = %info.name, subgroups, push_constants, "opened raw Vulkan device");
     let kernels = spirv::SpirvKernels {

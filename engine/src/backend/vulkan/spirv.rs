@@ -4,7 +4,7 @@
 //! Changes against what wgpu's own WGSL path produces:
 //! - the parameters at binding 0 are a uniform with a dynamic offset, so one bind group per
 //!   set of buffers serves every step whatever its parameters; or, with
-//!   `CAIRN_VULKAN_PUSH_CONSTANTS=1`, push constants (naga's `Immediate` address space), which
+//!   `VulkanOptions::push_constants` (`--vulkan-push-constants`), push constants (naga's `Immediate` address space), which
 //!   the kernels read as zeros on lavapipe and on the H100 alike (not yet understood), so they
 //!   are off by default;
 //! - no bounds checks and no loop-bounding or division guards: the kernels index within

@@ -8,6 +8,7 @@
 //! The `vulkan` backend reuses this executor on a device it creates itself; its kernels are
 //! SPIR-V (see `backend/vulkan/spirv.rs`) and take their parameters as push constants.
 
+pub(crate) mod discover;
 mod plan;
 
 use std::collections::{HashMap, HashSet};

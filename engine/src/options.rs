@@ -1,0 +1,132 @@
+//! Settings of the backends, given to discovery by whoever embeds the engine.
+//!
+//! The engine reads no environment variable of its own: the `cairn` binary builds these from
+//! its flags (each with an environment variable of the same meaning), tests build them in code,
+//! and `Default` is what a plain run uses. Variables that belong to wgpu itself (`WGPU_BACKEND`,
+//! `WGPU_VALIDATION`, ...) are left to wgpu.
+
+use std::path::PathBuf;
+
+/// Everything a backend may be told besides which device to open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Threads of the cpu backend (one pool per process, started by the first cpu device
+    /// opened); `None`: one per core.
+    pub cpu_threads: Option<usize>,
+    /// The wgpu backends to enumerate adapters on; `None`: what `WGPU_BACKEND` names (wgpu's
+    /// own variable), else all of them.
+    pub wgpu_backends: Option<wgpu::Backends>,
+    pub cuda: CudaOptions,
+    pub vulkan: VulkanOptions,
+    pub dev: DevHooks,
+}
+
+/// Kernel variants and execution of the `cuda` backend (docs/cuda.md): for comparisons on a
+/// GPU machine; the defaults are the measured best.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Repeated runs (decode steps) are captured and replayed as CUDA graphs.
+    pub graphs: bool,
+    /// Which decode ops are fused into fewer launches.
+    pub fuse: CudaFuse,
+    /// The fused matrix-vector grid's cap in blocks per multiprocessor; 0: a block per row
+    /// group.
+    pub fused_blocks_per_sm: u32,
+    /// Decode attention is split into about this many blocks per multiprocessor; 0: a block
+    /// per (head, token).
+    pub split_attention: u32,
+    /// The 4-bit matrix-vector kernels round activations to int8 and sum with dp4a; `false`
+    /// keeps them in f32.
+    pub int8_dot: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            graphs: true,
+            fuse: CudaFuse::All,
+            fused_blocks_per_sm: 4,
+            split_attention: 4,
+            int8_dot: true,
+        }
+    }
+}
+
+/// What the `cuda` backend fuses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CudaFuse {
+    Off,
+    /// Everything but the RMS norms.
+    NoNorms,
+    #[default]
+    All,
+}
+
+/// Settings of the raw `vulkan` backend (docs/vulkan.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VulkanOptions {
+    /// Kernel parameters as push constants instead of a uniform buffer. Known to give wrong
+    /// results (the kernels read zeros), so off unless asked for while that is investigated.
+    pub push_constants: bool,
+}
+
+/// Development hooks: what they hold is honoured only in builds with the `dev-hooks` feature,
+/// which release builds leave off; without it the engine ignores them (and says so once in
+/// the log).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DevHooks {
+    /// A folder whose copies of the CUDA kernel files (`common.cuh`, `ops.cu`, `linear.cu`,
+    /// `q4_0.cuh`, ...) replace the built-in ones: kernel work on a GPU machine without
+    /// rebuilding.
+    pub cuda_kernels: Option<PathBuf>,
+}
+
+impl DevHooks {
+    /// Whether this build honours the hooks.
+    pub const COMPILED: bool = cfg!(feature = "dev-hooks");
+
+    /// The kernel folder, where this build honours it.
+    pub fn cuda_kernels(&self) -> Option<&std::path::Path> {
+        if !Self::COMPILED {
+            if let Some(dir) = &self.cuda_kernels {
+                tracing::warn!(dir = %dir.display(), "cuda kernel folder ignored: this build has no dev-hooks feature");
+            }
+            return None;
+        }
+        self.cuda_kernels.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults are the settings the engine used before options existed; a change here
+    /// changes what every plain run does.
+    #[test]
+    fn defaults_are_the_measured_settings() {
+        let o = EngineOptions::default();
+        assert_eq!(o.cpu_threads, None);
+        assert_eq!(o.wgpu_backends, None);
+        assert_eq!(
+            o.cuda,
+            CudaOptions {
+                graphs: true,
+                fuse: CudaFuse::All,
+                fused_blocks_per_sm: 4,
+                split_attention: 4,
+                int8_dot: true,
+            }
+        );
+        assert!(!o.vulkan.push_constants);
+        assert_eq!(o.dev.cuda_kernels, None);
+    }
+
+    #[test]
+    fn dev_hooks_are_ignored_without_the_feature() {
+        let hooks = DevHooks {
+            cuda_kernels: Some("/tmp/kernels".into()),
+        };
+        assert_eq!(hooks.cuda_kernels().is_some(), DevHooks::COMPILED);
+    }
+}

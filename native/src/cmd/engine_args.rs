@@ -1,0 +1,166 @@
+//! The engine's backend settings as flags, each also read from the environment variable it
+//! has always had (the engine itself reads none): `EngineOptions` for discovery.
+
+use cairn_engine::options::{CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions};
+use clap::builder::BoolishValueParser;
+
+#[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Backend settings (for measuring; defaults are the best known)")]
+pub struct EngineArgs {
+    /// Threads of the cpu backend (default: one per core).
+    #[arg(long, env = "CAIRN_CPU_THREADS")]
+    pub cpu_threads: Option<usize>,
+    /// cuda: replay repeated runs (decode steps) as CUDA graphs.
+    #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub cuda_graphs: bool,
+    /// cuda: which decode ops are fused into fewer launches.
+    #[arg(long, env = "CAIRN_CUDA_FUSE", value_enum, default_value_t = FuseArg::All)]
+    pub cuda_fuse: FuseArg,
+    /// cuda: cap of the fused matrix-vector grid in blocks per multiprocessor (0: a block per
+    /// row group).
+    #[arg(long, env = "CAIRN_CUDA_FUSED_BLOCKS_PER_SM", default_value_t = CudaOptions::default().fused_blocks_per_sm)]
+    pub cuda_fused_blocks_per_sm: u32,
+    /// cuda: split decode attention into about this many blocks per multiprocessor (0: a
+    /// block per head and token).
+    #[arg(long, env = "CAIRN_CUDA_SPLIT_ATTENTION", default_value_t = CudaOptions::default().split_attention)]
+    pub cuda_split_attention: u32,
+    /// cuda: int8 activations and dp4a in the 4-bit matrix-vector kernels (false: f32).
+    #[arg(long, env = "CAIRN_CUDA_INT8_DOT", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub cuda_int8_dot: bool,
+    /// vulkan: kernel parameters as push constants (known to give wrong results).
+    #[arg(long, env = "CAIRN_VULKAN_PUSH_CONSTANTS", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub vulkan_push_constants: bool,
+    /// cuda (development builds): a folder whose kernel files replace the built-in ones.
+    #[cfg(feature = "dev-hooks")]
+    #[arg(long, env = "CAIRN_CUDA_KERNELS")]
+    pub cuda_kernels: Option<std::path::PathBuf>,
+}
+
+/// `CudaFuse` for the command line; `0` and `1`, the variable's old values, still work.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FuseArg {
+    #[value(alias = "0")]
+    Off,
+    /// Everything but the RMS norms.
+    Nonorm,
+    #[value(alias = "1")]
+    All,
+}
+
+impl EngineArgs {
+    pub fn options(&self) -> EngineOptions {
+        EngineOptions {
+            cpu_threads: self.cpu_threads,
+            // wgpu reads its own variables (WGPU_BACKEND).
+            wgpu_backends: None,
+            cuda: CudaOptions {
+                graphs: self.cuda_graphs,
+                fuse: match self.cuda_fuse {
+                    FuseArg::Off => CudaFuse::Off,
+                    FuseArg::Nonorm => CudaFuse::NoNorms,
+                    FuseArg::All => CudaFuse::All,
+                },
+                fused_blocks_per_sm: self.cuda_fused_blocks_per_sm,
+                split_attention: self.cuda_split_attention,
+                int8_dot: self.cuda_int8_dot,
+            },
+            vulkan: VulkanOptions {
+                push_constants: self.vulkan_push_constants,
+            },
+            dev: DevHooks {
+                #[cfg(feature = "dev-hooks")]
+                cuda_kernels: self.cuda_kernels.clone(),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn parse(args: &[&str]) -> EngineOptions {
+        let all: Vec<&str> = std::iter::once("cairn")
+            .chain(args.iter().copied())
+            .collect();
+        Cli::try_parse_from(all).expect("parse").engine.options()
+    }
+
+    /// Without flags the binary gives the engine its defaults (unless the test's environment
+    /// sets one of the variables, which CI does not).
+    #[test]
+    fn no_flags_give_the_engine_defaults() {
+        let vars = [
+            "CAIRN_CPU_THREADS",
+            "CAIRN_CUDA_GRAPHS",
+            "CAIRN_CUDA_FUSE",
+            "CAIRN_CUDA_FUSED_BLOCKS_PER_SM",
+            "CAIRN_CUDA_SPLIT_ATTENTION",
+            "CAIRN_CUDA_INT8_DOT",
+            "CAIRN_VULKAN_PUSH_CONSTANTS",
+            "CAIRN_CUDA_KERNELS",
+        ];
+        if vars.iter().any(|v| std::env::var_os(v).is_some()) {
+            eprintln!("a backend variable is set in this environment; skipped");
+            return;
+        }
+        assert_eq!(parse(&[]), EngineOptions::default());
+    }
+
+    /// Each flag reaches its option, with the values the variables have always taken.
+    #[test]
+    fn flags_reach_the_options() {
+        let o = parse(&[
+            "--cpu-threads",
+            "3",
+            "--cuda-graphs",
+            "0",
+            "--cuda-fuse",
+            "nonorm",
+            "--cuda-fused-blocks-per-sm",
+            "0",
+            "--cuda-split-attention",
+            "2",
+            "--cuda-int8-dot",
+            "0",
+            "--vulkan-push-constants",
+            "1",
+        ]);
+        assert_eq!(o.cpu_threads, Some(3));
+        assert_eq!(
+            o.cuda,
+            CudaOptions {
+                graphs: false,
+                fuse: CudaFuse::NoNorms,
+                fused_blocks_per_sm: 0,
+                split_attention: 2,
+                int8_dot: false,
+            }
+        );
+        assert!(o.vulkan.push_constants);
+        assert_eq!(parse(&["--cuda-fuse", "0"]).cuda.fuse, CudaFuse::Off);
+        assert_eq!(parse(&["--cuda-fuse", "1"]).cuda.fuse, CudaFuse::All);
+        assert!(Cli::try_parse_from(["cairn", "--cuda-fuse", "some"]).is_err());
+    }
+
+    /// The kernel folder is a development hook: a flag only where the build has it.
+    #[test]
+    fn the_kernel_folder_flag_exists_only_with_dev_hooks() {
+        let parsed = Cli::try_parse_from(["cairn", "--cuda-kernels", "/tmp/k"]);
+        assert_eq!(parsed.is_ok(), cfg!(feature = "dev-hooks"));
+        #[cfg(feature = "dev-hooks")]
+        assert_eq!(
+            parse(&["--cuda-kernels", "/tmp/k"]).dev.cuda_kernels,
+            Some("/tmp/k".into())
+        );
+    }
+}
