@@ -138,7 +138,9 @@ fn build_package(root: &Path, out_dir: &Path, pkg: &Path) {
     bindgen
         .input_path(&wasm)
         .out_name(PKG_NAME)
-        .typescript(false);
+        .typescript(false)
+        // The library's default differs from the CLI's: without it `init()` needs the URL.
+        .omit_default_module_path(false);
     let generated = bindgen
         .web(true)
         .and_then(|b| b.generate(&tmp))
