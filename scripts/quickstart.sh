@@ -6,5 +6,7 @@ cd "$(dirname "$0")/.."
 prompt="${1:-Write a haiku about stacking stones.}"
 shift || true
 scripts/fetch-model.sh
+# The binary carries the browser worker, built for wasm32 as part of building cairn.
+if command -v rustup >/dev/null; then rustup target add wasm32-unknown-unknown; fi
 cargo build --release -p cairn
 exec target/release/cairn run --prompt "$prompt" "$@"

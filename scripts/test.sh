@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian/Ubuntu machine with only Rust present: installs what
-# the tests need (lavapipe for wgpu on the CPU, Chromium, the wasm32 target, wasm-bindgen-cli at
-# the version in Cargo.lock), fetches the default model, then runs formatting, lints, the wasm32
-# build and every test.
+# the tests need (lavapipe for wgpu on the CPU, Chromium, the wasm32 target), fetches the default
+# model, then runs formatting, lints and every test. Building cairn builds the browser worker
+# (the engine for wasm32) into the binary (native/build.rs), so clippy already covers that build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,15 +21,6 @@ fi
 echo "== rust components and targets"
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add wasm32-unknown-unknown >/dev/null
-
-# Its own lock file pins a yanked dependency, so it is installed unlocked.
-wbg=$(awk '/^name = "wasm-bindgen"$/ {getline; gsub(/"/, "", $3); print $3; exit}' Cargo.lock)
-if [ -n "$wbg" ] && [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$wbg" ]; then
-    echo "== cargo install wasm-bindgen-cli $wbg"
-    # Only the browser tests need it; a failed install must not hide every other result.
-    cargo install --quiet wasm-bindgen-cli --version "$wbg" ||
-        echo "warning: wasm-bindgen-cli $wbg did not install; browser tests cannot run" >&2
-fi
 
 scripts/fetch-model.sh
 
@@ -52,8 +43,6 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --features "$features" -- -D warnings
-echo "== the browser worker's package (web/pkg; the engine for wasm32 with it)"
-scripts/build-web.sh
 echo "== tests"
 df -h . | tail -1
 # The end-to-end tests start the cairn and cairn-signal binaries of this build as real

@@ -1,5 +1,5 @@
 //! The browser worker end to end: headless Chromium opens the join page (web/www/join.html
-//! with the wasm package from `scripts/build-web.sh`), consents, joins a real cairn-signal
+//! with the wasm package, both as the `cairn` binary carries them: native/build.rs), consents, joins a real cairn-signal
 //! room and answers a native peer's WebRTC offer. The native side here plays the coordinator
 //! with `cairn_native::link::Mesh`: it checks `Hello` and telemetry, has the browser load the
 //! first layers of the default model over HTTP range requests, and generates greedily with
@@ -81,46 +81,46 @@ fn repo() -> PathBuf {
         .to_owned()
 }
 
-/// `web/pkg`, checked to exist and to be newer than the crate's sources.
-fn web_pkg() -> PathBuf {
-    let pkg = repo().join("web/pkg");
-    let wasm = pkg.join("cairn_web_bg.wasm");
-    let built = std::fs::metadata(&wasm)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing: run scripts/build-web.sh first",
-                wasm.display()
-            )
-        });
-    let mut stack = vec![repo().join("web/src")];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let p = entry.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if entry.metadata().and_then(|m| m.modified()).unwrap() > built {
-                panic!(
-                    "web/pkg is older than {}: run scripts/build-web.sh",
-                    p.display()
-                );
-            }
-        }
-    }
-    pkg
+/// The join page and the wasm package this build of `cairn` carries (native/build.rs makes
+/// them), answered as the coordinator answers them.
+fn embedded(path: &str, headers: &axum::http::HeaderMap) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    assert!(
+        cairn_native::web_assets::embedded(),
+        "cairn was built with CAIRN_SKIP_WEB: the browser tests need its join page and package"
+    );
+    cairn_native::web_assets::response(path, headers).unwrap_or_else(|| {
+        (axum::http::StatusCode::NOT_FOUND, format!("no {path}")).into_response()
+    })
 }
 
-/// Serves the join page at `/join`, the wasm package at `/pkg/` and the model at
-/// `/model.gguf` (with range requests), as the coordinator does.
-async fn page_server(pkg: PathBuf, model: PathBuf) -> SocketAddr {
-    use tower_http::services::{ServeDir, ServeFile};
+/// Serves the join page at `/join`, the wasm package at `/pkg/` (both embedded in `cairn`)
+/// and the model at `/model.gguf` (with range requests), as the coordinator does, plus the
+/// package's example page at `/example`.
+async fn page_server(model: PathBuf) -> SocketAddr {
+    use axum::extract::Path as UrlPath;
+    use axum::http::HeaderMap;
+    use axum::routing::get;
+    use tower_http::services::ServeFile;
     let app = axum::Router::new()
-        .route_service("/join", ServeFile::new(repo().join("web/www/join.html")))
+        .route(
+            "/join",
+            get(|headers: HeaderMap| async move {
+                embedded(cairn_native::web_assets::JOIN_PAGE, &headers)
+            }),
+        )
         .route_service(
             "/example",
             ServeFile::new(repo().join("web/www/example.html")),
         )
-        .nest_service("/pkg", ServeDir::new(pkg))
+        .route(
+            "/pkg/{*path}",
+            get(
+                |UrlPath(path): UrlPath<String>, headers: HeaderMap| async move {
+                    embedded(&format!("pkg/{path}"), &headers)
+                },
+            ),
+        )
         .route_service("/model.gguf", ServeFile::new(model));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -583,7 +583,6 @@ async fn serve_layers_in_browser(webgpu: bool) {
     };
     let _serial = SERIAL.lock().await;
     let model = model_path();
-    let pkg = web_pkg();
     let file = MappedGguf::open(&model).unwrap();
     let tok = Tokenizer::from_spec(&file.file.tokenizer_spec().unwrap()).unwrap();
     let (prompt, expected) = reference(&file, &tok);
@@ -599,7 +598,7 @@ async fn serve_layers_in_browser(webgpu: bool) {
     .unwrap();
 
     let signal = signal_server().await;
-    let http = page_server(pkg, model.clone()).await;
+    let http = page_server(model.clone()).await;
     let mut coordinator = Mesh::join(
         &signal.url(),
         ROOM,
@@ -807,7 +806,7 @@ async fn browser_links_through_the_coordinators_turn_server() {
     let _serial = SERIAL.lock().await;
     let (turn, turn_addr) = turn_server::start().await;
     let signal = signal_server().await;
-    let http = page_server(web_pkg(), model_path()).await;
+    let http = page_server(model_path()).await;
     let mut coordinator = Mesh::join(
         &signal.url(),
         ROOM,
@@ -897,7 +896,7 @@ async fn standalone_package_runs_a_kernel_and_a_model() {
     };
     let _serial = SERIAL.lock().await;
     let model = model_path();
-    let http = page_server(web_pkg(), model.clone()).await;
+    let http = page_server(model.clone()).await;
     let browser = Browser::launch(&binary, &format!("http://{http}/example"), true);
     let mut page = browser.page("/example").await;
     let out = example_output(&mut page).await;
@@ -946,6 +945,10 @@ fn cairn_run_tokens() -> Vec<u64> {
 /// page, the package and the model), a native `cairn worker`, and the browser joining from
 /// the coordinator's own join URL. A placement puts layers 0-14 in the browser and 15-29 on
 /// the native worker; a greedy completion through the coordinator's API equals `cairn run`.
+///
+/// The coordinator is the built `cairn` binary copied alone into an empty directory and run
+/// from there without `CAIRN_WEB_DIR`, as on a machine without the source tree: the page and
+/// the package it serves are the ones it carries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_with_a_browser_worker_matches_cairn_run() {
     use cairn_tests::procs::{
@@ -955,8 +958,8 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         return;
     };
     let _serial = SERIAL.lock().await;
-    web_pkg();
     let dir = artifacts("browser-cluster");
+    let alone = lone_copy_of_cairn();
     let expected = cairn_run_tokens();
     let model = model_path();
     let signal = Signal::start(&dir);
@@ -964,9 +967,14 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
     let coord_token = signal.token("main", "coordinator");
     let listen = format!("127.0.0.1:{}", free_port());
     let api = format!("http://{listen}");
+    // `sh` only to start it with the empty directory as its working directory (`$0`) and
+    // without CAIRN_WEB_DIR; `exec` makes the process the one Proc kills.
     let _coord = Proc::spawn(
-        &bin("cairn"),
+        Path::new("/bin/sh"),
         &[
+            "-c",
+            "cd \"$0\" && exec env -u CAIRN_WEB_DIR ./cairn \"$@\"",
+            alone.to_str().expect("utf-8 path"),
             "serve",
             "--signal",
             &signal.url,
@@ -988,6 +996,7 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
     wait_for(Duration::from_secs(60), "the coordinator's API", || {
         get_json(&format!("{api}/v1/models"))
     });
+    check_served_assets(&api);
     let mut native = Proc::spawn(
         &bin("cairn"),
         &[
@@ -1074,4 +1083,42 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         "browser + native greedy tokens differ from cairn run's"
     );
     drop(browser);
+}
+
+/// A fresh, empty directory holding only a copy of the built `cairn` binary.
+fn lone_copy_of_cairn() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cairn-alone-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // fs::copy keeps the permission bits, so the copy is executable.
+    std::fs::copy(cairn_tests::procs::bin("cairn"), dir.join("cairn")).unwrap();
+    dir
+}
+
+/// The page and the package as a browser gets them from the coordinator: the content types
+/// browsers require, the revalidation headers of the embedded copies, and a wasm module.
+fn check_served_assets(api: &str) {
+    let get = |path: &str| {
+        ureq::get(&format!("{api}{path}"))
+            .timeout(Duration::from_secs(30))
+            .call()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    };
+    let page = get("/join");
+    assert!(
+        page.content_type() == "text/html" && page.header("etag").is_some(),
+        "/join is not the embedded page: {:?} {:?}",
+        page.content_type(),
+        page.header("etag")
+    );
+    assert_eq!(page.header("cache-control"), Some("no-cache"));
+    let page = page.into_string().unwrap();
+    assert!(page.contains("/pkg/cairn_web.js"), "{page}");
+    let glue = get("/pkg/cairn_web.js");
+    assert_eq!(glue.content_type(), "text/javascript");
+    let wasm = get("/pkg/cairn_web_bg.wasm");
+    assert_eq!(wasm.content_type(), "application/wasm");
+    let mut magic = [0u8; 4];
+    std::io::Read::read_exact(&mut wasm.into_reader(), &mut magic).unwrap();
+    assert_eq!(&magic, b"\0asm");
 }

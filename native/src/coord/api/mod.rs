@@ -22,6 +22,7 @@ pub use error::ApiError;
 
 /// Every route the coordinator serves.
 pub fn router(shared: Arc<Shared>) -> Router {
+    web::log_source();
     let guarded = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))

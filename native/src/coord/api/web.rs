@@ -1,7 +1,7 @@
-//! The dashboard, the browser worker's join page and wasm package, the join
-//! QR code, and the model file (with range requests) workers fetch shards from.
+//! The dashboard, the browser worker's join page and wasm package (embedded in the binary,
+//! or from `CAIRN_WEB_DIR`: `crate::web_assets`), the join QR code, and the model file (with
+//! range requests) workers fetch shards from.
 
-use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -13,6 +13,7 @@ use tower_http::services::{ServeDir, ServeFile};
 
 use super::ApiError;
 use crate::coord::Shared;
+use crate::web_assets::{self, WebSource};
 
 const DASHBOARD: &str = include_str!("../../../assets/dashboard.html");
 
@@ -20,46 +21,79 @@ pub async fn dashboard() -> Html<&'static str> {
     Html(DASHBOARD)
 }
 
-/// Where the browser worker's page (`www/`) and wasm package (`pkg/`) live:
-/// `$CAIRN_WEB_DIR`, else the `web/` directory of this source tree.
-pub fn web_dir() -> PathBuf {
-    std::env::var_os("CAIRN_WEB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| FsPath::new(env!("CARGO_MANIFEST_DIR")).join("../web"))
+/// Logs where the join page and the package come from, deciding it for the process's life:
+/// `CAIRN_WEB_DIR` is read once, here, as `cairn serve` builds its routes.
+pub fn log_source() {
+    let source = web_assets::source();
+    let missing = match source {
+        WebSource::Dir(dir) => !dir.join(web_assets::JOIN_PAGE).is_file(),
+        WebSource::Embedded => !web_assets::embedded(),
+    };
+    if missing {
+        tracing::warn!("{}; /join will answer 404", source.describe());
+    } else {
+        tracing::info!("{}", source.describe());
+    }
 }
 
 pub async fn join_page(request: Request) -> Response {
-    let page = web_dir().join("www/join.html");
-    if !page.exists() {
-        return ApiError::not_found(format!(
-            "the browser worker's page is not built here ({} is missing; run scripts/build-web.sh)",
-            page.display()
-        ))
-        .into_response();
-    }
-    serve(ServeFile::new(page), request).await
+    join_page_from(web_assets::source(), request).await
 }
 
 pub async fn pkg(Path(path): Path<String>, request: Request) -> Response {
-    let _ = path;
-    let dir = web_dir();
-    // ServeDir sees the path under /pkg/.
-    let (mut parts, body) = request.into_parts();
-    let stripped = parts
-        .uri
-        .path()
-        .strip_prefix("/pkg")
-        .unwrap_or("/")
-        .to_owned();
-    parts.uri = match stripped.parse() {
-        Ok(u) => u,
-        Err(_) => return ApiError::not_found("bad path").into_response(),
-    };
-    serve(
-        ServeDir::new(dir.join("pkg")),
-        Request::from_parts(parts, body),
-    )
-    .await
+    pkg_from(web_assets::source(), &path, request).await
+}
+
+async fn join_page_from(source: &WebSource, request: Request) -> Response {
+    match source {
+        WebSource::Dir(dir) => {
+            let page = dir.join(web_assets::JOIN_PAGE);
+            if !page.is_file() {
+                return ApiError::not_found(format!(
+                    "the browser worker's page is not here ({} is missing; CAIRN_WEB_DIR names \
+                     a directory holding www/join.html and pkg/)",
+                    page.display()
+                ))
+                .into_response();
+            }
+            serve(ServeFile::new(page), request).await
+        }
+        WebSource::Embedded => embedded(web_assets::JOIN_PAGE, &request),
+    }
+}
+
+/// `path` is what follows `/pkg/` in the request's URL.
+async fn pkg_from(source: &WebSource, path: &str, request: Request) -> Response {
+    match source {
+        WebSource::Dir(dir) => {
+            // ServeDir sees the path under /pkg/.
+            let (mut parts, body) = request.into_parts();
+            let stripped = parts
+                .uri
+                .path()
+                .strip_prefix("/pkg")
+                .unwrap_or("/")
+                .to_owned();
+            parts.uri = match stripped.parse() {
+                Ok(u) => u,
+                Err(_) => return ApiError::not_found("bad path").into_response(),
+            };
+            serve(
+                ServeDir::new(dir.join("pkg")),
+                Request::from_parts(parts, body),
+            )
+            .await
+        }
+        WebSource::Embedded => embedded(&format!("pkg/{path}"), &request),
+    }
+}
+
+fn embedded(path: &str, request: &Request) -> Response {
+    if !web_assets::embedded() {
+        return ApiError::not_found(web_assets::SKIPPED).into_response();
+    }
+    web_assets::response(path, request.headers())
+        .unwrap_or_else(|| ApiError::not_found(format!("no file {path} here")).into_response())
 }
 
 /// The model file, for `LoadShard`'s source; only the served model's id is known.
@@ -101,5 +135,91 @@ pub async fn join_qr(State(shared): State<Arc<Shared>>) -> Response {
         }
         Err(e) => ApiError::internal(format!("cannot encode the join URL as a QR code: {e}"))
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::*;
+
+    fn get(uri: &str) -> Request {
+        Request::builder()
+            .uri(uri)
+            .body(Body::empty())
+            .expect("request")
+    }
+
+    async fn body(r: Response) -> Vec<u8> {
+        axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .expect("body")
+            .to_vec()
+    }
+
+    /// `CAIRN_WEB_DIR`'s files win over the embedded ones, with the browser's content types.
+    #[tokio::test]
+    async fn a_web_dir_serves_its_own_page_and_package() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir_all(dir.path().join("www")).expect("www");
+        std::fs::create_dir_all(dir.path().join("pkg/snippets")).expect("pkg");
+        std::fs::write(dir.path().join("www/join.html"), "<p>local page</p>").expect("page");
+        std::fs::write(dir.path().join("pkg/cairn_web_bg.wasm"), b"\0asmlocal").expect("wasm");
+        std::fs::write(dir.path().join("pkg/snippets/a.js"), "export {}").expect("js");
+        let source = WebSource::Dir(dir.path().to_owned());
+
+        let page = join_page_from(&source, get("/join")).await;
+        assert_eq!(page.status(), StatusCode::OK);
+        assert_eq!(body(page).await, b"<p>local page</p>");
+
+        let wasm = pkg_from(&source, "cairn_web_bg.wasm", get("/pkg/cairn_web_bg.wasm")).await;
+        assert_eq!(wasm.status(), StatusCode::OK);
+        assert_eq!(wasm.headers()[header::CONTENT_TYPE], "application/wasm");
+        assert_eq!(body(wasm).await, b"\0asmlocal");
+
+        let js = pkg_from(&source, "snippets/a.js", get("/pkg/snippets/a.js")).await;
+        let ty = js.headers()[header::CONTENT_TYPE].to_str().expect("ascii");
+        assert!(ty.contains("javascript"), "{ty}");
+
+        let missing = pkg_from(&source, "nothing.js", get("/pkg/nothing.js")).await;
+        assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+        let escape = pkg_from(&source, "../www/join.html", get("/pkg/../www/join.html")).await;
+        assert_eq!(escape.status(), StatusCode::NOT_FOUND);
+
+        std::fs::remove_file(dir.path().join("www/join.html")).expect("rm");
+        let gone = join_page_from(&source, get("/join")).await;
+        assert_eq!(gone.status(), StatusCode::NOT_FOUND);
+    }
+
+    /// Without `CAIRN_WEB_DIR`, the binary's own copies (or a 404 that says why they are not
+    /// in it).
+    #[tokio::test]
+    async fn the_embedded_copies_are_served_by_default() {
+        let page = join_page_from(&WebSource::Embedded, get("/join")).await;
+        if !web_assets::embedded() {
+            assert_eq!(page.status(), StatusCode::NOT_FOUND);
+            let text = String::from_utf8(body(page).await).expect("utf-8");
+            assert!(text.contains("CAIRN_SKIP_WEB"), "{text}");
+            return;
+        }
+        assert_eq!(page.status(), StatusCode::OK);
+        assert_eq!(
+            body(page).await,
+            web_assets::get(web_assets::JOIN_PAGE).expect("page")
+        );
+        let glue = pkg_from(
+            &WebSource::Embedded,
+            "cairn_web.js",
+            get("/pkg/cairn_web.js"),
+        )
+        .await;
+        assert_eq!(glue.status(), StatusCode::OK);
+        assert_eq!(
+            glue.headers()[header::CONTENT_TYPE],
+            "text/javascript; charset=utf-8"
+        );
+        let none = pkg_from(&WebSource::Embedded, "x.js", get("/pkg/x.js")).await;
+        assert_eq!(none.status(), StatusCode::NOT_FOUND);
     }
 }

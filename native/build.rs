@@ -1,0 +1,244 @@
+//! Builds the browser worker's wasm package (crate `cairn-web`) and embeds it, with the join
+//! page, in the `cairn` binary, so `cairn serve` needs nothing from the source tree at run time.
+//!
+//! The package is built by a nested `cargo build -p cairn-web --target wasm32-unknown-unknown
+//! --release` into `<target>/web-build` (its own target dir: the outer build holds the locks of
+//! its own), then its JavaScript glue is generated with `wasm-bindgen-cli-support`, the library
+//! the `wasm-bindgen` CLI is made of, so no tool has to be installed. `$OUT_DIR/web_assets.rs`
+//! lists every file for `src/web_assets.rs` to `include_bytes!`.
+//!
+//! `CAIRN_SKIP_WEB=1` builds the binary without the assets (fast development builds); its
+//! `/join` then says so.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The crate to build and the name its package files take.
+const WEB_CRATE: &str = "cairn-web";
+const PKG_NAME: &str = "cairn_web";
+const WASM_TARGET: &str = "wasm32-unknown-unknown";
+
+fn main() {
+    let manifest_dir = PathBuf::from(env("CARGO_MANIFEST_DIR"));
+    let root = manifest_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| fail("the cairn package has no parent directory (the workspace)"));
+    let out_dir = PathBuf::from(env("OUT_DIR"));
+
+    println!("cargo:rerun-if-env-changed=CAIRN_SKIP_WEB");
+    // Everything the package is made of; the join page itself is tracked by `include_bytes!`.
+    for input in [
+        "web/src",
+        "web/Cargo.toml",
+        "web/www/join.html",
+        "engine/src",
+        "engine/Cargo.toml",
+        "shaders",
+        "Cargo.toml",
+        "Cargo.lock",
+    ] {
+        println!("cargo:rerun-if-changed={}", root.join(input).display());
+    }
+
+    let skip = std::env::var_os("CAIRN_SKIP_WEB").is_some_and(|v| !v.is_empty() && v != "0");
+    let files = if skip {
+        println!(
+            "cargo:warning=CAIRN_SKIP_WEB is set: this cairn carries no join page or wasm package"
+        );
+        Vec::new()
+    } else {
+        let pkg = out_dir.join("pkg");
+        build_package(&root, &out_dir, &pkg);
+        let mut files = vec![("www/join.html".to_owned(), root.join("web/www/join.html"))];
+        collect(&pkg, &pkg, &mut files);
+        files
+    };
+    write_manifest(&out_dir.join("web_assets.rs"), &files);
+}
+
+fn build_package(root: &Path, out_dir: &Path, pkg: &Path) {
+    check_wasm_target();
+    let target_dir = nested_target_dir(out_dir);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root)
+        .args([
+            "build",
+            "-p",
+            WEB_CRATE,
+            "--release",
+            "--target",
+            WASM_TARGET,
+        ])
+        .arg("--manifest-path")
+        .arg(root.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir);
+    // The outer build's flags and settings are for the host and for this package: the nested
+    // build must not take them (RUSTFLAGS such as `-C target-cpu=native` break wasm32, and
+    // clippy's wrapper would lint the web crate on every `cargo clippy`). The jobserver
+    // (CARGO_MAKEFLAGS) and CARGO_BUILD_JOBS are kept, so `-j` bounds both builds together.
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        let outer = key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_CFG_")
+            || key.starts_with("CARGO_FEATURE_")
+            || key.starts_with("CARGO_MANIFEST_")
+            || key.starts_with("DEP_");
+        if outer {
+            cmd.env_remove(key);
+        }
+    }
+    for key in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_ENCODED_RUSTDOCFLAGS",
+        "RUSTFLAGS",
+        "RUSTDOCFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_BUILD_TARGET_DIR",
+        "CARGO_BUILD_BUILD_DIR",
+        "CARGO_PRIMARY_PACKAGE",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_LINKER",
+        "TARGET",
+        "HOST",
+        "OUT_DIR",
+        "PROFILE",
+        "OPT_LEVEL",
+        "DEBUG",
+        "NUM_JOBS",
+    ] {
+        cmd.env_remove(key);
+    }
+    // Cargo reads this script's stdout for directives; the nested build's output is for people.
+    cmd.stdout(Stdio::from(std::io::stderr()));
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| fail(&format!("cannot start cargo for the wasm package: {e}")));
+    if !status.success() {
+        fail(&format!(
+            "building the browser worker's wasm package (cargo build -p {WEB_CRATE} --target \
+             {WASM_TARGET} --release, target dir {}) failed; its errors are above",
+            target_dir.display()
+        ));
+    }
+
+    let wasm = target_dir
+        .join(WASM_TARGET)
+        .join("release")
+        .join(format!("{PKG_NAME}.wasm"));
+    // Settings of `wasm-bindgen --target web --out-name cairn_web --no-typescript`.
+    let tmp = out_dir.join("pkg.tmp");
+    let _ = std::fs::remove_dir_all(&tmp);
+    let mut bindgen = wasm_bindgen_cli_support::Bindgen::new();
+    bindgen
+        .input_path(&wasm)
+        .out_name(PKG_NAME)
+        .typescript(false)
+        // The library's default differs from the CLI's: without it `init()` needs the URL.
+        .omit_default_module_path(false);
+    let generated = bindgen
+        .web(true)
+        .and_then(|b| b.generate(&tmp))
+        .map_err(|e| format!("{e:#}"));
+    if let Err(e) = generated {
+        fail(&format!(
+            "wasm-bindgen could not make the package from {}: {e}",
+            wasm.display()
+        ));
+    }
+    let _ = std::fs::remove_dir_all(pkg);
+    if let Err(e) = std::fs::rename(&tmp, pkg) {
+        fail(&format!(
+            "cannot move the package to {}: {e}",
+            pkg.display()
+        ));
+    }
+}
+
+/// Fails with the command that fixes it when the standard library for wasm32 is missing
+/// (it comes with the target: rustup installs it).
+fn check_wasm_target() {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let libdir = Command::new(rustc)
+        .args(["--print", "target-libdir", "--target", WASM_TARGET])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let has_std = libdir
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .is_some_and(|mut entries| {
+            entries.any(|e| {
+                e.ok()
+                    .and_then(|e| e.file_name().into_string().ok())
+                    .is_some_and(|n| n.starts_with("libstd-") && n.ends_with(".rlib"))
+            })
+        });
+    if !has_std {
+        fail(&format!(
+            "the {WASM_TARGET} target is not installed, and the cairn binary carries the browser \
+             worker built for it. Install it with:\n\n    rustup target add {WASM_TARGET}\n\n\
+             (or set CAIRN_SKIP_WEB=1 to build a cairn without the join page)"
+        ));
+    }
+}
+
+/// `<target>/web-build`: the outer target dir is the nearest ancestor of OUT_DIR that cargo
+/// tagged with CACHEDIR.TAG; OUT_DIR itself if none is (the nested build is then not shared
+/// between feature sets, only slower).
+fn nested_target_dir(out_dir: &Path) -> PathBuf {
+    out_dir
+        .ancestors()
+        .skip(1)
+        .find(|dir| dir.join("CACHEDIR.TAG").is_file())
+        .map(|dir| dir.join("web-build"))
+        .unwrap_or_else(|| out_dir.join("web-build"))
+}
+
+/// Every file under `dir`, keyed `pkg/<path relative to base>` with `/` separators.
+fn collect(base: &Path, dir: &Path, files: &mut Vec<(String, PathBuf)>) {
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", dir.display())));
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    for path in paths {
+        if path.is_dir() {
+            collect(base, &path, files);
+        } else if let Ok(rel) = path.strip_prefix(base) {
+            let parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            files.push((format!("pkg/{}", parts.join("/")), path));
+        }
+    }
+}
+
+fn write_manifest(path: &Path, files: &[(String, PathBuf)]) {
+    let mut src = String::from("&[\n");
+    for (name, file) in files {
+        let file = file
+            .to_str()
+            .unwrap_or_else(|| fail(&format!("{} is not UTF-8", file.display())));
+        let _ = writeln!(src, "    ({name:?}, include_bytes!({file:?}).as_slice()),");
+    }
+    src.push_str("]\n");
+    if let Err(e) = std::fs::write(path, src) {
+        fail(&format!("cannot write {}: {e}", path.display()));
+    }
+}
+
+fn env(key: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| fail(&format!("cargo did not set {key}")))
+}
+
+/// Ends the build with `message`, which cargo shows under the failed build script.
+fn fail(message: &str) -> ! {
+    eprintln!("\nerror: {message}\n");
+    std::process::exit(1)
+}
