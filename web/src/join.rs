@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use cairn_engine::backend::Device;
 use cairn_engine::device::{DeviceInfo, Discovery};
 use cairn_engine::protocol::{self, Hello, Message, Visibility, error_code};
 use cairn_engine::worker::{
@@ -389,7 +388,6 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
     });
     let mut w = Worker {
         stage: StageServer::new(Arc::clone(&device)),
-        device,
         caps,
         signal,
         link_events: link_tx,
@@ -478,7 +476,6 @@ fn install_watchers(
 }
 
 struct Worker {
-    device: Arc<Device>,
     stage: StageServer,
     caps: Capabilities,
     signal: Rc<SignalSocket>,
