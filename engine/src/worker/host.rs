@@ -31,8 +31,8 @@ pub struct LoadPlan {
 }
 
 impl LoadPlan {
-    /// The `LoadShard` message's plan, or the `Error` that refuses it.
-    pub fn from_message(message: Message) -> Result<LoadPlan, Message> {
+    /// The `LoadShard` message's plan, or why it is refused (a `BAD_REQUEST`).
+    pub fn from_message(message: Message) -> Result<LoadPlan, String> {
         let Message::LoadShard {
             model_hash,
             layers,
@@ -41,16 +41,13 @@ impl LoadPlan {
             prev,
         } = message
         else {
-            return Err(Message::Error {
-                code: error_code::BAD_REQUEST,
-                text: format!("{} is not a load-shard", message.kind()),
-            });
+            return Err(format!("{} is not a load-shard", message.kind()));
         };
         if layers.start >= layers.end {
-            return Err(Message::Error {
-                code: error_code::BAD_REQUEST,
-                text: format!("an empty layer range {}..{}", layers.start, layers.end),
-            });
+            return Err(format!(
+                "an empty layer range {}..{}",
+                layers.start, layers.end
+            ));
         }
         Ok(LoadPlan {
             model: model_hash,
@@ -153,7 +150,10 @@ impl WorkerHost {
         match message {
             m @ Message::LoadShard { .. } => match LoadPlan::from_message(m) {
                 Ok(plan) => HostAction::Load(plan),
-                Err(refusal) => HostAction::Reply(refusal),
+                Err(text) => HostAction::Reply(Message::Error {
+                    code: error_code::BAD_REQUEST,
+                    text,
+                }),
             },
             Message::Close { reason } => HostAction::Close { reason },
             Message::Error { code, text } => HostAction::PeerError { code, text },
