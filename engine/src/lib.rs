@@ -12,6 +12,7 @@ pub mod model;
 pub mod placement;
 pub mod protocol;
 pub mod quant;
+pub mod session;
 pub mod tokenizer;
 pub mod worker;
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cairn_engine::backend::Device;
 use cairn_engine::device::{DeviceInfo, Discovery};
-use cairn_engine::protocol::{self, Hello, LayerRange, Message, error_code};
+use cairn_engine::protocol::{Hello, LayerRange, Message, error_code};
 use cairn_engine::worker::{Capabilities, PeerKind, StageServer, load_shard};
 use cairn_engine::{BackendKind, Support};
 use futures::StreamExt as _;
@@ -695,11 +695,17 @@ impl Worker {
                 None => "",
             }
         ));
+        let hello = Hello::new(
+            self.my_id.clone().unwrap_or_default(),
+            MAX_MESSAGE_BYTES,
+            self.caps.to_json(),
+        );
         let (link, answer) = match PeerLink::accept_offer(
             &from,
             &session,
             &sdp,
             ice.as_ref(),
+            hello,
             self.link_events.clone(),
         )
         .await
@@ -748,16 +754,9 @@ impl Worker {
                     self.signal.signal(&link.peer, data);
                 }
             }
-            LinkEvent::Open { session } => {
+            LinkEvent::Up { session, .. } => {
                 if let Some(link) = self.link_for(&session) {
-                    let hello = Hello::new(
-                        self.my_id.clone().unwrap_or_default(),
-                        MAX_MESSAGE_BYTES,
-                        self.caps.to_json(),
-                    );
-                    if let Err(e) = link.send_now(&Message::Hello(hello)) {
-                        ui::log(&format!("cannot send hello: {e}"));
-                    }
+                    self.on_link_up(&link);
                 }
             }
             LinkEvent::Down { session, reason } => {
@@ -777,35 +776,20 @@ impl Worker {
         }
     }
 
+    /// Both `Hello`s exchanged (the link's session checked the versions).
+    fn on_link_up(&mut self, link: &Rc<PeerLink>) {
+        self.link_up = true;
+        self.joined_once = true;
+        ui::log(&format!("linked to {}", link.peer));
+        self.show_status();
+        if let Some(reason) = self.paused.clone() {
+            let _ = link.send_now(&Message::Pause { reason });
+        }
+    }
+
     async fn on_message(&mut self, link: &Rc<PeerLink>, message: Message) {
         if !self.link_up {
-            let Message::Hello(hello) = message else {
-                let _ = link.send_now(&Message::Error {
-                    code: error_code::PROTOCOL,
-                    text: format!("{} before hello", message.kind()),
-                });
-                return;
-            };
-            let local = Hello::new("", 0, String::new());
-            if let Err(e) = protocol::negotiate(&local, &hello) {
-                let _ = link.send_now(&Message::Error {
-                    code: error_code::PROTOCOL,
-                    text: e.to_string(),
-                });
-                link.close("incompatible protocol");
-                *self.current.borrow_mut() = None;
-                ui::set_status(&format!("cannot talk to the coordinator: {e}"));
-                return;
-            }
-            link.set_peer_max_message_bytes(hello.max_message_bytes);
-            self.link_up = true;
-            self.joined_once = true;
-            ui::log(&format!("linked to {}", link.peer));
-            self.show_status();
-            if let Some(reason) = self.paused.clone() {
-                let _ = link.send_now(&Message::Pause { reason });
-            }
-            return;
+            return; // the session delivers nothing before both Hellos
         }
         match message {
             // A browser keeps only its coordinator link, so it is given no
@@ -822,20 +806,8 @@ impl Worker {
                 }
                 self.show_status();
             }
-            Message::Close { reason } => {
-                ui::log(&format!("the coordinator closed the link: {reason}"));
-                link.close("closed by the peer");
-                *self.current.borrow_mut() = None;
-                self.link_up = false;
-                self.show_status();
-            }
-            Message::Error { code, text } => {
-                ui::log(&format!("the coordinator reported error {code}: {text}"))
-            }
-            Message::Hello(_)
-            | Message::Pong { .. }
-            | Message::ProbeAck { .. }
-            | Message::Telemetry(_) => {}
+            // Close, Error, Hello, Pong and ProbeAck are the link session's.
+            Message::Telemetry(_) => {}
             other => {
                 let kind = other.kind();
                 if let Some(out) = self.stage.handle(other).await
