@@ -239,8 +239,6 @@ fn setup_channel(
     let session = session.to_owned();
     let announce_open = {
         let shared = Rc::clone(shared);
-        let events = events.clone();
-        let session = session.clone();
         move || {
             let mut guard = shared.borrow_mut();
             if let Some(ch) = guard.as_mut()
