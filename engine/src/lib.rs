@@ -13,6 +13,7 @@ pub mod options;
 pub mod placement;
 pub mod protocol;
 pub mod quant;
+pub mod session;
 pub mod tokenizer;
 pub mod worker;
 

@@ -710,11 +710,17 @@ impl Worker {
                 None => "",
             }
         ));
+        let hello = Hello::new(
+            self.my_id.clone().unwrap_or_default(),
+            MAX_MESSAGE_BYTES,
+            self.caps.to_json(),
+        );
         let (link, answer) = match PeerLink::accept_offer(
             &from,
             &session,
             &sdp,
             ice.as_ref(),
+            hello,
             self.link_events.clone(),
         )
         .await
@@ -763,16 +769,9 @@ impl Worker {
                     self.signal.signal(&link.peer, data);
                 }
             }
-            LinkEvent::Open { session } => {
+            LinkEvent::Up { session, .. } => {
                 if let Some(link) = self.link_for(&session) {
-                    let hello = Hello::new(
-                        self.my_id.clone().unwrap_or_default(),
-                        MAX_MESSAGE_BYTES,
-                        self.caps.to_json(),
-                    );
-                    if let Err(e) = link.send_now(&Message::Hello(hello)) {
-                        ui::log(&format!("cannot send hello: {e}"));
-                    }
+                    self.on_link_up(&link);
                 }
             }
             LinkEvent::Down { session, reason } => {
@@ -792,35 +791,20 @@ impl Worker {
         }
     }
 
+    /// Both `Hello`s exchanged (the link's session checked the versions).
+    fn on_link_up(&mut self, link: &Rc<PeerLink>) {
+        self.link_up = true;
+        self.joined_once = true;
+        ui::log(&format!("linked to {}", link.peer));
+        self.show_status();
+        if let Some(pause) = self.host.on_link_up() {
+            let _ = link.send_now(&pause);
+        }
+    }
+
     async fn on_message(&mut self, link: &Rc<PeerLink>, message: Message) {
         if !self.link_up {
-            let Message::Hello(hello) = message else {
-                let _ = link.send_now(&Message::Error {
-                    code: error_code::PROTOCOL,
-                    text: format!("{} before hello", message.kind()),
-                });
-                return;
-            };
-            let local = Hello::new("", 0, String::new());
-            if let Err(e) = protocol::negotiate(&local, &hello) {
-                let _ = link.send_now(&Message::Error {
-                    code: error_code::PROTOCOL,
-                    text: e.to_string(),
-                });
-                link.close("incompatible protocol");
-                *self.current.borrow_mut() = None;
-                ui::set_status(&format!("cannot talk to the coordinator: {e}"));
-                return;
-            }
-            link.set_peer_max_message_bytes(hello.max_message_bytes);
-            self.link_up = true;
-            self.joined_once = true;
-            ui::log(&format!("linked to {}", link.peer));
-            self.show_status();
-            if let Some(pause) = self.host.on_link_up() {
-                let _ = link.send_now(&pause);
-            }
-            return;
+            return; // the session delivers nothing before both Hellos
         }
         match self.host.on_message(message) {
             // A browser keeps only its coordinator link: a chain's output it

@@ -1,14 +1,18 @@
 //! The link to the coordinator: an `RTCPeerConnection` that answers the native side's offer
 //! (str0m, `native/src/link/mesh.rs`), its data channel, and the engine's framing on it.
 //!
-//! The offerer creates the channel (label `cairn`); each side's first message is `Hello`.
-//! Pings and probes are answered right in the channel's message handler, so a long forward
-//! pass in the serving loop never starves the peer's heartbeat.
+//! The offerer creates the channel (label `cairn`). What goes on over it (`Hello`, answers
+//! to pings and probes, close, protocol failures) is the engine's link session
+//! (`cairn_engine::session`), the same code as the native side's; this module is only its
+//! glue to the `RTCDataChannel`. The session runs right in the channel's message handler,
+//! so a long forward pass in the serving loop never starves the peer's heartbeat.
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
-use cairn_engine::protocol::{Deframer, Framer, Limits, Message, error_code};
+use cairn_engine::protocol::{FlowControl, Hello, Message};
+use cairn_engine::session::{Session, SessionConfig, SessionEvent};
 use futures::channel::mpsc::UnboundedSender;
 use js_sys::{ArrayBuffer, Reflect, Uint8Array};
 use serde::{Deserialize, Serialize};
@@ -75,21 +79,41 @@ pub fn sdp_max_message_size(sdp: &str) -> Option<u64> {
 /// SCTP fast (docs/protocol.md).
 const MAX_FRAME_BYTES: usize = 64 * 1024;
 /// Flow control thresholds on `bufferedAmount`.
-const HIGH_WATER: u32 = 1024 * 1024;
-const LOW_WATER: u32 = 256 * 1024;
+const FLOW: FlowControl = FlowControl {
+    high_water: 1024 * 1024,
+    low_water: 256 * 1024,
+};
 
 /// What a link reports to the serving loop.
 pub enum LinkEvent {
-    LocalCandidate { session: String, candidate: String },
-    Open { session: String },
-    Message { session: String, message: Message },
-    Down { session: String, reason: String },
+    LocalCandidate {
+        session: String,
+        candidate: String,
+    },
+    /// Both `Hello`s exchanged; `hello` is the peer's.
+    Up {
+        session: String,
+        hello: Hello,
+    },
+    /// An application message (the session handles its own).
+    Message {
+        session: String,
+        message: Message,
+    },
+    Down {
+        session: String,
+        reason: String,
+    },
+}
+
+/// The session's time: the page's clock, which the session never reads itself.
+fn now() -> Duration {
+    Duration::from_secs_f64(js_sys::Date::now().max(0.0) / 1000.0)
 }
 
 struct Channel {
     dc: RtcDataChannel,
-    framer: Framer,
-    deframer: Deframer,
+    session: Session,
     open: bool,
     down: bool,
     _on_open: Closure<dyn FnMut()>,
@@ -98,22 +122,52 @@ struct Channel {
 }
 
 impl Channel {
+    /// Hands every frame the session has queued to the data channel, which buffers them
+    /// (callers that must respect flow control wait before queueing, see `PeerLink::send`).
+    fn flush(&mut self) -> Result<(), String> {
+        if self.dc.ready_state() != RtcDataChannelState::Open {
+            return Err("the data channel is not open".into());
+        }
+        while let Some(frame) = self.session.next_frame().map_err(|e| e.to_string())? {
+            self.dc
+                .send_with_u8_array(frame)
+                .map_err(|e| js_error_text(&e))?;
+            self.session.frame_sent();
+        }
+        Ok(())
+    }
+
     fn send_now(&mut self, message: &Message) -> Result<(), String> {
         if self.dc.ready_state() != RtcDataChannelState::Open {
             return Err("the data channel is not open".into());
         }
-        let dc = &self.dc;
-        let mut error = None;
-        self.framer
-            .encode_with(message, |frame| {
-                if error.is_none()
-                    && let Err(e) = dc.send_with_u8_array(&frame)
-                {
-                    error = Some(js_error_text(&e));
-                }
-            })
-            .map_err(|e| e.to_string())?;
-        error.map_or(Ok(()), Err)
+        self.session.send(message).map_err(|e| e.to_string())?;
+        self.flush()
+    }
+
+    /// Reports what the session has for the serving loop: the link is up, messages, the
+    /// end of the link.
+    fn report(&mut self, events: &UnboundedSender<LinkEvent>, session: &str) {
+        while let Some(event) = self.session.poll_event() {
+            if let SessionEvent::Up { remote, .. } = event {
+                let _ = events.unbounded_send(LinkEvent::Up {
+                    session: session.to_owned(),
+                    hello: remote,
+                });
+            }
+        }
+        while let Some(message) = self.session.pop_received() {
+            let _ = events.unbounded_send(LinkEvent::Message {
+                session: session.to_owned(),
+                message,
+            });
+        }
+        // What the session queued is with the data channel, which sends its buffer
+        // before it closes: nothing of ours is left to wait for.
+        if let Some(reason) = self.session.finished(now(), 0) {
+            self.down = true;
+            down(events, session, reason.to_string());
+        }
     }
 }
 
@@ -150,55 +204,23 @@ fn on_channel_data(
     if ch.down {
         return;
     }
-    let data = e.data();
-    let bytes = match data.dyn_into::<ArrayBuffer>() {
-        Ok(buffer) => Uint8Array::new(&buffer).to_vec(),
+    let result = match e.data().dyn_into::<ArrayBuffer>() {
+        Ok(buffer) => ch
+            .session
+            .on_frame_bytes(&Uint8Array::new(&buffer).to_vec(), now()),
         Err(_) => {
-            let _ = ch.send_now(&Message::Error {
-                code: error_code::PROTOCOL,
-                text: "text message on a binary link".into(),
-            });
-            ch.down = true;
-            down(events, session, "the peer sent a text message");
-            return;
+            ch.session.on_text_frame(now());
+            Ok(())
         }
     };
-    let messages = match ch.deframer.push(&bytes) {
-        Ok(m) => m,
-        Err(err) => {
-            let _ = ch.send_now(&Message::Error {
-                code: error_code::PROTOCOL,
-                text: err.to_string(),
-            });
-            let _ = ch.send_now(&Message::Close {
-                reason: "protocol error".into(),
-            });
-            ch.down = true;
-            down(events, session, format!("protocol error: {err}"));
-            return;
-        }
-    };
-    for message in messages {
-        let reply = match &message {
-            &Message::Ping { nonce, sent_us } => Some(Message::Pong { nonce, sent_us }),
-            Message::Probe { nonce, payload } => Some(Message::ProbeAck {
-                nonce: *nonce,
-                bytes: payload.len() as u64,
-            }),
-            _ => None,
-        };
-        match reply {
-            Some(r) => {
-                let _ = ch.send_now(&r);
-            }
-            None => {
-                let _ = events.unbounded_send(LinkEvent::Message {
-                    session: session.to_owned(),
-                    message,
-                });
-            }
-        }
+    if let Err(reason) = result {
+        ch.down = true;
+        down(events, session, reason.to_string());
+        return;
     }
+    // Pongs, probe acks, or the `Error` of a protocol failure.
+    let _ = ch.flush();
+    ch.report(events, session);
 }
 
 fn setup_channel(
@@ -206,28 +228,28 @@ fn setup_channel(
     shared: &Shared,
     events: &UnboundedSender<LinkEvent>,
     session: &str,
-    frame_bytes: usize,
+    config: &SessionConfig,
 ) {
     if shared.borrow().is_some() {
         // One channel per link: ignore any other.
         return;
     }
     dc.set_binary_type(RtcDataChannelType::Arraybuffer);
-    dc.set_buffered_amount_low_threshold(LOW_WATER);
+    dc.set_buffered_amount_low_threshold(config.flow.low_water as u32);
     let session = session.to_owned();
     let announce_open = {
         let shared = Rc::clone(shared);
-        let events = events.clone();
-        let session = session.clone();
         move || {
             let mut guard = shared.borrow_mut();
             if let Some(ch) = guard.as_mut()
                 && !ch.open
             {
+                // Our `Hello` goes first.
                 ch.open = true;
-                let _ = events.unbounded_send(LinkEvent::Open {
-                    session: session.clone(),
-                });
+                ch.session.on_open(now());
+                if let Err(e) = ch.flush() {
+                    crate::ui::log(&format!("cannot send hello: {e}"));
+                }
             }
         }
     };
@@ -258,8 +280,7 @@ fn setup_channel(
     let already_open = dc.ready_state() == RtcDataChannelState::Open;
     *shared.borrow_mut() = Some(Channel {
         dc,
-        framer: Framer::new(frame_bytes),
-        deframer: Deframer::new(Limits::default()),
+        session: Session::new(config.clone(), now()),
         open: false,
         down: false,
         _on_open: on_open,
@@ -273,13 +294,14 @@ fn setup_channel(
 
 impl PeerLink {
     /// Accepts `offer_sdp` from `peer`: a new peer connection (on the STUN/TURN servers of
-    /// `ice`, if the offerer shared any), its answer (returned, not yet sent). Candidates and
-    /// the channel's events go to `events`.
+    /// `ice`, if the offerer shared any), its answer (returned, not yet sent). `hello` goes
+    /// out when the channel opens. Candidates and the channel's events go to `events`.
     pub async fn accept_offer(
         peer: &str,
         session: &str,
         offer_sdp: &str,
         ice: Option<&IceConfig>,
+        hello: Hello,
         events: UnboundedSender<LinkEvent>,
     ) -> Result<(PeerLink, String), String> {
         let config = match ice {
@@ -293,13 +315,19 @@ impl PeerLink {
             Some(n) => (n as usize).min(MAX_FRAME_BYTES),
             None => 64 * 1024,
         };
+        // The browser answers the peer's pings and probes; liveness is the peer
+        // connection's state and the native side's heartbeat.
+        let config = SessionConfig {
+            flow: FLOW,
+            ..SessionConfig::answering(hello, frame_bytes)
+        };
         let channel: Shared = Rc::new(RefCell::new(None));
         let on_datachannel = Closure::<dyn FnMut(RtcDataChannelEvent)>::new({
             let channel = Rc::clone(&channel);
             let events = events.clone();
             let session = session.to_owned();
             move |e: RtcDataChannelEvent| {
-                setup_channel(e.channel(), &channel, &events, &session, frame_bytes)
+                setup_channel(e.channel(), &channel, &events, &session, &config)
             }
         });
         let on_candidate = Closure::<dyn FnMut(RtcPeerConnectionIceEvent)>::new({
@@ -388,7 +416,9 @@ impl PeerLink {
     pub async fn send(&self, message: &Message) -> Result<(), String> {
         loop {
             let dc = match self.channel.borrow().as_ref() {
-                Some(ch) if ch.dc.buffered_amount() > HIGH_WATER => ch.dc.clone(),
+                Some(ch) if !ch.session.may_write(ch.dc.buffered_amount() as usize) => {
+                    ch.dc.clone()
+                }
                 Some(_) => break,
                 None => return Err("no data channel yet".into()),
             };
@@ -400,20 +430,12 @@ impl PeerLink {
         self.send_now(message)
     }
 
-    /// Applies the peer's `Hello::max_message_bytes` to our framer.
-    pub fn set_peer_max_message_bytes(&self, max: u64) {
-        if let Some(ch) = self.channel.borrow_mut().as_mut() {
-            ch.framer.set_peer_max_message_bytes(max);
-        }
-    }
-
     /// Closes the link: a `Close` message, then the channel and the connection.
     pub fn close(&self, reason: &str) {
         if let Some(mut ch) = self.channel.borrow_mut().take() {
             if !ch.down {
-                let _ = ch.send_now(&Message::Close {
-                    reason: reason.to_owned(),
-                });
+                ch.session.close(reason, now());
+                let _ = ch.flush();
             }
             ch.down = true;
             ch.dc.set_onmessage(None);

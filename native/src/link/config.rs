@@ -1,7 +1,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use cairn_engine::protocol::FlowControl;
+use cairn_engine::protocol::{FlowControl, Hello, Limits};
+use cairn_engine::session::SessionConfig;
+
+/// How long a graceful close may take to flush.
+const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 
 /// A STUN or TURN server, as in the browser's `RTCIceServer`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -122,6 +126,29 @@ impl LinkConfig {
         Self {
             bind: vec![IpAddr::from([127, 0, 0, 1])],
             ..Self::default()
+        }
+    }
+
+    /// What each link's session runs with; `local_peer` goes in our `Hello`.
+    pub(crate) fn session_config(&self, local_peer: &str) -> SessionConfig {
+        SessionConfig {
+            hello: Hello::new(
+                local_peer,
+                self.max_reassembly_bytes,
+                self.capabilities.clone(),
+            ),
+            frame_bytes: self.frame_bytes,
+            limits: Limits {
+                max_frame_bytes: self.max_message_size as usize,
+                max_message_bytes: self.max_reassembly_bytes,
+            },
+            flow: self.flow,
+            ping_interval: Some(self.ping_interval),
+            heartbeat_timeout: Some(self.heartbeat_timeout),
+            probe_interval: self.probe_interval,
+            probe_bytes: self.probe_bytes,
+            connect_timeout: Some(self.connect_timeout),
+            close_flush: CLOSE_FLUSH,
         }
     }
 

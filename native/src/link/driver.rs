@@ -1,7 +1,9 @@
-//! One link: a tokio task that owns a `str0m::Rtc`, its UDP sockets, the
-//! framer and the deframer, and the handles the application holds.
+//! One link: a tokio task that owns a `str0m::Rtc`, its UDP sockets and
+//! TURN relays, and feeds the link's [`Session`] (hello, pings, heartbeat,
+//! probes, flow control and close live there, shared with the browser);
+//! plus the handles the application holds.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::poll_fn;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
@@ -9,7 +11,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use cairn_engine::protocol::{self, Deframer, Framer, Hello, Limits, Message, error_code};
+use cairn_engine::protocol::{Framer, Hello, Message};
+use cairn_engine::session::{Session, SessionEvent};
 use cairn_signal::protocol::PeerId;
 use str0m::change::{SdpAnswer, SdpPendingOffer};
 use str0m::channel::ChannelId;
@@ -18,12 +21,12 @@ use str0m::{Candidate, Event, IceConnectionState, Input, Output, Rtc};
 use tokio::io::ReadBuf;
 use tokio::net::UdpSocket;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
-use tokio::task::{JoinError, JoinSet};
+use tokio::task::JoinError;
 use tracing::{debug, info, warn};
 
-use super::stats::{Estimator, LinkStats};
-use super::stun;
-use super::turn::{Relay, TurnServer};
+use super::gather::ReflexiveGathering;
+use super::stats::{LinkStats, RelayStats};
+use super::turn::{Allocations, Relay, TurnServer};
 use super::{LinkConfig, LinkError};
 
 /// Most DTLS datagrams kept while ICE checks their source.
@@ -261,19 +264,6 @@ pub(crate) struct DriverHandle {
     pub control: mpsc::UnboundedSender<Control>,
 }
 
-/// A STUN query in flight.
-struct StunQuery {
-    server: SocketAddr,
-    socket: usize,
-    tid: stun::TransactionId,
-    next_try: Instant,
-    tries: u32,
-}
-
-const STUN_TRIES: u32 = 4;
-const STUN_RETRY: Duration = Duration::from_millis(500);
-/// How long a graceful close may take to flush.
-const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 /// Datagrams taken per wake-up before the driver looks at its other inputs.
 const RECV_BATCH: usize = 64;
 
@@ -292,51 +282,36 @@ struct Driver {
     /// TURN allocations that are ready, after the sockets in `locals`.
     relays: Vec<Relay>,
     /// TURN allocations under way.
-    allocations: JoinSet<Result<Relay, LinkError>>,
-    /// Why the last allocation failed, for a relay-only link that has none.
-    relay_error: Option<LinkError>,
-    relay_only: bool,
+    allocations: Allocations,
     /// Local addresses: one per socket, then one (relayed) per relay.
     locals: Vec<SocketAddr>,
     config: Arc<LinkConfig>,
     peer: PeerId,
-    local_peer: PeerId,
-    session: String,
+    session_id: String,
+    /// The origin of the session's time.
     epoch: Instant,
     pending_offer: Option<SdpPendingOffer>,
     channel: Option<ChannelId>,
-    framer: Framer,
-    deframer: Deframer,
-    /// Control messages (Hello, Pong, ProbeAck, Error, Close) go before
-    /// queued application messages.
-    control_out: VecDeque<Message>,
-    /// Frames of the message being written, and what to release once it is.
-    frames: VecDeque<Vec<u8>>,
+    /// Hello, pings, heartbeat, probes, framing and close. Received
+    /// messages wait in it until the application has room; while any do,
+    /// the driver stops reading the sockets.
+    session: Session,
+    /// What to release once the message being written is out.
     frames_permit: Option<OwnedSemaphorePermit>,
     queue: mpsc::UnboundedReceiver<Outgoing>,
     control: mpsc::UnboundedReceiver<Control>,
     inbound: mpsc::Sender<Message>,
-    /// Received messages the application has not taken yet; while any wait,
-    /// the driver stops reading the sockets.
-    pending_in: VecDeque<Message>,
     link: Option<Link>,
-    remote_hello: Option<Hello>,
-    up: bool,
-    estimator: Estimator,
+    relay_stats: RelayStats,
     stats: watch::Sender<LinkStats>,
-    next_ping: Instant,
-    ping_nonce: u64,
-    /// Probes in flight: when sent, how big, who waits for the result.
-    probes: HashMap<u64, (Instant, u64, Option<ProbeWaiter>)>,
-    next_probe: Option<Instant>,
-    connect_deadline: Instant,
+    /// Who waits for the result of which probe.
+    probe_waiters: HashMap<u64, ProbeWaiter>,
     rtc_deadline: Instant,
-    stun: Vec<StunQuery>,
+    /// Server-reflexive candidates being gathered.
+    gathering: ReflexiveGathering,
     reports: mpsc::UnboundedSender<Report>,
     closed: Arc<Mutex<Option<LinkError>>>,
     budget: Arc<Semaphore>,
-    /// Set when the link is ending: the reason, and the flush deadline.
-    closing: Option<(LinkError, Instant)>,
     blackhole: bool,
     /// DTLS datagrams that came before ICE had checked their source, replayed
     /// once it has: str0m drops them, and the peer would resend its first
@@ -366,9 +341,11 @@ impl Driver {
         let config = setup.config;
         let (queue_tx, queue_rx) = mpsc::unbounded_channel();
         let (inbound_tx, inbound_rx) = mpsc::channel(config.receive_queue);
-        let estimator = Estimator::new(now);
-        let (stats_tx, stats_rx) =
-            watch::channel(Estimator::new(now).refresh(now, config.heartbeat_timeout, 0, 0));
+        let (stats_tx, stats_rx) = watch::channel(LinkStats::initial(now));
+        let session = Session::new(
+            config.session_config(setup.local_peer.as_str()),
+            Duration::ZERO,
+        );
         let budget_bytes = config.send_queue_bytes.min(u32::MAX as usize >> 1);
         let budget = Arc::new(Semaphore::new(budget_bytes));
         let closed = Arc::new(Mutex::new(None));
@@ -388,78 +365,41 @@ impl Driver {
             remote_hello: Hello::new("", 0, String::new()),
             max_frame_bytes: 0,
         };
-        let locals = setup
-            .sockets
-            .iter()
-            .filter_map(|s| s.local_addr().ok())
-            .collect();
-        let stun = setup
-            .stun_servers
-            .iter()
-            .flat_map(|&server| {
-                (0..setup.sockets.len()).map(move |socket| StunQuery {
-                    server,
-                    socket,
-                    tid: rand::random(),
-                    next_try: now,
-                    tries: 0,
-                })
-            })
-            .filter(|q| {
-                // Only ask over a socket of the server's address family.
-                setup.sockets[q.socket]
-                    .local_addr()
-                    .is_ok_and(|a| a.is_ipv4() == q.server.is_ipv4() && !a.ip().is_loopback())
-            })
-            .collect();
-        let mut allocations = JoinSet::new();
-        for server in setup.turn_servers {
-            let buffer = config.udp_buffer_bytes;
-            let timeout = config.connect_timeout / 2;
-            allocations.spawn(async move { Relay::allocate(&server, buffer, timeout).await });
-        }
+        let socket_addrs: Vec<Option<SocketAddr>> =
+            setup.sockets.iter().map(|s| s.local_addr().ok()).collect();
+        let locals = socket_addrs.iter().flatten().copied().collect();
+        let gathering = ReflexiveGathering::new(&setup.stun_servers, &socket_addrs, now);
+        let allocations = Allocations::start(
+            setup.turn_servers,
+            config.udp_buffer_bytes,
+            config.connect_timeout / 2,
+            config.ice_transport_policy == super::IceTransportPolicy::Relay,
+        );
         Self {
             rtc: setup.rtc,
             sockets: setup.sockets,
             relays: Vec::new(),
             allocations,
-            relay_error: None,
-            relay_only: config.ice_transport_policy == super::IceTransportPolicy::Relay,
             locals,
             peer: setup.peer,
-            local_peer: setup.local_peer,
-            session: setup.session,
+            session_id: setup.session,
             epoch: now,
             pending_offer: setup.pending_offer,
             channel: None,
-            framer: Framer::new(config.frame_bytes),
-            deframer: Deframer::new(Limits {
-                max_frame_bytes: config.max_message_size as usize,
-                max_message_bytes: config.max_reassembly_bytes,
-            }),
-            control_out: VecDeque::new(),
-            frames: VecDeque::new(),
+            session,
             frames_permit: None,
             queue: queue_rx,
             control: control_rx,
             inbound: inbound_tx,
-            pending_in: VecDeque::new(),
             link: Some(link),
-            remote_hello: None,
-            up: false,
-            estimator,
+            relay_stats: RelayStats::default(),
             stats: stats_tx,
-            next_ping: now,
-            ping_nonce: 0,
-            probes: HashMap::new(),
-            next_probe: None,
-            connect_deadline: now + config.connect_timeout,
+            probe_waiters: HashMap::new(),
             rtc_deadline: now,
-            stun,
+            gathering,
             reports: setup.reports,
             closed,
             budget,
-            closing: None,
             blackhole: false,
             early_dtls: Vec::new(),
             config,
@@ -471,15 +411,15 @@ impl Driver {
             Ok(reason) | Err(reason) => reason,
         };
         match &error {
-            LinkError::Closed => debug!(peer = %self.peer, session = %self.session, "link closed"),
-            e => info!(peer = %self.peer, session = %self.session, error = %e, "link down"),
+            LinkError::Closed => {
+                debug!(peer = %self.peer, session = %self.session_id, "link closed")
+            }
+            e => info!(peer = %self.peer, session = %self.session_id, error = %e, "link down"),
         }
         *self.closed.lock().unwrap_or_else(PoisonError::into_inner) = Some(error.clone());
         self.budget.close();
-        for (_, (_, _, waiter)) in self.probes.drain() {
-            if let Some(w) = waiter {
-                let _ = w.send(Err(error.clone()));
-            }
+        for (_, waiter) in self.probe_waiters.drain() {
+            let _ = waiter.send(Err(error.clone()));
         }
         // Tell the DTLS and SCTP layers, best effort.
         if !self.blackhole && self.rtc.close().is_ok() {
@@ -487,13 +427,14 @@ impl Driver {
         }
         let _ = self.reports.send(Report::Down {
             peer: self.peer.clone(),
-            session: self.session.clone(),
+            session: self.session_id.clone(),
             error,
         });
     }
 
-    fn now_us(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64
+    /// Now, in the session's time.
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
     }
 
     /// Feeds the DTLS datagrams that came too early once str0m takes them.
@@ -530,6 +471,7 @@ impl Driver {
         loop {
             self.drain().await?;
             self.replay_early_dtls().await?;
+            self.on_session_events();
             if let Some(done) = self.finished() {
                 return Ok(done);
             }
@@ -538,11 +480,8 @@ impl Driver {
             }
             self.deliver();
             let deadline = self.next_deadline();
-            let can_take = self.frames.is_empty()
-                && self.control_out.is_empty()
-                && self.up
-                && self.closing.is_none();
-            let reading = self.pending_in.is_empty();
+            let can_take = self.session.takes_messages();
+            let reading = !self.session.has_received();
             let wake = tokio::select! {
                 c = self.control.recv() => Wake::Control(c),
                 a = self.allocations.join_next(), if !self.allocations.is_empty() => Wake::Allocated(a),
@@ -566,7 +505,7 @@ impl Driver {
                     self.drain().await?;
                     // Take what else is waiting before looking elsewhere.
                     'batch: for _ in 0..RECV_BATCH {
-                        if !self.pending_in.is_empty() {
+                        if self.session.has_received() {
                             break;
                         }
                         let mut got = false;
@@ -599,14 +538,14 @@ impl Driver {
                 Wake::Allocated(Some(result)) => self.on_allocated(result)?,
                 Wake::Allocated(None) => {}
                 Wake::Outgoing(Some(o)) => self.start_outgoing(o)?,
-                Wake::Outgoing(None) => self.begin_close(LinkError::Closed, true),
+                Wake::Outgoing(None) => self.close(),
                 Wake::Deliverable(Some(permit)) => {
-                    if let Some(m) = self.pending_in.pop_front() {
+                    if let Some(m) = self.session.pop_received() {
                         permit.send(m);
                     }
                 }
                 // The application dropped its receiver: nothing to deliver to.
-                Wake::Deliverable(None) => self.pending_in.clear(),
+                Wake::Deliverable(None) => self.session.clear_received(),
                 Wake::Timer => self.on_timer().await?,
             }
         }
@@ -614,65 +553,27 @@ impl Driver {
 
     /// The reason to stop, once a graceful close has flushed (or timed out).
     fn finished(&mut self) -> Option<LinkError> {
-        let (_, deadline) = self.closing.as_ref()?;
-        let flushed = self.frames.is_empty()
-            && self.control_out.is_empty()
-            && self.channel.is_none_or(|id| {
-                self.rtc
-                    .channel(id)
-                    .is_none_or(|mut c| c.buffered_amount() == 0)
-            });
-        if flushed || Instant::now() >= *deadline {
-            return self.closing.take().map(|(reason, _)| reason);
+        if !self.session.is_closing() {
+            return None;
         }
-        None
+        let buffered = self.buffered_amount();
+        let now = self.now();
+        self.session.finished(now, buffered).map(LinkError::from)
     }
 
-    fn begin_close(&mut self, reason: LinkError, send_close: bool) {
-        if self.closing.is_some() {
-            return;
-        }
-        if send_close && self.channel.is_some() {
-            let text = match &reason {
-                LinkError::Closed => "closed".to_owned(),
-                other => other.to_string(),
-            };
-            self.control_out.push_back(Message::Close { reason: text });
-        }
-        self.closing = Some((reason, Instant::now() + CLOSE_FLUSH));
-    }
-
-    /// A failure the peer should hear about: an `Error` goes out, then we stop.
-    fn fail_with_notice(&mut self, error: LinkError) {
-        if self.closing.is_some() {
-            return;
-        }
-        warn!(peer = %self.peer, session = %self.session, %error, "closing link");
-        self.control_out.clear();
-        self.control_out.push_back(Message::Error {
-            code: error_code::PROTOCOL,
-            text: error.to_string(),
-        });
-        self.closing = Some((error, Instant::now() + CLOSE_FLUSH));
+    /// Our graceful close: what is queued, then `Close`, then the DTLS close.
+    fn close(&mut self) {
+        let now = self.now();
+        self.session.close("closed", now);
     }
 
     fn next_deadline(&self) -> Instant {
         let mut d = self.rtc_deadline;
-        if self.up {
-            d = d
-                .min(self.next_ping)
-                .min(self.estimator.last_heard + self.config.heartbeat_timeout);
-            if let Some(p) = self.next_probe {
-                d = d.min(p);
-            }
-        } else {
-            d = d.min(self.connect_deadline);
+        if let Some(t) = self.session.poll_timeout() {
+            d = d.min(self.epoch + t);
         }
-        if let Some(q) = self.stun.iter().map(|q| q.next_try).min() {
+        if let Some(q) = self.gathering.next_try() {
             d = d.min(q);
-        }
-        if let Some((_, c)) = &self.closing {
-            d = d.min(*c);
         }
         // Never sleep long: a short tick also retries blocked writes.
         d.min(Instant::now() + Duration::from_millis(100))
@@ -683,48 +584,36 @@ impl Driver {
         self.rtc.handle_input(Input::Timeout(now))?;
         self.drain().await?;
         self.stun_tick(now).await;
-        if self.closing.is_some() {
-            return Ok(());
-        }
-        if !self.up {
-            if now >= self.connect_deadline {
-                return Err(LinkError::ConnectTimeout(self.config.connect_timeout));
-            }
-            return Ok(());
-        }
-        if !self.pending_in.is_empty() {
-            // We stopped reading because the application is behind: the
-            // silence is ours, not the peer's.
-            self.estimator.last_heard = now;
-        }
-        let silent = now.duration_since(self.estimator.last_heard);
-        if silent >= self.config.heartbeat_timeout {
-            return Err(LinkError::HeartbeatTimeout(silent));
-        }
-        if now >= self.next_ping {
-            self.next_ping = now + self.config.ping_interval;
-            self.ping_nonce += 1;
-            self.estimator.ping_sent(self.ping_nonce, now);
-            self.control_out.push_back(Message::Ping {
-                nonce: self.ping_nonce,
-                sent_us: self.now_us(),
-            });
-            let buffered = self.buffered_amount();
-            let stats = self.estimator.refresh(
-                now,
-                self.config.heartbeat_timeout,
-                self.framer.max_frame_bytes(),
-                buffered,
-            );
-            self.stats.send_replace(stats);
-        }
-        if let Some(p) = self.next_probe
-            && now >= p
-        {
-            self.next_probe = self.config.probe_interval.map(|i| now + i);
-            self.queue_probe(self.config.probe_bytes, None);
-        }
+        let now = self.now();
+        self.session.on_tick(now)?;
+        self.on_session_events();
         Ok(())
+    }
+
+    /// Acts on what the session reports: the link is up, stats are due, a
+    /// probe is done.
+    fn on_session_events(&mut self) {
+        while let Some(event) = self.session.poll_event() {
+            match event {
+                SessionEvent::Up { remote, .. } => self.become_up(remote),
+                SessionEvent::Rtt(_) => {}
+                SessionEvent::StatsDue => {
+                    let buffered = self.buffered_amount();
+                    let s = self.session.stats(self.now(), buffered);
+                    self.stats
+                        .send_replace(LinkStats::new(s, &self.relay_stats, Instant::now()));
+                }
+                SessionEvent::ProbeDone {
+                    nonce,
+                    bytes,
+                    elapsed,
+                } => {
+                    if let Some(w) = self.probe_waiters.remove(&nonce) {
+                        let _ = w.send(Ok(SessionEvent::throughput(bytes, elapsed)));
+                    }
+                }
+            }
+        }
     }
 
     fn buffered_amount(&mut self) -> usize {
@@ -733,48 +622,11 @@ impl Driver {
             .unwrap_or(0)
     }
 
-    fn queue_probe(
-        &mut self,
-        bytes: usize,
-        waiter: Option<oneshot::Sender<Result<f64, LinkError>>>,
-    ) {
-        self.ping_nonce += 1;
-        let nonce = self.ping_nonce;
-        self.probes
-            .insert(nonce, (Instant::now(), bytes as u64, waiter));
-        // Probes are ordinary messages: they queue behind application data,
-        // which is what a throughput measurement should see.
-        let message = Message::Probe {
-            nonce,
-            payload: vec![0u8; bytes],
-        };
-        if let Err(e) = self
-            .framer
-            .encode_with(&message, |f| self.frames.push_back(f))
-            && let Some((_, _, Some(w))) = self.probes.remove(&nonce)
-        {
-            let _ = w.send(Err(e.into()));
-        }
-    }
-
     async fn stun_tick(&mut self, now: Instant) {
-        let mut i = 0;
-        while i < self.stun.len() {
-            let q = &mut self.stun[i];
-            if q.next_try > now {
-                i += 1;
-                continue;
+        for r in self.gathering.due(now) {
+            if let Some(socket) = self.sockets.get(r.socket) {
+                let _ = socket.send_to(&r.bytes, r.server).await;
             }
-            if q.tries >= STUN_TRIES {
-                debug!(server = %q.server, "no answer from STUN server");
-                self.stun.swap_remove(i);
-                continue;
-            }
-            q.tries += 1;
-            q.next_try = now + STUN_RETRY * q.tries;
-            let request = stun::binding_request(&q.tid);
-            let _ = self.sockets[q.socket].send_to(&request, q.server).await;
-            i += 1;
         }
     }
 
@@ -784,18 +636,8 @@ impl Driver {
         &mut self,
         result: Result<Result<Relay, LinkError>, JoinError>,
     ) -> Result<(), LinkError> {
-        let relay = match result {
-            Ok(Ok(relay)) => relay,
-            Ok(Err(e)) => {
-                warn!(peer = %self.peer, error = %e, "no TURN relay");
-                self.relay_error = Some(e);
-                return self.check_relays();
-            }
-            Err(e) => {
-                warn!(peer = %self.peer, error = %e, "TURN allocation task failed");
-                self.relay_error = Some(LinkError::Rtc(format!("TURN allocation: {e}")));
-                return self.check_relays();
-            }
+        let Some(relay) = self.allocations.finished(result, self.relays.len())? else {
+            return Ok(());
         };
         match Candidate::relayed(relay.relayed, relay.base, "udp") {
             Ok(c) => {
@@ -806,30 +648,17 @@ impl Driver {
                 if self.rtc.add_local_candidate(c).is_some() {
                     let _ = self.reports.send(Report::LocalCandidate {
                         peer: self.peer.clone(),
-                        session: self.session.clone(),
+                        session: self.session_id.clone(),
                         candidate: sdp,
                     });
                 }
             }
-            Err(e) => {
-                self.relay_error = Some(LinkError::Turn {
-                    server: relay.server.clone(),
-                    reason: format!("unusable relayed address {}: {e}", relay.relayed),
-                });
-            }
+            Err(e) => self.allocations.unusable(LinkError::Turn {
+                server: relay.server.clone(),
+                reason: format!("unusable relayed address {}: {e}", relay.relayed),
+            }),
         }
-        self.check_relays()
-    }
-
-    /// A relay-only link fails as soon as no relay is left, with the reason.
-    fn check_relays(&mut self) -> Result<(), LinkError> {
-        if self.relay_only && self.relays.is_empty() && self.allocations.is_empty() {
-            return Err(self.relay_error.take().unwrap_or(LinkError::Turn {
-                server: "(none)".into(),
-                reason: "no relay allocated".into(),
-            }));
-        }
-        Ok(())
+        self.allocations.check(self.relays.len())
     }
 
     fn on_control(&mut self, control: Control) -> Result<(), LinkError> {
@@ -843,10 +672,10 @@ impl Driver {
             Control::RemoteCandidate(c) => self.rtc.add_remote_candidate(c),
             Control::Close(reason) => {
                 debug!(peer = %self.peer, %reason, "closing link on request");
-                self.begin_close(LinkError::Closed, true);
+                self.close();
             }
             Control::Blackhole => self.blackhole = true,
-            Control::FrameBytes(n) => self.framer.set_max_frame_bytes(n),
+            Control::FrameBytes(n) => self.session.set_max_frame_bytes(n),
         }
         Ok(())
     }
@@ -860,13 +689,7 @@ impl Driver {
         if self.blackhole {
             return Ok(());
         }
-        if let Some(pos) = self
-            .stun
-            .iter()
-            .position(|q| q.server == from && q.socket == socket)
-            && let Some(mapped) = stun::parse_binding_success(data, &self.stun[pos].tid)
-        {
-            self.stun.swap_remove(pos);
+        if let Some(mapped) = self.gathering.on_datagram(socket, from, data) {
             let base = self.locals[socket];
             if mapped != base
                 && let Ok(c) = Candidate::server_reflexive(mapped, base, "udp")
@@ -875,7 +698,7 @@ impl Driver {
                 if self.rtc.add_local_candidate(c).is_some() {
                     let _ = self.reports.send(Report::LocalCandidate {
                         peer: self.peer.clone(),
-                        session: self.session.clone(),
+                        session: self.session_id.clone(),
                         candidate: sdp,
                     });
                 }
@@ -896,7 +719,7 @@ impl Driver {
         );
         if self.rtc.accepts(&input) {
             self.rtc.handle_input(input)?;
-        } else if !self.up && is_dtls(data) && self.early_dtls.len() < MAX_EARLY_DTLS {
+        } else if !self.session.is_up() && is_dtls(data) && self.early_dtls.len() < MAX_EARLY_DTLS {
             self.early_dtls.push((socket, data.to_vec(), from));
         }
         Ok(())
@@ -924,12 +747,12 @@ impl Driver {
                         };
                         // A full queue drops the datagram: a lost packet.
                         if relay.send(&t.contents, t.destination) {
-                            self.estimator.relayed(t.contents.len(), dtls);
+                            self.relay_stats.relayed(t.contents.len(), dtls);
                         }
                         continue;
                     }
                     if dtls {
-                        self.estimator.direct();
+                        self.relay_stats.direct();
                     }
                     let Some(s) = self.sockets.get(endpoint) else {
                         continue;
@@ -952,7 +775,7 @@ impl Driver {
         match event {
             Event::IceConnectionStateChange(state) => {
                 debug!(peer = %self.peer, ?state, "ICE");
-                if state == IceConnectionState::Disconnected && self.closing.is_none() {
+                if state == IceConnectionState::Disconnected && !self.session.is_closing() {
                     return Err(LinkError::Rtc("ICE disconnected".into()));
                 }
             }
@@ -965,33 +788,25 @@ impl Driver {
                 if let Some(mut c) = self.rtc.channel(id) {
                     c.set_buffered_amount_low_threshold(self.config.flow.low_water);
                 }
-                self.control_out.push_front(Message::Hello(Hello::new(
-                    self.local_peer.as_str(),
-                    self.config.max_reassembly_bytes,
-                    self.config.capabilities.clone(),
-                )));
+                let now = self.now();
+                self.session.on_open(now);
             }
             Event::ChannelData(d) => {
-                if Some(d.id) != self.channel || self.closing.is_some() {
+                if Some(d.id) != self.channel || self.session.is_closing() {
                     return Ok(());
                 }
-                if !d.binary {
-                    self.fail_with_notice(LinkError::Protocol(protocol::ProtocolError::Header(
-                        "text message on a binary link",
-                    )));
-                    return Ok(());
+                let now = self.now();
+                if d.binary {
+                    self.session.on_frame_bytes(&d.data, now)?;
+                } else {
+                    self.session.on_text_frame(now);
                 }
-                self.estimator.received(d.data.len(), Instant::now());
-                match self.deframer.push(&d.data) {
-                    Ok(messages) => {
-                        for m in messages {
-                            self.on_message(m)?;
-                        }
-                    }
-                    Err(e) => self.fail_with_notice(LinkError::Protocol(e)),
+                if self.session.is_closing() {
+                    debug!(peer = %self.peer, session = %self.session_id, "session closing");
                 }
+                self.on_session_events();
             }
-            Event::ChannelClose(id) if Some(id) == self.channel && self.closing.is_none() => {
+            Event::ChannelClose(id) if Some(id) == self.channel && !self.session.is_closing() => {
                 return Err(LinkError::ClosedByPeer("data channel closed".into()));
             }
             _ => {}
@@ -999,87 +814,15 @@ impl Driver {
         Ok(())
     }
 
-    fn on_message(&mut self, message: Message) -> Result<(), LinkError> {
-        if self.remote_hello.is_none() {
-            let Message::Hello(hello) = message else {
-                self.fail_with_notice(LinkError::Protocol(protocol::ProtocolError::Decode(
-                    format!("{} before hello", message.kind()),
-                )));
-                return Ok(());
-            };
-            let local = Hello::new("", 0, String::new());
-            if let Err(e) = protocol::negotiate(&local, &hello) {
-                self.fail_with_notice(LinkError::Protocol(e));
-                return Ok(());
-            }
-            self.framer
-                .set_peer_max_message_bytes(hello.max_message_bytes);
-            self.remote_hello = Some(hello);
-            self.become_up();
-            return Ok(());
-        }
-        match message {
-            Message::Ping { nonce, sent_us } => {
-                self.control_out.push_back(Message::Pong { nonce, sent_us })
-            }
-            Message::Pong { nonce, sent_us } => {
-                let rtt = Duration::from_micros(self.now_us().saturating_sub(sent_us));
-                self.estimator
-                    .pong(nonce, rtt, Instant::now(), self.config.heartbeat_timeout);
-            }
-            Message::Probe { nonce, payload } => self.control_out.push_back(Message::ProbeAck {
-                nonce,
-                bytes: payload.len() as u64,
-            }),
-            Message::ProbeAck { nonce, bytes } => {
-                if let Some((start, _, waiter)) = self.probes.remove(&nonce) {
-                    let elapsed = start.elapsed();
-                    self.estimator.probe_done(bytes, elapsed);
-                    if let Some(w) = waiter {
-                        let _ = w.send(Ok(bytes as f64 / elapsed.as_secs_f64().max(1e-9)));
-                    }
-                }
-            }
-            Message::Close { reason } => {
-                self.begin_close(LinkError::ClosedByPeer(reason), false);
-            }
-            Message::Error { code, text } => {
-                return Err(LinkError::Remote { code, text });
-            }
-            Message::Hello(_) => {
-                self.fail_with_notice(LinkError::Protocol(protocol::ProtocolError::Decode(
-                    "second hello".into(),
-                )));
-            }
-            other => {
-                self.estimator.received_message();
-                self.pending_in.push_back(other);
-                self.deliver();
-            }
-        }
-        Ok(())
-    }
-
-    fn become_up(&mut self) {
-        let Some(hello) = self.remote_hello.clone() else {
-            return;
-        };
-        if self.up {
-            return;
-        }
-        self.up = true;
-        let now = Instant::now();
-        self.estimator.last_heard = now;
-        self.next_ping = now;
-        self.next_probe = self.config.probe_interval.map(|i| now + i);
-        let remote_max = self.framer.max_frame_bytes();
+    fn become_up(&mut self, hello: Hello) {
+        let remote_max = self.session.max_frame_bytes();
         if let Some(mut link) = self.link.take() {
             link.remote_hello = hello;
             link.max_frame_bytes = remote_max;
-            info!(peer = %self.peer, session = %self.session, frame = remote_max, "link up");
+            info!(peer = %self.peer, session = %self.session_id, frame = remote_max, "link up");
             let _ = self.reports.send(Report::Up {
                 peer: self.peer.clone(),
-                session: self.session.clone(),
+                session: self.session_id.clone(),
                 link,
             });
         }
@@ -1087,15 +830,16 @@ impl Driver {
 
     /// Hands waiting messages to the application while it has room.
     fn deliver(&mut self) {
-        while let Some(m) = self.pending_in.pop_front() {
-            match self.inbound.try_send(m) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(m)) => {
-                    self.pending_in.push_front(m);
-                    return;
+        while self.session.has_received() {
+            match self.inbound.try_reserve() {
+                Ok(permit) => {
+                    if let Some(m) = self.session.pop_received() {
+                        permit.send(m);
+                    }
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    self.pending_in.clear();
+                Err(mpsc::error::TrySendError::Full(())) => return,
+                Err(mpsc::error::TrySendError::Closed(())) => {
+                    self.session.clear_received();
                     return;
                 }
             }
@@ -1104,18 +848,23 @@ impl Driver {
 
     fn start_outgoing(&mut self, outgoing: Outgoing) -> Result<(), LinkError> {
         match outgoing {
-            Outgoing::Message(message, permit) => {
-                match self
-                    .framer
-                    .encode_with(&message, |f| self.frames.push_back(f))
-                {
-                    Ok(_) => self.frames_permit = permit,
-                    // A message the peer refuses to take: drop it, keep the link.
-                    Err(e) => warn!(peer = %self.peer, error = %e, "message not sent"),
+            Outgoing::Message(message, permit) => match self.session.send(&message) {
+                Ok(()) => self.frames_permit = permit,
+                // A message the peer refuses to take: drop it, keep the link.
+                Err(e) => warn!(peer = %self.peer, error = %e, "message not sent"),
+            },
+            Outgoing::Probe(bytes, waiter) => {
+                let now = self.now();
+                match self.session.probe(bytes, now) {
+                    Ok(nonce) => {
+                        self.probe_waiters.insert(nonce, waiter);
+                    }
+                    Err(e) => {
+                        let _ = waiter.send(Err(e.into()));
+                    }
                 }
             }
-            Outgoing::Probe(bytes, waiter) => self.queue_probe(bytes, Some(waiter)),
-            Outgoing::Raw(frame) => self.frames.push_back(frame),
+            Outgoing::Raw(frame) => self.session.send_raw_frame(frame),
         }
         Ok(())
     }
@@ -1130,38 +879,33 @@ impl Driver {
         }
         let mut wrote = false;
         loop {
-            if self.frames.is_empty() {
+            if self.session.next_frame()?.is_none() {
                 self.frames_permit = None;
-                if let Some(m) = self.control_out.pop_front() {
-                    self.framer.encode_with(&m, |f| self.frames.push_back(f))?;
-                } else if self.up && self.closing.is_none() {
-                    match self.queue.try_recv() {
-                        Ok(o) => self.start_outgoing(o)?,
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => {
-                            self.begin_close(LinkError::Closed, true);
-                            continue;
-                        }
-                    }
-                    continue;
-                } else {
+                if !self.session.takes_messages() {
                     break;
                 }
-            }
-            let Some(frame) = self.frames.front() else {
+                match self.queue.try_recv() {
+                    Ok(o) => self.start_outgoing(o)?,
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => self.close(),
+                }
                 continue;
-            };
+            }
             let Some(mut channel) = self.rtc.channel(id) else {
                 return Err(LinkError::ClosedByPeer("data channel gone".into()));
             };
-            if !self.config.flow.may_send(channel.buffered_amount())
-                || !channel.write(true, frame)?
-            {
+            if !self.session.may_write(channel.buffered_amount()) {
                 break;
             }
-            let len = frame.len();
-            self.frames.pop_front();
-            self.estimator.sent(len, self.frames.is_empty());
+            let Some(frame) = self.session.next_frame()? else {
+                continue;
+            };
+            if !channel.write(true, frame)? {
+                break;
+            }
+            if self.session.frame_sent() {
+                self.frames_permit = None;
+            }
             wrote = true;
             self.drain().await?;
         }

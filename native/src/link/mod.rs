@@ -10,12 +10,15 @@
 //!   jitter, loss, throughput) that the coordinator reads.
 //!
 //! WebRTC itself is `str0m` (sans-IO): each link is one tokio task that owns
-//! the `str0m::Rtc`, its UDP sockets and the framer/deframer. See
+//! the `str0m::Rtc` and its UDP sockets, and feeds the link's
+//! `cairn_engine::session::Session` (hello, pings, heartbeat, probes, flow
+//! control, close: the same code as the browser's). See
 //! `docs/architecture.md` ("Peer links") for why str0m, and
 //! `docs/protocol.md` for the wire format and the measured figures.
 
 mod config;
 mod driver;
+mod gather;
 mod mesh;
 mod signal_msg;
 mod stats;
@@ -23,6 +26,7 @@ mod stun;
 mod turn;
 
 use cairn_engine::protocol::ProtocolError;
+use cairn_engine::session::SessionError;
 
 pub use config::{IceServer, IceTransportPolicy, LinkConfig};
 pub use driver::{Link, LinkSender};
@@ -57,6 +61,19 @@ pub enum LinkError {
     Config(String),
     #[error("TURN server {server}: {reason}")]
     Turn { server: String, reason: String },
+}
+
+impl From<SessionError> for LinkError {
+    fn from(e: SessionError) -> Self {
+        match e {
+            SessionError::Protocol(e) => LinkError::Protocol(e),
+            SessionError::Remote { code, text } => LinkError::Remote { code, text },
+            SessionError::HeartbeatTimeout(d) => LinkError::HeartbeatTimeout(d),
+            SessionError::ConnectTimeout(d) => LinkError::ConnectTimeout(d),
+            SessionError::ClosedByPeer(reason) => LinkError::ClosedByPeer(reason),
+            SessionError::Closed => LinkError::Closed,
+        }
+    }
 }
 
 impl From<std::io::Error> for LinkError {

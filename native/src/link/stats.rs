@@ -1,7 +1,10 @@
-//! Link measurement: RTT from ping/pong, jitter, loss, throughput.
+//! What the coordinator reads about a link: the session's measurements
+//! (`cairn_engine::session::SessionStats`: RTT, jitter, loss, throughput,
+//! counters) and what only the native driver knows (TURN relaying).
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+use cairn_engine::session::SessionStats;
 
 /// What the coordinator reads about a link; refreshed every ping interval.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,151 +43,74 @@ pub struct LinkStats {
     pub updated: Instant,
 }
 
-/// Pings remembered for the loss window.
-const LOSS_WINDOW: usize = 32;
+impl LinkStats {
+    /// Before the first measurement.
+    pub(crate) fn initial(now: Instant) -> Self {
+        Self {
+            rtt: None,
+            rtt_smoothed: None,
+            rtt_min: None,
+            jitter: Duration::ZERO,
+            loss: 0.0,
+            throughput_bytes_per_s: None,
+            tx_bytes_per_s: 0.0,
+            rx_bytes_per_s: 0.0,
+            tx_bytes: 0,
+            rx_bytes: 0,
+            tx_messages: 0,
+            rx_messages: 0,
+            since_last_heard: Duration::ZERO,
+            max_frame_bytes: 0,
+            buffered_amount: 0,
+            relayed: false,
+            tx_relayed_bytes: 0,
+            updated: now,
+        }
+    }
 
-#[derive(Debug)]
-pub(crate) struct Estimator {
-    stats: LinkStats,
-    srtt: Option<f64>,
-    last_rtt: Option<f64>,
-    jitter: f64,
-    /// (nonce, sent, answered) of recent pings.
-    pings: VecDeque<(u64, Instant, bool)>,
-    last_refresh: Instant,
-    tx_at_refresh: u64,
-    rx_at_refresh: u64,
-    pub last_heard: Instant,
+    pub(crate) fn new(s: SessionStats, relay: &RelayStats, updated: Instant) -> Self {
+        Self {
+            rtt: s.rtt,
+            rtt_smoothed: s.rtt_smoothed,
+            rtt_min: s.rtt_min,
+            jitter: s.jitter,
+            loss: s.loss,
+            throughput_bytes_per_s: s.throughput_bytes_per_s,
+            tx_bytes_per_s: s.tx_bytes_per_s,
+            rx_bytes_per_s: s.rx_bytes_per_s,
+            tx_bytes: s.tx_bytes,
+            rx_bytes: s.rx_bytes,
+            tx_messages: s.tx_messages,
+            rx_messages: s.rx_messages,
+            since_last_heard: s.since_last_heard,
+            max_frame_bytes: s.max_frame_bytes,
+            buffered_amount: s.buffered_amount,
+            relayed: relay.relayed,
+            tx_relayed_bytes: relay.tx_relayed_bytes,
+            updated,
+        }
+    }
 }
 
-impl Estimator {
-    pub fn new(now: Instant) -> Self {
-        Self {
-            stats: LinkStats {
-                rtt: None,
-                rtt_smoothed: None,
-                rtt_min: None,
-                jitter: Duration::ZERO,
-                loss: 0.0,
-                throughput_bytes_per_s: None,
-                tx_bytes_per_s: 0.0,
-                rx_bytes_per_s: 0.0,
-                tx_bytes: 0,
-                rx_bytes: 0,
-                tx_messages: 0,
-                rx_messages: 0,
-                since_last_heard: Duration::ZERO,
-                max_frame_bytes: 0,
-                buffered_amount: 0,
-                relayed: false,
-                tx_relayed_bytes: 0,
-                updated: now,
-            },
-            srtt: None,
-            last_rtt: None,
-            jitter: 0.0,
-            pings: VecDeque::new(),
-            last_refresh: now,
-            tx_at_refresh: 0,
-            rx_at_refresh: 0,
-            last_heard: now,
-        }
-    }
+/// How the driver's datagrams went out: through TURN relays or straight.
+#[derive(Debug, Default)]
+pub(crate) struct RelayStats {
+    relayed: bool,
+    tx_relayed_bytes: u64,
+}
 
-    pub fn sent(&mut self, bytes: usize, message_done: bool) {
-        self.stats.tx_bytes += bytes as u64;
-        if message_done {
-            self.stats.tx_messages += 1;
-        }
-    }
-
-    pub fn received(&mut self, bytes: usize, now: Instant) {
-        self.stats.rx_bytes += bytes as u64;
-        self.last_heard = now;
-    }
-
+impl RelayStats {
     /// A datagram went out through a TURN relay; `data`: a DTLS record.
     pub fn relayed(&mut self, bytes: usize, data: bool) {
-        self.stats.tx_relayed_bytes += bytes as u64;
+        self.tx_relayed_bytes += bytes as u64;
         if data {
-            self.stats.relayed = true;
+            self.relayed = true;
         }
     }
 
     /// A DTLS record went straight to the peer.
     pub fn direct(&mut self) {
-        self.stats.relayed = false;
-    }
-
-    pub fn received_message(&mut self) {
-        self.stats.rx_messages += 1;
-    }
-
-    pub fn ping_sent(&mut self, nonce: u64, now: Instant) {
-        self.pings.push_back((nonce, now, false));
-        while self.pings.len() > LOSS_WINDOW {
-            self.pings.pop_front();
-        }
-    }
-
-    pub fn pong(&mut self, nonce: u64, rtt: Duration, now: Instant, timeout: Duration) {
-        if let Some(p) = self.pings.iter_mut().find(|p| p.0 == nonce) {
-            // A pong after the timeout still counts as lost.
-            p.2 = now.duration_since(p.1) <= timeout;
-        }
-        let r = rtt.as_secs_f64();
-        self.srtt = Some(match self.srtt {
-            Some(s) => s + (r - s) / 8.0,
-            None => r,
-        });
-        if let Some(last) = self.last_rtt {
-            self.jitter += ((r - last).abs() - self.jitter) / 16.0;
-        }
-        self.last_rtt = Some(r);
-        self.stats.rtt = Some(rtt);
-        self.stats.rtt_min = Some(self.stats.rtt_min.map_or(rtt, |m| m.min(rtt)));
-    }
-
-    pub fn probe_done(&mut self, bytes: u64, elapsed: Duration) {
-        if elapsed > Duration::ZERO {
-            self.stats.throughput_bytes_per_s = Some(bytes as f64 / elapsed.as_secs_f64());
-        }
-    }
-
-    /// Recomputes the derived figures and returns a snapshot.
-    pub fn refresh(
-        &mut self,
-        now: Instant,
-        timeout: Duration,
-        max_frame_bytes: usize,
-        buffered_amount: usize,
-    ) -> LinkStats {
-        let decided: Vec<bool> = self
-            .pings
-            .iter()
-            .filter(|p| p.2 || now.duration_since(p.1) > timeout)
-            .map(|p| p.2)
-            .collect();
-        self.stats.loss = if decided.is_empty() {
-            0.0
-        } else {
-            decided.iter().filter(|&&ok| !ok).count() as f64 / decided.len() as f64
-        };
-        let dt = now.duration_since(self.last_refresh).as_secs_f64();
-        if dt > 0.0 {
-            self.stats.tx_bytes_per_s = (self.stats.tx_bytes - self.tx_at_refresh) as f64 / dt;
-            self.stats.rx_bytes_per_s = (self.stats.rx_bytes - self.rx_at_refresh) as f64 / dt;
-        }
-        self.last_refresh = now;
-        self.tx_at_refresh = self.stats.tx_bytes;
-        self.rx_at_refresh = self.stats.rx_bytes;
-        self.stats.rtt_smoothed = self.srtt.map(Duration::from_secs_f64);
-        self.stats.jitter = Duration::from_secs_f64(self.jitter);
-        self.stats.since_last_heard = now.duration_since(self.last_heard);
-        self.stats.max_frame_bytes = max_frame_bytes;
-        self.stats.buffered_amount = buffered_amount;
-        self.stats.updated = now;
-        self.stats.clone()
+        self.relayed = false;
     }
 }
 
@@ -193,20 +119,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rtt_jitter_and_loss() {
-        let t0 = Instant::now();
-        let mut e = Estimator::new(t0);
-        let timeout = Duration::from_secs(1);
-        for i in 0..4u64 {
-            e.ping_sent(i, t0);
-        }
-        e.pong(0, Duration::from_millis(10), t0, timeout);
-        e.pong(1, Duration::from_millis(14), t0, timeout);
-        e.pong(2, Duration::from_millis(10), t0, timeout);
-        let s = e.refresh(t0 + Duration::from_secs(2), timeout, 1000, 0);
-        assert_eq!(s.rtt, Some(Duration::from_millis(10)));
-        assert_eq!(s.rtt_min, Some(Duration::from_millis(10)));
-        assert!(s.jitter > Duration::ZERO);
-        assert!((s.loss - 0.25).abs() < 1e-9, "{}", s.loss);
+    fn the_last_dtls_record_decides_whether_the_link_is_relayed() {
+        let mut r = RelayStats::default();
+        r.relayed(100, false);
+        assert!(!r.relayed, "ICE checks through a relay are not data");
+        r.relayed(50, true);
+        assert!(r.relayed);
+        r.direct();
+        assert!(!r.relayed);
+        assert_eq!(r.tx_relayed_bytes, 150);
+        let s = LinkStats::initial(Instant::now());
+        assert_eq!(s.max_frame_bytes, 0);
     }
 }

@@ -96,7 +96,7 @@ pub(crate) fn stun_host(url: &str) -> Option<(String, u16)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A success response as a server would build it.

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
-use tracing::debug;
+use tokio::task::{JoinError, JoinHandle, JoinSet};
+use tracing::{debug, warn};
 use turn::client::{Client, ClientConfig};
 use webrtc_util::Conn;
 
@@ -203,6 +203,83 @@ impl Relay {
     /// queue is full (the datagram is dropped) or the relay is gone.
     pub fn send(&self, data: &[u8], to: SocketAddr) -> bool {
         self.outgoing.try_send((data.to_vec(), to)).is_ok()
+    }
+}
+
+/// One link's TURN allocations under way, and what became of them: a
+/// relay-only link fails as soon as none is left to try and none succeeded.
+#[derive(Debug)]
+pub(crate) struct Allocations {
+    tasks: JoinSet<Result<Relay, LinkError>>,
+    /// Why the last allocation failed, for a relay-only link that has none.
+    last_error: Option<LinkError>,
+    relay_only: bool,
+}
+
+impl Allocations {
+    /// Starts an allocation on each of `servers`, each given `timeout`.
+    pub fn start(
+        servers: Vec<TurnServer>,
+        udp_buffer_bytes: usize,
+        timeout: Duration,
+        relay_only: bool,
+    ) -> Self {
+        let mut tasks = JoinSet::new();
+        for server in servers {
+            tasks.spawn(async move { Relay::allocate(&server, udp_buffer_bytes, timeout).await });
+        }
+        Self {
+            tasks,
+            last_error: None,
+            relay_only,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// The next allocation to finish (`None` once none is under way).
+    pub async fn join_next(&mut self) -> Option<Result<Result<Relay, LinkError>, JoinError>> {
+        self.tasks.join_next().await
+    }
+
+    /// An allocation finished: its relay, or (its failure noted) none.
+    /// `Err` when a relay-only link has no relay left (`relays`: how many
+    /// it has).
+    pub fn finished(
+        &mut self,
+        result: Result<Result<Relay, LinkError>, JoinError>,
+        relays: usize,
+    ) -> Result<Option<Relay>, LinkError> {
+        match result {
+            Ok(Ok(relay)) => return Ok(Some(relay)),
+            Ok(Err(e)) => {
+                warn!(error = %e, "no TURN relay");
+                self.last_error = Some(e);
+            }
+            Err(e) => {
+                warn!(error = %e, "TURN allocation task failed");
+                self.last_error = Some(LinkError::Rtc(format!("TURN allocation: {e}")));
+            }
+        }
+        self.check(relays).map(|()| None)
+    }
+
+    /// A relay that was allocated but cannot be used.
+    pub fn unusable(&mut self, error: LinkError) {
+        self.last_error = Some(error);
+    }
+
+    /// `Err` when a relay-only link has no relay (`relays`) and none to wait for.
+    pub fn check(&mut self, relays: usize) -> Result<(), LinkError> {
+        if self.relay_only && relays == 0 && self.tasks.is_empty() {
+            return Err(self.last_error.take().unwrap_or(LinkError::Turn {
+                server: "(none)".into(),
+                reason: "no relay allocated".into(),
+            }));
+        }
+        Ok(())
     }
 }
 
