@@ -73,7 +73,9 @@ type ProbeWaiter = oneshot::Sender<Result<f64, LinkError>>;
 
 /// What the application hands a link to send.
 enum Outgoing {
-    Message(Message, Option<OwnedSemaphorePermit>),
+    /// Boxed: a typed `Telemetry` makes `Message` a few hundred bytes, and
+    /// most of what goes through this queue is small.
+    Message(Box<Message>, Option<OwnedSemaphorePermit>),
     Probe(usize, oneshot::Sender<Result<f64, LinkError>>),
     /// A raw frame, written as is (tests: a malformed frame).
     Raw(Vec<u8>),
@@ -122,10 +124,10 @@ impl LinkSender {
             Err(_) => return Err((message, self.closed_error())),
         };
         self.queue
-            .send(Outgoing::Message(message, Some(permit)))
+            .send(Outgoing::Message(Box::new(message), Some(permit)))
             .map_err(|mpsc::error::SendError(back)| {
                 let back = match back {
-                    Outgoing::Message(m, _) => m,
+                    Outgoing::Message(m, _) => *m,
                     // Only a message was queued above.
                     Outgoing::Probe(..) | Outgoing::Raw(_) => Message::Resume,
                 };
