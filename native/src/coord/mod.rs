@@ -11,8 +11,12 @@
 //! placement) updates [`State`] and, where it matters, wakes the placer,
 //! which loads a new placement between tokens; requests notice the new epoch
 //! and rebuild their KV caches by prefilling what they have so far.
+//!
+//! The rules of a request's runs and of the placer's timing live in
+//! [`core`], as state machines without IO that the tasks here drive.
 
 pub mod api;
+mod core;
 mod model;
 mod pipeline;
 mod placer;
@@ -80,7 +84,8 @@ struct Pending {
     seq: u32,
     /// The run's stages; a loss of any fails the run.
     peers: Vec<PeerId>,
-    events: mpsc::UnboundedSender<(PeerId, StageReply)>,
+    /// Each answer with the `seq` of the run it belongs to.
+    events: mpsc::UnboundedSender<(PeerId, u32, StageReply)>,
 }
 
 /// Shared by the event loop, the placer, the request tasks and the API.
@@ -148,9 +153,9 @@ impl Shared {
             .collect();
         for id in ids {
             if let Some(p) = pending.remove(&id) {
-                let _ = p
-                    .events
-                    .send((peer.clone(), Err(StageFailure::Lost(why.to_owned()))));
+                let _ =
+                    p.events
+                        .send((peer.clone(), p.seq, Err(StageFailure::Lost(why.to_owned()))));
             }
         }
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
@@ -354,7 +359,7 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                             }
                             other => Ok(other),
                         };
-                        let _ = events.send((peer.clone(), reply));
+                        let _ = events.send((peer.clone(), seq, reply));
                     }
                     None => {
                         debug!(%peer, request, seq, kind = m.kind(), "an answer nobody waits for (a run given up on)")
