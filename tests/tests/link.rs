@@ -15,7 +15,7 @@ use cairn_signal::protocol::{ClientMessage, PeerId, ServerMessage};
 use cairn_signal::token::{Claims, Role, issue};
 use cairn_signal::{MdnsMode, Server, SignalConfig};
 use cairn_tests::turn_server::{self, PASSWORD as TURN_PASSWORD, USER as TURN_USER};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::time::timeout;
 
@@ -157,7 +157,8 @@ fn interleaved(from: u32) -> Vec<Message> {
             },
             3 => Message::Telemetry(Telemetry {
                 queue_depth: i,
-                extra: json!({ "i": i }).to_string(),
+                forwards: i,
+                paused: Some(format!("telemetry {i}")),
                 ..Telemetry::default()
             }),
             _ => Message::Error {

@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use cairn_engine::backend::Device;
 use cairn_engine::device::{DeviceInfo, Discovery};
-use cairn_engine::protocol::{self, Hello, LayerRange, Message, error_code};
-use cairn_engine::worker::{Capabilities, PeerKind, StageServer, load_shard};
+use cairn_engine::protocol::{self, Hello, Message, Visibility, error_code};
+use cairn_engine::worker::{
+    Capabilities, HostAction, LoadPlan, PeerKind, PressureRule, ShardSlot, StageServer, WorkerHost,
+};
 use cairn_engine::{BackendKind, Support};
 use futures::StreamExt as _;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
@@ -367,9 +368,26 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         misc_rx,
     );
 
+    let mut host = WorkerHost::new(if params.ignore_pressure {
+        PressureRule::Ignore
+    } else {
+        PressureRule::Pause
+    })
+    .with_backend(device.kind().name());
+    host.set_battery(serde_json::from_value(env["battery"].clone()).ok());
+    let _ = host.set_pressure("nominal");
+    // Now, not as the probe before consent saw it (the tab may have come to the
+    // front since). Not linked yet: a pause now is told the coordinator once linked.
+    let hidden = web_sys::window()
+        .and_then(|w| w.document())
+        .is_some_and(|d| d.visibility_state() == web_sys::VisibilityState::Hidden);
+    let _ = host.set_visibility(if hidden {
+        Visibility::Hidden
+    } else {
+        Visibility::Visible
+    });
     let mut w = Worker {
         stage: StageServer::new(Arc::clone(&device)),
-        device,
         caps,
         signal,
         link_events: link_tx,
@@ -379,11 +397,8 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         meta: Map::new(),
         link_up: false,
         joined_once: false,
-        hidden: env["visibility"].as_str() == Some("hidden"),
-        pressure: "nominal".into(),
-        battery: env["battery"].clone(),
-        paused: None,
-        ignore_pressure: params.ignore_pressure,
+        host,
+        slot: ShardSlot::default(),
         ticks: 0,
         last_tick_ms: 0.0,
     };
@@ -461,7 +476,6 @@ fn install_watchers(
 }
 
 struct Worker {
-    device: Arc<Device>,
     stage: StageServer,
     caps: Capabilities,
     signal: Rc<SignalSocket>,
@@ -476,12 +490,9 @@ struct Worker {
     /// Both `Hello`s exchanged.
     link_up: bool,
     joined_once: bool,
-    hidden: bool,
-    pressure: String,
-    battery: Value,
-    /// Why we asked the coordinator to move our work, while we do.
-    paused: Option<String>,
-    ignore_pressure: bool,
+    /// Load, close, telemetry and pause rules (the engine's, as native workers have).
+    host: WorkerHost,
+    slot: ShardSlot,
     ticks: u64,
     last_tick_ms: f64,
 }
@@ -504,7 +515,7 @@ impl Worker {
         if let Some((a, b)) = self.stage.layers() {
             s.push_str(&format!("; serving layers {a}-{}", b - 1));
         }
-        if let Some(reason) = &self.paused {
+        if let Some(reason) = self.host.paused() {
             s.push_str(&format!("; paused ({reason})"));
         }
         s
@@ -521,16 +532,20 @@ impl Worker {
             Input::Link(e) => self.on_link(e).await,
             Input::Tick => self.on_tick().await,
             Input::Visibility { hidden } => {
-                self.hidden = hidden;
-                self.update_pause().await;
+                let change = self.host.set_visibility(if hidden {
+                    Visibility::Hidden
+                } else {
+                    Visibility::Visible
+                });
+                self.pause_or_resume(change);
             }
             Input::Pressure(state) => {
-                self.pressure = state;
-                self.update_pause().await;
+                let change = self.host.set_pressure(state);
+                self.pause_or_resume(change);
             }
             Input::PageHide => {
                 // Free GPU memory now: the page may live on in the back-forward cache.
-                self.stage.clear();
+                self.slot.clear(&mut self.stage);
                 self.link_up = false;
                 ui::set_status("left the room");
                 return false;
@@ -802,41 +817,38 @@ impl Worker {
             self.joined_once = true;
             ui::log(&format!("linked to {}", link.peer));
             self.show_status();
-            if let Some(reason) = self.paused.clone() {
-                let _ = link.send_now(&Message::Pause { reason });
+            if let Some(pause) = self.host.on_link_up() {
+                let _ = link.send_now(&pause);
             }
             return;
         }
-        match message {
-            // A browser keeps only its coordinator link, so it is given no
-            // chain route: everything it produces goes to the coordinator.
-            Message::LoadShard {
-                model_hash,
-                layers,
-                source,
-                ..
-            } => {
-                let reply = self.load(&model_hash, layers, &source).await;
+        match self.host.on_message(message) {
+            // A browser keeps only its coordinator link: a chain's output it
+            // cannot pass on goes to the coordinator (`Outgoing::into_reply`).
+            HostAction::Load(plan) => {
+                let reply = self.load(plan).await;
                 if let Err(e) = link.send(&reply).await {
                     ui::log(&format!("cannot reply to load-shard: {e}"));
                 }
                 self.show_status();
             }
-            Message::Close { reason } => {
+            HostAction::Reply(reply) => {
+                if let Err(e) = link.send(&reply).await {
+                    ui::log(&format!("cannot reply: {e}"));
+                }
+            }
+            HostAction::Close { reason } => {
                 ui::log(&format!("the coordinator closed the link: {reason}"));
                 link.close("closed by the peer");
                 *self.current.borrow_mut() = None;
                 self.link_up = false;
                 self.show_status();
             }
-            Message::Error { code, text } => {
+            HostAction::PeerError { code, text } => {
                 ui::log(&format!("the coordinator reported error {code}: {text}"))
             }
-            Message::Hello(_)
-            | Message::Pong { .. }
-            | Message::ProbeAck { .. }
-            | Message::Telemetry(_) => {}
-            other => {
+            HostAction::Ignore => {}
+            HostAction::Stage(other) => {
                 let kind = other.kind();
                 if let Some(out) = self.stage.handle(other).await
                     && let Err(e) = link.send(&out.into_reply()).await
@@ -847,45 +859,48 @@ impl Worker {
         }
     }
 
-    /// Fetches and loads a shard; the reply is `ShardLoaded` or `Error`.
-    async fn load(&mut self, model_hash: &str, layers: LayerRange, source: &str) -> Message {
-        let (start, end) = (layers.start as usize, layers.end as usize);
+    /// Fetches and loads a shard (unless it is loaded already); the reply is
+    /// `ShardLoaded` or `Error`.
+    async fn load(&mut self, plan: LoadPlan) -> Message {
+        let (start, end) = (plan.start, plan.end);
+        if let Some(loaded) = self.slot.reuse(&mut self.stage, &plan) {
+            ui::log(&format!(
+                "layers {start}-{} are loaded already",
+                end.saturating_sub(1)
+            ));
+            return loaded;
+        }
         ui::set_status(&format!(
             "loading layers {start}-{}…",
             end.saturating_sub(1)
         ));
         // The old shard's memory goes before the new one arrives.
-        self.stage.clear();
-        let result = async {
-            let expected = (!model_hash.is_empty()).then_some(model_hash);
-            let header = fetch::fetch_header(source, expected).await?;
-            let (src, stats) = fetch::fetch_shard(source, &header, start, end).await?;
+        self.slot.clear(&mut self.stage);
+        let fetched = async {
+            let expected = (!plan.model.is_empty()).then_some(plan.model.as_str());
+            let header = fetch::fetch_header(&plan.source, expected).await?;
+            let (src, stats) = fetch::fetch_shard(&plan.source, &header, start, end).await?;
             ui::log(&format!(
                 "layers {start}-{}: {} ({} from cache)",
                 end.saturating_sub(1),
                 ui::human_bytes(stats.bytes),
                 ui::human_bytes(stats.from_cache)
             ));
-            ui::set_progress(1, 1, "uploading weights to the device");
-            load_shard(Arc::clone(&self.device), &src, start, end)
-                .await
-                .map_err(|e| e.to_string())
+            Ok::<_, String>(src)
         }
         .await;
-        match result {
-            Ok((shard, loaded)) => {
-                self.stage.set_shard(shard);
-                ui::set_progress(1, 1, "weights loaded");
-                loaded
+        let reply = match fetched {
+            Ok(src) => {
+                ui::set_progress(1, 1, "uploading weights to the device");
+                self.slot.load(&mut self.stage, plan, &src).await
             }
-            Err(text) => {
-                ui::log(&format!("load failed: {text}"));
-                Message::Error {
-                    code: error_code::INTERNAL,
-                    text: format!("loading layers {start}..{end}: {text}"),
-                }
-            }
+            Err(text) => plan.failed(text),
+        };
+        match &reply {
+            Message::Error { text, .. } => ui::log(&format!("load failed: {text}")),
+            _ => ui::set_progress(1, 1, "weights loaded"),
         }
+        reply
     }
 
     async fn on_tick(&mut self) {
@@ -897,7 +912,8 @@ impl Worker {
         self.last_tick_ms = now;
         self.ticks += 1;
         if self.ticks % 10 == 1 {
-            self.battery = js::read_battery().await;
+            self.host
+                .set_battery(serde_json::from_value(js::read_battery().await).ok());
         }
         if !self.link_up {
             return;
@@ -905,59 +921,23 @@ impl Worker {
         let Some(link) = self.link() else {
             return;
         };
-        let mut t = self.stage.telemetry();
-        let mut extra: Value = serde_json::from_str(&t.extra).unwrap_or_else(|_| json!({}));
-        if let Some(obj) = extra.as_object_mut() {
-            if self.ignore_pressure {
-                // The coordinator throttles peers whose `pressure` is serious or critical;
-                // with `pressure=ignore` the state is still reported, under another key.
-                obj.insert("pressure".into(), json!("ignored"));
-                obj.insert("pressure_observed".into(), json!(self.pressure));
-            } else {
-                obj.insert("pressure".into(), json!(self.pressure));
-            }
-            obj.insert("battery".into(), self.battery.clone());
-            obj.insert(
-                "visibility".into(),
-                json!(if self.hidden { "hidden" } else { "visible" }),
-            );
-            obj.insert("paused".into(), json!(self.paused));
-            obj.insert("backend".into(), json!(self.device.kind().name()));
-        }
-        t.extra = extra.to_string();
+        let t = self.host.telemetry(self.stage.telemetry());
         let _ = link.send_now(&Message::Telemetry(t));
     }
 
-    /// Sends `Pause` when the tab is hidden or pressure is serious, `Resume` once neither holds.
-    async fn update_pause(&mut self) {
-        let reason = if self.hidden {
-            Some("the tab is in the background".to_owned())
-        } else if !self.ignore_pressure && matches!(self.pressure.as_str(), "serious" | "critical")
-        {
-            Some(format!("compute pressure is {}", self.pressure))
-        } else {
-            None
-        };
-        if reason == self.paused {
+    /// Tells the coordinator a change of pause (`Pause` when the tab is hidden or
+    /// pressure is serious, `Resume` once neither holds), if linked.
+    fn pause_or_resume(&mut self, change: Option<Message>) {
+        let Some(message) = change else {
             return;
+        };
+        match &message {
+            Message::Pause { reason } => ui::log(&format!("pausing: {reason}")),
+            _ => ui::log("resuming"),
         }
-        let link = self.link().filter(|_| self.link_up);
-        match (&reason, &self.paused) {
-            (Some(r), _) => {
-                ui::log(&format!("pausing: {r}"));
-                if let Some(link) = &link {
-                    let _ = link.send_now(&Message::Pause { reason: r.clone() });
-                }
-            }
-            (None, Some(_)) => {
-                ui::log("resuming");
-                if let Some(link) = &link {
-                    let _ = link.send_now(&Message::Resume);
-                }
-            }
-            (None, None) => {}
+        if let Some(link) = self.link().filter(|_| self.link_up) {
+            let _ = link.send_now(&message);
         }
-        self.paused = reason;
         self.show_status();
     }
 }

@@ -2,9 +2,13 @@
 //!
 //! An encoded message is `body ‖ head ‖ head_len`: the raw body (a tensor's
 //! little-endian bytes, a probe's padding; empty for control messages), then
-//! the postcard encoding of [`Head`], then the head's length as a `u32` LE.
+//! the postcard encoding of the [`Message`] itself (a bulk field written as
+//! what describes it: a tensor's type and shape, nothing for the padding),
+//! then that head's length as a `u32` LE.
 //! Putting the head last lets the receiver hand the body on without copying
 //! it: the reassembly buffer is truncated to the body.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -254,7 +258,9 @@ impl Chain {
     }
 }
 
-/// What a worker reports about itself now and then.
+/// What a worker reports about itself about once a second: its stage's load,
+/// and the device condition placement weighs (`placement::DeviceCondition`).
+/// Fields a worker cannot observe stay `None` (or empty).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 pub struct Telemetry {
     pub uptime_ms: u64,
@@ -262,16 +268,81 @@ pub struct Telemetry {
     pub tokens_per_s: f32,
     pub memory_used_bytes: u64,
     pub memory_total_bytes: u64,
-    /// Anything else, as a JSON object.
-    pub extra: String,
+    /// Share of the window since the last report spent computing, 0..=1.
+    pub utilization: f64,
+    /// The last forward call's time.
+    pub kernel_ms: f64,
+    /// The mean forward call's time over the window (none without calls).
+    pub forward_ms: Option<f64>,
+    /// Forward calls in the window.
+    pub forwards: u32,
+    /// Requests with a live KV cache.
+    pub requests: u32,
+    /// The layers loaded.
+    pub layers: Option<LayerRange>,
+    /// Thermal or compute pressure: `nominal`, `fair`, `serious` or
+    /// `critical` (`ignored` from a browser told not to act on it).
+    pub pressure: Option<String>,
+    /// The pressure a browser observed while its `pressure` says `ignored`.
+    pub pressure_observed: Option<String>,
+    /// The host cuts clocks (a thermal zone past its passive trip point).
+    pub throttled: Option<bool>,
+    /// The hottest thermal zone.
+    pub thermal: Option<Thermal>,
+    pub battery: Option<Battery>,
+    /// Whether a browser tab is visible (placement avoids background tabs).
+    pub visibility: Option<Visibility>,
+    /// Why the worker asked to pause, while it does.
+    pub paused: Option<String>,
+    /// The backend serving (browsers; native workers say it in `Hello`).
+    pub backend: Option<String>,
+    /// This worker's links to other workers, by peer id.
+    pub links: BTreeMap<String, LinkReport>,
+}
+
+/// A thermal zone against its limit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Thermal {
+    pub zone: String,
+    pub temp_c: f64,
+    /// Where the zone counts as hot (its passive trip point, else just below critical).
+    pub limit_c: Option<f64>,
+}
+
+/// Charge and whether it is charging (none when the platform does not say).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Battery {
+    /// 0..=1.
+    pub level: f64,
+    #[serde(default)]
+    pub charging: Option<bool>,
+}
+
+/// A browser tab's visibility.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Visibility {
+    Visible,
+    Hidden,
+}
+
+/// A link between two workers as its sender measures it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct LinkReport {
+    pub rtt_ms: Option<f64>,
+    pub throughput_mb_s: Option<f64>,
 }
 
 /// Everything peers say to each other.
 ///
-/// New variants are only ever appended (the wire names variants by index);
-/// a peer meets an unknown one only from a newer protocol version, which
-/// `Hello` negotiates away first.
-#[derive(Clone, Debug, PartialEq)]
+/// This enum is the wire format: postcard names a variant by its index and
+/// writes its fields in order, so new variants are only ever appended, and a
+/// peer meets an unknown one only from a newer protocol version, which
+/// `Hello` negotiates away first. A variant's bulk bytes (a tensor's
+/// elements, a probe's padding) are not in that encoding: they travel as the
+/// message's body (see the module docs), and the head keeps only what describes
+/// them (a tensor's type and shape).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
     Hello(Hello),
     /// Round-trip probe; answered with `Pong` carrying the same fields.
@@ -289,6 +360,7 @@ pub enum Message {
         request: u64,
         seq: u32,
         pos0: u32,
+        #[serde(with = "tensor_head")]
         tensor: Tensor,
     },
     /// The token request `request` sampled at step `step` (tokens generated
@@ -323,6 +395,7 @@ pub enum Message {
     /// answering with `ProbeAck`.
     Probe {
         nonce: u64,
+        #[serde(with = "body_only")]
         payload: Vec<u8>,
     },
     ProbeAck {
@@ -359,6 +432,7 @@ pub enum Message {
         max_len: u32,
         sample: Option<SampleParams>,
         chain: Option<Chain>,
+        #[serde(with = "tensor_head")]
         tensor: Tensor,
     },
     /// A `LoadShard` is done: `weight_bytes` are on the device.
@@ -433,88 +507,78 @@ impl Message {
     }
 }
 
-/// The control part of a message, as postcard encodes it. Variant order is
-/// the wire format: append only.
-#[derive(Serialize, Deserialize)]
-enum Head {
-    Hello(Hello),
-    Ping {
-        nonce: u64,
-        sent_us: u64,
-    },
-    Pong {
-        nonce: u64,
-        sent_us: u64,
-    },
-    Activations {
-        request: u64,
-        seq: u32,
-        pos0: u32,
-        dtype: DType,
-        shape: Vec<u64>,
-    },
-    Token {
-        request: u64,
-        seq: u32,
-        step: u32,
-        id: u32,
-        passed_on: bool,
-    },
-    LoadShard {
-        model_hash: String,
-        layers: LayerRange,
-        source: String,
-        next: Option<Hop>,
-        prev: Option<String>,
-    },
-    Telemetry(Telemetry),
-    Probe {
-        nonce: u64,
-    },
-    ProbeAck {
-        nonce: u64,
-        bytes: u64,
-    },
-    Error {
-        code: u16,
-        text: String,
-    },
-    Close {
-        reason: String,
-    },
-    Forward {
-        request: u64,
-        seq: u32,
-        layers: LayerRange,
-        pos0: u32,
-        max_len: u32,
-        sample: Option<SampleParams>,
-        chain: Option<Chain>,
-        dtype: DType,
-        shape: Vec<u64>,
-    },
-    ShardLoaded {
-        layers: LayerRange,
-        weight_bytes: u64,
-        load_ms: u32,
-    },
-    EndRequest {
-        request: u64,
-    },
-    Calibrate {
-        config: String,
-    },
-    Calibration(Calibration),
-    RequestError {
-        request: u64,
-        seq: u32,
-        code: u16,
-        text: String,
-    },
-    Pause {
-        reason: String,
-    },
-    Resume,
+/// How a tensor field is written in a message's head: its type and shape.
+/// Its elements travel as the message's body; [`decode`] puts them back
+/// (checking them against the shape), so a tensor deserialized here alone
+/// is a placeholder without elements.
+mod tensor_head {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{DType, Tensor};
+
+    pub fn serialize<S: Serializer>(tensor: &Tensor, s: S) -> Result<S::Ok, S::Error> {
+        (tensor.dtype, &tensor.shape).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Tensor, D::Error> {
+        let (dtype, shape) = <(DType, Vec<u64>)>::deserialize(d)?;
+        Ok(Tensor {
+            dtype,
+            shape,
+            data: Vec::new(),
+        })
+    }
+}
+
+/// A field that travels only as the message's body: nothing in the head.
+mod body_only {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(_: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_unit()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        <() as serde::Deserialize>::deserialize(d)?;
+        Ok(Vec::new())
+    }
+}
+
+impl Message {
+    /// The bytes that travel beside the head: a tensor's elements, a probe's padding.
+    fn body(&self) -> &[u8] {
+        match self {
+            Message::Activations { tensor, .. } | Message::Forward { tensor, .. } => &tensor.data,
+            Message::Probe { payload, .. } => payload,
+            _ => &[],
+        }
+    }
+
+    /// Puts a decoded head's body back where [`Message::body`] took it from.
+    fn attach_body(&mut self, body: Vec<u8>) -> Result<(), ProtocolError> {
+        match self {
+            Message::Activations { tensor, .. } | Message::Forward { tensor, .. } => {
+                let shape = std::mem::take(&mut tensor.shape);
+                *tensor = Tensor::new(tensor.dtype, shape, body)?;
+            }
+            Message::Probe { payload, .. } => *payload = body,
+            _ if body.is_empty() => {}
+            _ => return Err(ProtocolError::Decode("unexpected body".into())),
+        }
+        Ok(())
+    }
+
+    /// Bounds a decoded message must keep beyond what its types say.
+    fn check(&self) -> Result<(), ProtocolError> {
+        match self {
+            Message::Forward {
+                chain: Some(chain), ..
+            } if chain.end_ids.len() > Chain::MAX_END_IDS => Err(ProtocolError::Decode(
+                "a chain with too many end-of-generation ids".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The encoded head (with its length suffix) and the body it travels with.
@@ -530,144 +594,15 @@ impl Encoded<'_> {
 }
 
 pub(crate) fn encode(message: &Message) -> Result<Encoded<'_>, ProtocolError> {
-    let (head, body): (Head, &[u8]) = match message {
-        Message::Hello(h) => (Head::Hello(h.clone()), &[]),
-        &Message::Ping { nonce, sent_us } => (Head::Ping { nonce, sent_us }, &[]),
-        &Message::Pong { nonce, sent_us } => (Head::Pong { nonce, sent_us }, &[]),
-        Message::Activations {
-            request,
-            seq,
-            pos0,
-            tensor,
-        } => (
-            Head::Activations {
-                request: *request,
-                seq: *seq,
-                pos0: *pos0,
-                dtype: tensor.dtype,
-                shape: tensor.shape.clone(),
-            },
-            &tensor.data,
-        ),
-        &Message::Token {
-            request,
-            seq,
-            step,
-            id,
-            passed_on,
-        } => (
-            Head::Token {
-                request,
-                seq,
-                step,
-                id,
-                passed_on,
-            },
-            &[],
-        ),
-        Message::LoadShard {
-            model_hash,
-            layers,
-            source,
-            next,
-            prev,
-        } => (
-            Head::LoadShard {
-                model_hash: model_hash.clone(),
-                layers: *layers,
-                source: source.clone(),
-                next: next.clone(),
-                prev: prev.clone(),
-            },
-            &[],
-        ),
-        Message::Telemetry(t) => (Head::Telemetry(t.clone()), &[]),
-        Message::Probe { nonce, payload } => (Head::Probe { nonce: *nonce }, payload),
-        &Message::ProbeAck { nonce, bytes } => (Head::ProbeAck { nonce, bytes }, &[]),
-        Message::Error { code, text } => (
-            Head::Error {
-                code: *code,
-                text: text.clone(),
-            },
-            &[],
-        ),
-        Message::Close { reason } => (
-            Head::Close {
-                reason: reason.clone(),
-            },
-            &[],
-        ),
-        Message::Forward {
-            request,
-            seq,
-            layers,
-            pos0,
-            max_len,
-            sample,
-            chain,
-            tensor,
-        } => (
-            Head::Forward {
-                request: *request,
-                seq: *seq,
-                layers: *layers,
-                pos0: *pos0,
-                max_len: *max_len,
-                sample: *sample,
-                chain: chain.clone(),
-                dtype: tensor.dtype,
-                shape: tensor.shape.clone(),
-            },
-            &tensor.data,
-        ),
-        &Message::ShardLoaded {
-            layers,
-            weight_bytes,
-            load_ms,
-        } => (
-            Head::ShardLoaded {
-                layers,
-                weight_bytes,
-                load_ms,
-            },
-            &[],
-        ),
-        &Message::EndRequest { request } => (Head::EndRequest { request }, &[]),
-        Message::Calibrate { config } => (
-            Head::Calibrate {
-                config: config.clone(),
-            },
-            &[],
-        ),
-        Message::Calibration(c) => (Head::Calibration(*c), &[]),
-        Message::RequestError {
-            request,
-            seq,
-            code,
-            text,
-        } => (
-            Head::RequestError {
-                request: *request,
-                seq: *seq,
-                code: *code,
-                text: text.clone(),
-            },
-            &[],
-        ),
-        Message::Pause { reason } => (
-            Head::Pause {
-                reason: reason.clone(),
-            },
-            &[],
-        ),
-        Message::Resume => (Head::Resume, &[]),
-    };
     let mut tail =
-        postcard::to_allocvec(&head).map_err(|e| ProtocolError::Encode(e.to_string()))?;
+        postcard::to_allocvec(message).map_err(|e| ProtocolError::Encode(e.to_string()))?;
     let head_len = u32::try_from(tail.len())
         .map_err(|_| ProtocolError::Encode("message head over 4 GiB".into()))?;
     tail.extend_from_slice(&head_len.to_le_bytes());
-    Ok(Encoded { body, tail })
+    Ok(Encoded {
+        body: message.body(),
+        tail,
+    })
 }
 
 /// Decodes one reassembled message, taking its buffer so a tensor body is
@@ -683,127 +618,13 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Message, ProtocolError> {
     let body_len = (n - 4)
         .checked_sub(head_len)
         .ok_or_else(|| bad("head length past the start of the message"))?;
-    let (head, rest) = postcard::take_from_bytes::<Head>(&bytes[body_len..n - 4])
+    let (mut message, rest) = postcard::take_from_bytes::<Message>(&bytes[body_len..n - 4])
         .map_err(|e| ProtocolError::Decode(e.to_string()))?;
     if !rest.is_empty() {
         return Err(bad("trailing bytes after the head"));
     }
-    let no_body = |m: Message| {
-        if body_len == 0 {
-            Ok(m)
-        } else {
-            Err(bad("unexpected body"))
-        }
-    };
-    match head {
-        Head::Hello(h) => no_body(Message::Hello(h)),
-        Head::Ping { nonce, sent_us } => no_body(Message::Ping { nonce, sent_us }),
-        Head::Pong { nonce, sent_us } => no_body(Message::Pong { nonce, sent_us }),
-        Head::Activations {
-            request,
-            seq,
-            pos0,
-            dtype,
-            shape,
-        } => {
-            bytes.truncate(body_len);
-            Ok(Message::Activations {
-                request,
-                seq,
-                pos0,
-                tensor: Tensor::new(dtype, shape, bytes)?,
-            })
-        }
-        Head::Token {
-            request,
-            seq,
-            step,
-            id,
-            passed_on,
-        } => no_body(Message::Token {
-            request,
-            seq,
-            step,
-            id,
-            passed_on,
-        }),
-        Head::LoadShard {
-            model_hash,
-            layers,
-            source,
-            next,
-            prev,
-        } => no_body(Message::LoadShard {
-            model_hash,
-            layers,
-            source,
-            next,
-            prev,
-        }),
-        Head::Telemetry(t) => no_body(Message::Telemetry(t)),
-        Head::Probe { nonce } => {
-            bytes.truncate(body_len);
-            Ok(Message::Probe {
-                nonce,
-                payload: bytes,
-            })
-        }
-        Head::ProbeAck { nonce, bytes } => no_body(Message::ProbeAck { nonce, bytes }),
-        Head::Error { code, text } => no_body(Message::Error { code, text }),
-        Head::Close { reason } => no_body(Message::Close { reason }),
-        Head::Forward {
-            request,
-            seq,
-            layers,
-            pos0,
-            max_len,
-            sample,
-            chain,
-            dtype,
-            shape,
-        } => {
-            if chain
-                .as_ref()
-                .is_some_and(|c| c.end_ids.len() > Chain::MAX_END_IDS)
-            {
-                return Err(bad("a chain with too many end-of-generation ids"));
-            }
-            bytes.truncate(body_len);
-            Ok(Message::Forward {
-                request,
-                seq,
-                layers,
-                pos0,
-                max_len,
-                sample,
-                chain,
-                tensor: Tensor::new(dtype, shape, bytes)?,
-            })
-        }
-        Head::ShardLoaded {
-            layers,
-            weight_bytes,
-            load_ms,
-        } => no_body(Message::ShardLoaded {
-            layers,
-            weight_bytes,
-            load_ms,
-        }),
-        Head::EndRequest { request } => no_body(Message::EndRequest { request }),
-        Head::Calibrate { config } => no_body(Message::Calibrate { config }),
-        Head::Calibration(c) => no_body(Message::Calibration(c)),
-        Head::RequestError {
-            request,
-            seq,
-            code,
-            text,
-        } => no_body(Message::RequestError {
-            request,
-            seq,
-            code,
-            text,
-        }),
-        Head::Pause { reason } => no_body(Message::Pause { reason }),
-        Head::Resume => no_body(Message::Resume),
-    }
+    message.check()?;
+    bytes.truncate(body_len);
+    message.attach_body(bytes)?;
+    Ok(message)
 }

@@ -277,6 +277,94 @@ fn arb_tensor() -> impl Strategy<Value = Tensor> {
     })
 }
 
+fn arb_opt_f64() -> impl Strategy<Value = Option<f64>> {
+    prop::option::of(-1e9f64..1e9)
+}
+
+fn arb_telemetry() -> impl Strategy<Value = Telemetry> {
+    let load = (
+        (
+            any::<u64>(),
+            any::<u32>(),
+            -1e9f32..1e9,
+            any::<u64>(),
+            any::<u64>(),
+        ),
+        (
+            0.0f64..1.0,
+            0.0f64..1e6,
+            arb_opt_f64(),
+            any::<u32>(),
+            any::<u32>(),
+        ),
+        prop::option::of((any::<u32>(), any::<u32>())),
+    );
+    let thermal = prop::option::of((".{0,12}", -50.0f64..150.0, arb_opt_f64()).prop_map(
+        |(zone, temp_c, limit_c)| Thermal {
+            zone,
+            temp_c,
+            limit_c,
+        },
+    ));
+    let battery = prop::option::of(
+        (0.0f64..=1.0, prop::option::of(any::<bool>()))
+            .prop_map(|(level, charging)| Battery { level, charging }),
+    );
+    let visibility = prop::option::of(prop_oneof![
+        Just(Visibility::Visible),
+        Just(Visibility::Hidden)
+    ]);
+    let condition = (
+        prop::option::of(".{0,10}"),
+        prop::option::of(".{0,10}"),
+        prop::option::of(any::<bool>()),
+        thermal,
+        battery,
+        visibility,
+        prop::option::of(".{0,20}"),
+        prop::option::of(".{0,6}"),
+    );
+    let links = prop::collection::btree_map(
+        ".{0,8}",
+        (arb_opt_f64(), arb_opt_f64()).prop_map(|(rtt_ms, throughput_mb_s)| LinkReport {
+            rtt_ms,
+            throughput_mb_s,
+        }),
+        0..3,
+    );
+    (load, condition, links).prop_map(
+        |(
+            ((uptime_ms, queue_depth, tokens_per_s, used, total), stage, layers),
+            (pressure, pressure_observed, throttled, thermal, battery, visibility, paused, backend),
+            links,
+        )| {
+            let (utilization, kernel_ms, forward_ms, forwards, requests) = stage;
+            Telemetry {
+                uptime_ms,
+                queue_depth,
+                tokens_per_s,
+                memory_used_bytes: used,
+                memory_total_bytes: total,
+                utilization,
+                kernel_ms,
+                forward_ms,
+                forwards,
+                requests,
+                layers: layers.map(|(start, end)| LayerRange { start, end }),
+                pressure,
+                pressure_observed,
+                throttled,
+                thermal,
+                battery,
+                visibility,
+                paused,
+                backend,
+                links,
+            }
+        },
+    )
+}
+
 fn arb_message() -> impl Strategy<Value = Message> {
     prop_oneof![
         (any::<u8>(), any::<u8>(), any::<u64>(), ".{0,20}", ".{0,40}").prop_map(
@@ -331,26 +419,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     prev,
                 }
             }),
-        (
-            any::<u64>(),
-            any::<u32>(),
-            -1e9f32..1e9,
-            any::<u64>(),
-            any::<u64>(),
-            ".{0,30}"
-        )
-            .prop_map(
-                |(uptime_ms, queue_depth, tokens_per_s, used, total, extra)| {
-                    Message::Telemetry(Telemetry {
-                        uptime_ms,
-                        queue_depth,
-                        tokens_per_s,
-                        memory_used_bytes: used,
-                        memory_total_bytes: total,
-                        extra,
-                    })
-                }
-            ),
+        arb_telemetry().prop_map(Message::Telemetry),
         (any::<u64>(), prop::collection::vec(any::<u8>(), 0..3000))
             .prop_map(|(nonce, payload)| Message::Probe { nonce, payload }),
         (any::<u64>(), any::<u64>()).prop_map(|(nonce, bytes)| Message::ProbeAck { nonce, bytes }),
@@ -509,4 +578,93 @@ proptest! {
         frame[24..28].copy_from_slice(&crc.to_le_bytes());
         let _ = Deframer::new(small_limits()).push(&frame);
     }
+}
+
+/// The bytes of an encoded message (body, head, head length), without frames.
+fn encoded(message: &Message) -> Vec<u8> {
+    let e = super::message::encode(message).unwrap();
+    let mut out = e.body.to_vec();
+    out.extend_from_slice(&e.tail);
+    out
+}
+
+#[test]
+fn bulk_fields_travel_as_the_body() {
+    let activations = Message::Activations {
+        request: 7,
+        seq: 1,
+        pos0: 42,
+        tensor: Tensor::from_f32(vec![2], &[1.0, 2.0]).unwrap(),
+    };
+    let mut want = [1.0f32.to_le_bytes(), 2.0f32.to_le_bytes()].concat();
+    // Variant 3; request, seq, pos0; dtype F32 (0); shape of length 1: [2].
+    want.extend_from_slice(&[3, 7, 1, 42, 0, 1, 2]);
+    want.extend_from_slice(&7u32.to_le_bytes());
+    assert_eq!(encoded(&activations), want);
+    assert_eq!(super::message::decode(want).unwrap(), activations);
+
+    let probe = Message::Probe {
+        nonce: 5,
+        payload: vec![9; 3],
+    };
+    let want = [&[9, 9, 9, 7, 5][..], &2u32.to_le_bytes()].concat();
+    assert_eq!(encoded(&probe), want);
+    assert_eq!(super::message::decode(want).unwrap(), probe);
+}
+
+#[test]
+fn a_body_that_does_not_fit_the_head_is_refused() {
+    // A ping with a body.
+    let mut ping = vec![0xaa];
+    ping.extend_from_slice(&encoded(&Message::Ping {
+        nonce: 1,
+        sent_us: 2,
+    }));
+    let err = super::message::decode(ping).unwrap_err();
+    assert!(err.to_string().contains("unexpected body"), "{err}");
+    // A tensor one byte short of its shape.
+    let mut short = encoded(&Message::Activations {
+        request: 1,
+        seq: 1,
+        pos0: 0,
+        tensor: Tensor::from_f32(vec![2], &[1.0, 2.0]).unwrap(),
+    });
+    short.remove(0);
+    assert!(matches!(
+        super::message::decode(short),
+        Err(ProtocolError::Tensor(_))
+    ));
+}
+
+#[test]
+fn telemetry_reads_as_the_fields_the_coordinator_weighs() {
+    let t = Telemetry {
+        utilization: 0.5,
+        pressure: Some("serious".into()),
+        throttled: Some(true),
+        battery: Some(Battery {
+            level: 0.3,
+            charging: Some(false),
+        }),
+        visibility: Some(Visibility::Hidden),
+        links: [(
+            "w2".to_owned(),
+            LinkReport {
+                rtt_ms: Some(1.5),
+                throughput_mb_s: None,
+            },
+        )]
+        .into(),
+        ..Telemetry::default()
+    };
+    let json = serde_json::to_value(&t).unwrap();
+    assert_eq!(json["pressure"], "serious");
+    assert_eq!(json["throttled"], true);
+    assert_eq!(json["utilization"], 0.5);
+    assert_eq!(json["battery"]["level"], 0.3);
+    assert_eq!(json["battery"]["charging"], false);
+    assert_eq!(json["visibility"], "hidden");
+    assert_eq!(json["links"]["w2"]["rtt_ms"], 1.5);
+    let battery: Battery = serde_json::from_value(serde_json::json!({"level": 0.8})).unwrap();
+    assert_eq!(battery.charging, None);
 }

@@ -6,15 +6,21 @@
 //! - [`Capabilities`]: what a peer advertises in `Hello` (JSON).
 //! - [`StageServer`]: one loaded shard, its [`Route`] in a chain, a KV cache per request, and the
 //!   `Forward` / `EndRequest` / `Calibrate` handlers.
+//! - [`WorkerHost`]: what a worker does besides stepping, without I/O:
+//!   `LoadShard` (checked into a [`LoadPlan`], loaded through a
+//!   [`ShardSlot`]), `Close`, telemetry with the device's [`Condition`], and
+//!   when to ask the coordinator to pause ([`PressureRule`]).
 //! - [`calibrate`]: a short measured run on synthetic layers of the model's
 //!   shape, so placement uses measured speed rather than a guess from a name.
 
 mod calibrate;
 mod capabilities;
+mod host;
 mod stage;
 #[cfg(test)]
 mod tests;
 
 pub use calibrate::calibrate;
 pub use capabilities::{Capabilities, PeerKind, Role};
+pub use host::{Condition, HostAction, LoadPlan, PressureRule, ShardSlot, WorkerHost};
 pub use stage::{Outgoing, Pass, Route, StageServer, load_shard};

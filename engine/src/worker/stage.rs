@@ -517,17 +517,18 @@ impl StageServer {
             tokens_per_s: (self.window_tokens as f64 / window) as f32,
             memory_used_bytes: self.device.live_bytes(),
             memory_total_bytes: self.device.info().memory_bytes,
-            extra: serde_json::json!({
-                "utilization": (self.window_busy_s / window).min(1.0),
-                "kernel_ms": self.last_kernel_ms,
-                // The mean over this window's calls: steadier than the last.
-                "forward_ms": (self.window_calls > 0)
-                    .then(|| self.window_busy_s * 1e3 / self.window_calls as f64),
-                "forwards": self.window_calls,
-                "requests": self.caches.len(),
-                "layers": self.layers().map(|(a, b)| [a, b]),
-            })
-            .to_string(),
+            utilization: (self.window_busy_s / window).min(1.0),
+            kernel_ms: self.last_kernel_ms,
+            // The mean over this window's calls: steadier than the last.
+            forward_ms: (self.window_calls > 0)
+                .then(|| self.window_busy_s * 1e3 / self.window_calls as f64),
+            forwards: self.window_calls,
+            requests: self.caches.len().try_into().unwrap_or(u32::MAX),
+            layers: self.layers().map(|(start, end)| LayerRange {
+                start: start as u32,
+                end: end as u32,
+            }),
+            ..Telemetry::default()
         };
         self.window_calls = 0;
         self.window_busy_s = 0.0;

@@ -395,8 +395,9 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                 shared.replace();
             }
             Message::Telemetry(t) => {
-                let extra: serde_json::Value =
-                    serde_json::from_str(&t.extra).unwrap_or(serde_json::Value::Null);
+                // The typed report as the JSON object the state and the
+                // dashboard read their fields from.
+                let extra = serde_json::to_value(&t).unwrap_or(serde_json::Value::Null);
                 let mut st = shared.state();
                 if let Some(p) = st.peers.get_mut(&peer) {
                     // Placement cares when the condition's weight changes

@@ -11,7 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use cairn_engine::protocol::{Battery, Thermal};
+use cairn_engine::worker::Condition;
 
 /// Reads sysfs under `root` (normally `/sys`; `CAIRN_SYSFS_ROOT` points it
 /// elsewhere, which is how the tests drive a worker into throttling).
@@ -36,35 +37,28 @@ impl HostCondition {
         )
     }
 
-    /// Telemetry fields: `thermal` (the hottest zone against its limit),
-    /// `pressure` (nominal, serious or critical), `throttled`, and `battery`
-    /// (`level` 0..1, `charging`), each present only when the host reports it.
-    pub fn read(&self) -> serde_json::Map<String, Value> {
-        let mut out = serde_json::Map::new();
+    /// What the host reports now: the hottest zone against its limit, the
+    /// pressure (nominal, serious or critical) and whether it throttles, and
+    /// the battery, each only where the host has it (no visibility: that is
+    /// a browser tab's).
+    pub fn read(&self) -> Condition {
+        let mut out = Condition::default();
         let zones = thermal_zones(&self.root.join("class/thermal"));
         if let Some(hottest) = zones.iter().max_by(|a, b| a.temp_c.total_cmp(&b.temp_c)) {
-            out.insert(
-                "thermal".into(),
-                json!({
-                    "zone": hottest.kind,
-                    "temp_c": hottest.temp_c,
-                    "limit_c": hottest.limit_c(),
-                }),
-            );
+            out.thermal = Some(Thermal {
+                zone: hottest.kind.clone(),
+                temp_c: hottest.temp_c,
+                limit_c: hottest.limit_c(),
+            });
             let pressure = zones
                 .iter()
                 .map(Zone::pressure)
                 .max()
                 .unwrap_or(Pressure::Nominal);
-            out.insert("pressure".into(), Value::from(pressure.name()));
-            out.insert(
-                "throttled".into(),
-                Value::Bool(pressure >= Pressure::Serious),
-            );
+            out.pressure = Some(pressure.name().to_owned());
+            out.throttled = Some(pressure >= Pressure::Serious);
         }
-        if let Some(b) = battery(&self.root.join("class/power_supply")) {
-            out.insert("battery".into(), b);
-        }
+        out.battery = battery(&self.root.join("class/power_supply"));
         out
     }
 }
@@ -177,7 +171,7 @@ fn thermal_zones(dir: &Path) -> Vec<Zone> {
 }
 
 /// The first battery's charge and whether it is charging.
-fn battery(dir: &Path) -> Option<Value> {
+fn battery(dir: &Path) -> Option<Battery> {
     let mut supplies: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .flatten()
@@ -192,7 +186,10 @@ fn battery(dir: &Path) -> Option<Value> {
         Some("Discharging" | "Not charging") => Some(false),
         _ => None,
     };
-    Some(json!({"level": level.clamp(0.0, 1.0), "charging": charging}))
+    Some(Battery {
+        level: level.clamp(0.0, 1.0),
+        charging,
+    })
 }
 
 #[cfg(test)]
@@ -213,7 +210,7 @@ mod tests {
     #[test]
     fn nothing_to_read_reports_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(HostCondition::new(dir.path()).read().is_empty());
+        assert_eq!(HostCondition::new(dir.path()).read(), Condition::default());
     }
 
     #[test]
@@ -229,9 +226,10 @@ mod tests {
         );
         let host = HostCondition::new(dir.path());
         let r = host.read();
-        assert_eq!(r["throttled"], false);
-        assert_eq!(r["thermal"]["zone"], "x86_pkg_temp");
-        assert_eq!(r["thermal"]["limit_c"], 85.0);
+        assert_eq!(r.throttled, Some(false));
+        let thermal = r.thermal.unwrap();
+        assert_eq!(thermal.zone, "x86_pkg_temp");
+        assert_eq!(thermal.limit_c, Some(85.0));
         zone(
             dir.path(),
             1,
@@ -240,8 +238,8 @@ mod tests {
             &[("passive", 85_000), ("critical", 105_000)],
         );
         let r = host.read();
-        assert_eq!(r["throttled"], true);
-        assert_eq!(r["pressure"], "serious");
+        assert_eq!(r.throttled, Some(true));
+        assert_eq!(r.pressure.as_deref(), Some("serious"));
         zone(
             dir.path(),
             1,
@@ -249,7 +247,7 @@ mod tests {
             101_000,
             &[("passive", 85_000), ("critical", 105_000)],
         );
-        assert_eq!(host.read()["pressure"], "critical");
+        assert_eq!(host.read().pressure.as_deref(), Some("critical"));
     }
 
     #[test]
@@ -257,9 +255,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         zone(dir.path(), 0, "gpu", 96_000, &[("critical", 100_000)]);
         let r = HostCondition::new(dir.path()).read();
-        assert_eq!(r["throttled"], true);
-        assert_eq!(r["pressure"], "critical");
-        assert_eq!(r["thermal"]["limit_c"], 95.0);
+        assert_eq!(r.throttled, Some(true));
+        assert_eq!(r.pressure.as_deref(), Some("critical"));
+        assert_eq!(r.thermal.unwrap().limit_c, Some(95.0));
         zone(
             dir.path(),
             0,
@@ -268,8 +266,8 @@ mod tests {
             &[("critical", 100_000), ("passive", 0)],
         );
         let r = HostCondition::new(dir.path()).read();
-        assert_eq!(r["throttled"], false);
-        assert_eq!(r["pressure"], "nominal");
+        assert_eq!(r.throttled, Some(false));
+        assert_eq!(r.pressure.as_deref(), Some("nominal"));
     }
 
     #[test]
@@ -284,14 +282,15 @@ mod tests {
         std::fs::write(bat.join("capacity"), "37\n").unwrap();
         std::fs::write(bat.join("status"), "Discharging\n").unwrap();
         let r = HostCondition::new(dir.path()).read();
-        assert_eq!(r["battery"]["level"], 0.37);
-        assert_eq!(r["battery"]["charging"], false);
-        assert!(!r.contains_key("throttled"), "no thermal zones: {r:?}");
-        std::fs::write(bat.join("capacity"), "garbage").unwrap();
-        assert!(
-            !HostCondition::new(dir.path())
-                .read()
-                .contains_key("battery")
+        assert_eq!(
+            r.battery,
+            Some(Battery {
+                level: 0.37,
+                charging: Some(false)
+            })
         );
+        assert_eq!(r.throttled, None, "no thermal zones: {r:?}");
+        std::fs::write(bat.join("capacity"), "garbage").unwrap();
+        assert_eq!(HostCondition::new(dir.path()).read().battery, None);
     }
 }

@@ -23,8 +23,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use cairn_engine::Device;
 use cairn_engine::protocol::{Message, error_code};
-use cairn_engine::worker::Route;
-use cairn_engine::worker::{Capabilities, PeerKind};
+use cairn_engine::worker::{Capabilities, HostAction, PeerKind, PressureRule, WorkerHost};
 use cairn_signal::Role;
 use cairn_signal::protocol::PeerId;
 use tokio::sync::{mpsc, oneshot};
@@ -178,50 +177,65 @@ async fn serve_link(
         }
     });
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let host = host::HostCondition::from_env();
+    let condition = host::HostCondition::from_env();
+    // A native host's thermal pressure is reported, not paused for: the
+    // coordinator gives a throttled host fewer layers.
+    let mut worker = WorkerHost::new(PressureRule::Report);
     loop {
         tokio::select! {
             m = link.recv() => match m {
-                Ok(Message::LoadShard { model_hash, layers, source: url, next, prev }) => {
-                    let (start, end) = (layers.start as usize, layers.end as usize);
-                    info!(start, end, next = ?next.as_ref().map(|h| &h.peer), "loading layers");
-                    // The link to the next stage comes up while the layers load.
-                    if let Some(hop) = &next {
-                        let _ = connect.send(PeerId(hop.peer.clone()));
+                Ok(m) => match worker.on_message(m) {
+                    HostAction::Load(plan) => {
+                        let (start, end) = (plan.start, plan.end);
+                        info!(start, end, next = ?plan.route.next.as_ref().map(|h| &h.peer), "loading layers");
+                        // The link to the next stage comes up while the layers load.
+                        if let Some(hop) = &plan.route.next {
+                            let _ = connect.send(PeerId(hop.peer.clone()));
+                        }
+                        let reply = match source.open(&plan.model, &plan.source, start, end).await {
+                            Ok(src) => stage
+                                .call(|reply| Job::Install { src, plan, reply })
+                                .await
+                                .unwrap_or_else(|text| Message::Error { code: error_code::INTERNAL, text }),
+                            Err(e) => plan.failed(format!("{e:#}")),
+                        };
+                        match &reply {
+                            Message::ShardLoaded { load_ms, weight_bytes, .. } => {
+                                info!(start, end, load_ms, weight_bytes, "layers loaded");
+                            }
+                            Message::Error { text, .. } => warn!(%text, "loading layers failed"),
+                            _ => {}
+                        }
+                        let _ = out_tx.send(reply);
                     }
-                    let route = Route { next, prev };
-                    let reply = match source.open(&model_hash, &url, start, end).await {
-                        Ok(src) => stage.call(|tx| Job::Install { src, model: model_hash, start, end, route, reply: tx }).await,
-                        Err(e) => Err(format!("{e:#}")),
-                    };
-                    let reply = reply.unwrap_or_else(|text| {
-                        warn!(%text, "loading layers failed");
-                        Message::Error { code: error_code::INTERNAL, text }
-                    });
-                    if let Message::ShardLoaded { load_ms, weight_bytes, .. } = &reply {
-                        info!(start, end, load_ms, weight_bytes, "layers loaded");
+                    HostAction::Reply(m) => {
+                        let _ = out_tx.send(m);
                     }
-                    let _ = out_tx.send(reply);
-                }
-                Ok(Message::Close { reason }) => {
-                    info!(%reason, "the coordinator closed the link");
-                    break;
-                }
-                Ok(m) => stage.send(Job::Coordinator(m)),
+                    HostAction::Close { reason } => {
+                        info!(%reason, "the coordinator closed the link");
+                        break;
+                    }
+                    HostAction::PeerError { code, text } => {
+                        debug!(code, %text, "the coordinator reported an error");
+                    }
+                    HostAction::Stage(m) => stage.send(Job::Coordinator(m)),
+                    HostAction::Ignore => {}
+                },
                 Err(e) => {
                     info!(error = %e, "coordinator link ended");
                     break;
                 }
             },
             _ = tick.tick() => {
-                if let Ok(mut t) = stage.call(Job::Telemetry).await {
-                    let mut extra = host.read();
-                    let links = routes
+                if let Some(m) = worker.set_condition(condition.read()) {
+                    let _ = out_tx.send(m);
+                }
+                if let Ok(t) = stage.call(Job::Telemetry).await {
+                    let mut t = worker.telemetry(t);
+                    t.links = routes
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .peer_stats();
-                    extra.insert("links".into(), serde_json::Value::Object(links));
-                    t.extra = with_host(&t.extra, extra);
                     let _ = out_tx.send(Message::Telemetry(t));
                 }
             }
@@ -255,16 +269,4 @@ async fn serve_worker_link(mut link: Link, stage: StageThread, routes: SharedRou
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .drop_peer(&peer, generation);
-}
-
-/// The stage's telemetry object with the host's condition added.
-fn with_host(extra: &str, host: serde_json::Map<String, serde_json::Value>) -> String {
-    let mut v = serde_json::from_str::<serde_json::Value>(extra)
-        .ok()
-        .filter(serde_json::Value::is_object)
-        .unwrap_or_else(|| serde_json::json!({}));
-    if let Some(obj) = v.as_object_mut() {
-        obj.extend(host);
-    }
-    v.to_string()
 }

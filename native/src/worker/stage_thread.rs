@@ -1,12 +1,12 @@
 //! The stage server on its own thread, and where its outputs go.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cairn_engine::Device;
 use cairn_engine::gguf::TensorSource;
-use cairn_engine::protocol::{Message, Telemetry};
-use cairn_engine::worker::{Outgoing, Route, StageServer, load_shard};
+use cairn_engine::protocol::{LinkReport, Message, Telemetry};
+use cairn_engine::worker::{LoadPlan, Outgoing, ShardSlot, StageServer};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::debug;
 
@@ -20,15 +20,11 @@ pub enum Job {
     Peer(String, Message),
     /// A step this stage passed to itself (it is the only stage of a chain).
     Local(Message),
-    /// Load layers from `src` and install them with `route` (answers
-    /// `ShardLoaded`). The same model and layers already loaded just drop
-    /// their caches and take the new route.
+    /// Install what `plan` asks for, loading it from `src` unless the stage
+    /// already holds it (answers `ShardLoaded` or `Error`).
     Install {
         src: Box<dyn TensorSource + Send>,
-        model: String,
-        start: usize,
-        end: usize,
-        route: Route,
+        plan: LoadPlan,
         reply: oneshot::Sender<Result<Message, String>>,
     },
     Telemetry(oneshot::Sender<Result<Telemetry, String>>),
@@ -90,17 +86,17 @@ impl Routes {
 
     /// The links to other workers as telemetry reports them: round trip and
     /// throughput per peer, for the coordinator's link matrix.
-    pub fn peer_stats(&self) -> serde_json::Map<String, serde_json::Value> {
+    pub fn peer_stats(&self) -> BTreeMap<String, LinkReport> {
         self.peers
             .iter()
             .map(|(peer, l)| {
                 let s = l.stats.borrow();
                 (
                     peer.clone(),
-                    serde_json::json!({
-                        "rtt_ms": s.rtt_smoothed.or(s.rtt).map(|d| d.as_secs_f64() * 1e3),
-                        "throughput_mb_s": s.throughput_bytes_per_s.map(|b| b / 1e6),
-                    }),
+                    LinkReport {
+                        rtt_ms: s.rtt_smoothed.or(s.rtt).map(|d| d.as_secs_f64() * 1e3),
+                        throughput_mb_s: s.throughput_bytes_per_s.map(|b| b / 1e6),
+                    },
                 )
             })
             .collect()
@@ -153,7 +149,7 @@ impl StageThread {
             .name("cairn-stage".into())
             .spawn(move || {
                 let mut server = StageServer::new(cx.device.clone());
-                let mut loaded: Option<(String, usize, usize)> = None;
+                let mut slot = ShardSlot::default();
                 while let Some(job) = rx.blocking_recv() {
                     match job {
                         Job::Coordinator(m) | Job::Local(m) => cx.serve(&mut server, m),
@@ -169,47 +165,17 @@ impl StageThread {
                                 debug!(%peer, kind = m.kind(), "dropping a message from a worker that is not the stage before ours");
                             }
                         }
-                        Job::Install {
-                            src,
-                            model,
-                            start,
-                            end,
-                            route,
-                            reply,
-                        } => {
-                            let key = (model, start, end);
-                            if loaded.as_ref() == Some(&key) && server.layers().is_some() {
-                                server.clear_requests();
-                                server.set_route(route);
-                                let _ = reply.send(Ok(Message::ShardLoaded {
-                                    layers: cairn_engine::protocol::LayerRange {
-                                        start: start as u32,
-                                        end: end as u32,
-                                    },
-                                    weight_bytes: 0,
-                                    load_ms: 0,
-                                }));
-                                continue;
-                            }
-                            // Free the old shard before loading the new one.
-                            server.clear();
-                            loaded = None;
-                            let r = pollster::block_on(load_shard(
-                                cx.device.clone(),
-                                src.as_ref(),
-                                start,
-                                end,
-                            ));
+                        Job::Install { src, plan, reply } => {
+                            let answer = match slot.reuse(&mut server, &plan) {
+                                Some(loaded) => loaded,
+                                None => pollster::block_on(slot.load(
+                                    &mut server,
+                                    plan,
+                                    src.as_ref(),
+                                )),
+                            };
                             drop(src);
-                            let _ = reply.send(match r {
-                                Ok((shard, msg)) => {
-                                    server.set_shard(shard);
-                                    server.set_route(route);
-                                    loaded = Some(key);
-                                    Ok(msg)
-                                }
-                                Err(e) => Err(format!("loading layers {start}..{end}: {e}")),
-                            });
+                            let _ = reply.send(Ok(answer));
                         }
                         Job::Telemetry(reply) => {
                             let _ = reply.send(Ok(server.telemetry()));
