@@ -146,11 +146,7 @@ impl Shared {
     /// Fails every run that has a stage on `peer`.
     fn fail_pending(&self, peer: &PeerId, why: &str) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let ids: Vec<u64> = pending
-            .iter()
-            .filter(|(_, p)| p.peers.contains(peer))
-            .map(|(id, _)| *id)
-            .collect();
+        let ids = core::runs_lost(pending.iter().map(|(id, p)| (*id, &p.peers[..])), peer);
         for id in ids {
             if let Some(p) = pending.remove(&id) {
                 let _ =
@@ -168,17 +164,14 @@ impl Shared {
     /// placement that uses it, then fail its waiting steps, so requests that
     /// see the failure find the placement already being redone.
     fn peer_lost(&self, peer: &PeerId, why: &str) {
-        let lost_layers = {
+        let replace = {
             let mut st = self.state();
             if let Some(p) = st.peers.get_mut(peer) {
                 p.online = false;
                 p.sender = None;
             }
-            if st
-                .active
-                .as_ref()
-                .is_some_and(|a| a.stages.iter().any(|s| &s.peer == peer))
-            {
+            let replace = core::after_loss(st.active.as_ref().map(|a| a.view()).as_ref(), peer);
+            if replace == core::Replace::Now {
                 warn!(%peer, %why, "a worker holding layers is gone; placing again");
                 st.active = None;
                 st.status = state::PlacementStatus::Placing;
@@ -188,16 +181,13 @@ impl Shared {
                 if n > 20 {
                     st.warnings.drain(..n - 20);
                 }
-                true
-            } else {
-                false
             }
+            replace
         };
         self.fail_pending(peer, why);
-        if lost_layers {
-            self.replace_now();
-        } else {
-            self.replace();
+        match replace {
+            core::Replace::Now => self.replace_now(),
+            core::Replace::Soon | core::Replace::No => self.replace(),
         }
     }
 }
@@ -400,14 +390,12 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                 let extra = serde_json::to_value(&t).unwrap_or(serde_json::Value::Null);
                 let mut st = shared.state();
                 if let Some(p) = st.peers.get_mut(&peer) {
-                    // Placement cares when the condition's weight changes
-                    // (throttling, pressure, battery, visibility), not
-                    // every reading.
-                    let was = slowdown(&p.condition());
+                    let was = p.condition();
                     p.extra = extra;
                     p.telemetry = Some(t);
-                    let now = slowdown(&p.condition());
-                    if now != was {
+                    let now = p.condition();
+                    if core::after_condition(&was, &now) != core::Replace::No {
+                        let (was, now) = (slowdown(&was), slowdown(&now));
                         info!(%peer, was, now, "a worker's condition changed; placing again");
                         drop(st);
                         shared.replace();

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::Shared;
-use super::core::{Debounce, Loading};
+use super::core::{Debounce, Loading, Replace};
 use super::state::{Active, ActiveStage, PlacementStatus, State};
 
 /// The profiles placement sees: calibrated, online workers.
@@ -76,7 +76,8 @@ pub async fn run(shared: Arc<Shared>) {
                 let urgent = shared
                     .urgent
                     .swap(false, std::sync::atomic::Ordering::Relaxed);
-                debounce.poke(Instant::now(), urgent);
+                let replace = if urgent { Replace::Now } else { Replace::Soon };
+                replace.poke(&mut debounce, Instant::now());
             }
             () = sleep_until(due) => {}
         }

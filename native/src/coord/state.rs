@@ -91,15 +91,7 @@ impl PeerState {
 
     /// What placement weighs besides measured speed.
     pub fn condition(&self) -> DeviceCondition {
-        let (battery_level, charging) = self.battery();
-        DeviceCondition {
-            throttled: self.extra.get("throttled").and_then(|t| t.as_bool()) == Some(true),
-            pressure: self.pressure(),
-            battery_level,
-            charging,
-            background: self.background(),
-            paused: self.paused.is_some(),
-        }
+        super::core::condition(self.telemetry.as_ref(), self.paused.is_some())
     }
 
     pub fn background(&self) -> bool {

@@ -7,13 +7,17 @@
 //! placer, the link readers) feeds inputs and carries out outputs, and the
 //! tests drive the same machines with made-up time.
 
+mod peers;
 mod placing;
 mod request;
 mod view;
 
 #[cfg(test)]
+mod peers_tests;
+#[cfg(test)]
 mod tests;
 
+pub use peers::{Replace, after_condition, after_loss, condition, runs_lost};
 pub use placing::{Debounce, Loading};
 pub use request::{Count, Input, Output, Request, RequestConfig};
 pub use view::{ClusterView, Placement, StageView};
