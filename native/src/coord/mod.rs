@@ -11,8 +11,12 @@
 //! placement) updates [`State`] and, where it matters, wakes the placer,
 //! which loads a new placement between tokens; requests notice the new epoch
 //! and rebuild their KV caches by prefilling what they have so far.
+//!
+//! The rules of a request's runs and of the placer's timing live in
+//! [`core`], as state machines without IO that the tasks here drive.
 
 pub mod api;
+mod core;
 mod model;
 mod pipeline;
 mod placer;
@@ -80,7 +84,8 @@ struct Pending {
     seq: u32,
     /// The run's stages; a loss of any fails the run.
     peers: Vec<PeerId>,
-    events: mpsc::UnboundedSender<(PeerId, StageReply)>,
+    /// Each answer with the `seq` of the run it belongs to.
+    events: mpsc::UnboundedSender<(PeerId, u32, StageReply)>,
 }
 
 /// Shared by the event loop, the placer, the request tasks and the API.
@@ -141,16 +146,12 @@ impl Shared {
     /// Fails every run that has a stage on `peer`.
     fn fail_pending(&self, peer: &PeerId, why: &str) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let ids: Vec<u64> = pending
-            .iter()
-            .filter(|(_, p)| p.peers.contains(peer))
-            .map(|(id, _)| *id)
-            .collect();
+        let ids = core::runs_lost(pending.iter().map(|(id, p)| (*id, &p.peers[..])), peer);
         for id in ids {
             if let Some(p) = pending.remove(&id) {
-                let _ = p
-                    .events
-                    .send((peer.clone(), Err(StageFailure::Lost(why.to_owned()))));
+                let _ =
+                    p.events
+                        .send((peer.clone(), p.seq, Err(StageFailure::Lost(why.to_owned()))));
             }
         }
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
@@ -163,17 +164,14 @@ impl Shared {
     /// placement that uses it, then fail its waiting steps, so requests that
     /// see the failure find the placement already being redone.
     fn peer_lost(&self, peer: &PeerId, why: &str) {
-        let lost_layers = {
+        let replace = {
             let mut st = self.state();
             if let Some(p) = st.peers.get_mut(peer) {
                 p.online = false;
                 p.sender = None;
             }
-            if st
-                .active
-                .as_ref()
-                .is_some_and(|a| a.stages.iter().any(|s| &s.peer == peer))
-            {
+            let replace = core::after_loss(st.active.as_ref().map(|a| a.view()).as_ref(), peer);
+            if replace == core::Replace::Now {
                 warn!(%peer, %why, "a worker holding layers is gone; placing again");
                 st.active = None;
                 st.status = state::PlacementStatus::Placing;
@@ -183,16 +181,13 @@ impl Shared {
                 if n > 20 {
                     st.warnings.drain(..n - 20);
                 }
-                true
-            } else {
-                false
             }
+            replace
         };
         self.fail_pending(peer, why);
-        if lost_layers {
-            self.replace_now();
-        } else {
-            self.replace();
+        match replace {
+            core::Replace::Now => self.replace_now(),
+            core::Replace::Soon | core::Replace::No => self.replace(),
         }
     }
 }
@@ -354,7 +349,7 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                             }
                             other => Ok(other),
                         };
-                        let _ = events.send((peer.clone(), reply));
+                        let _ = events.send((peer.clone(), seq, reply));
                     }
                     None => {
                         debug!(%peer, request, seq, kind = m.kind(), "an answer nobody waits for (a run given up on)")
@@ -395,14 +390,12 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                 let extra = serde_json::to_value(&t).unwrap_or(serde_json::Value::Null);
                 let mut st = shared.state();
                 if let Some(p) = st.peers.get_mut(&peer) {
-                    // Placement cares when the condition's weight changes
-                    // (throttling, pressure, battery, visibility), not
-                    // every reading.
-                    let was = slowdown(&p.condition());
+                    let was = p.condition();
                     p.extra = extra;
                     p.telemetry = Some(t);
-                    let now = slowdown(&p.condition());
-                    if now != was {
+                    let now = p.condition();
+                    if core::after_condition(&was, &now) != core::Replace::No {
+                        let (was, now) = (slowdown(&was), slowdown(&now));
                         info!(%peer, was, now, "a worker's condition changed; placing again");
                         drop(st);
                         shared.replace();

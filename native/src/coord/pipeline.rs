@@ -1,17 +1,22 @@
-//! Running one request through the stages, token by token, and carrying it
-//! across placement changes and lost workers.
+//! The shell around a request's core ([`Request`]): it feeds the core what
+//! the cluster looks like, what the stages answer and the time, and carries
+//! out what the core asks (send a step, stream a token, take a worker out
+//! of service). The rules themselves live in `core::request`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn_engine::kernels::SampleParams;
-use cairn_engine::protocol::{Chain, DType, LayerRange, Message, Tensor};
+use cairn_engine::protocol::Message;
+use cairn_signal::protocol::PeerId;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::warn;
 
+use super::core::{ClusterView, Count, Input, Output, Request, RequestConfig};
 use super::state::{Active, RequestView};
-use super::{Pending, Shared, StageFailure, is_request_fault};
+use super::{Pending, Shared, StageReply};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -93,37 +98,13 @@ impl Metrics {
     }
 }
 
-/// How a run of a request ended, when the request does not end with it.
-enum RunEnd {
-    /// The request is done.
-    Finished(FinishReason),
-    /// A worker went away: wait for a new placement and rebuild.
-    Lost(String),
-    /// A stage failed the step but is still there: rebuild and try again.
-    Retry(String),
-    /// The placement changed under the run: rebuild on the new one.
-    Replaced,
-    /// Nothing came for too long and it is unknown where the run stopped:
-    /// go on with every step through the coordinator, which can tell which
-    /// stage does not answer.
-    Stalled,
-    /// The request cannot go on.
-    Fatal(String),
-}
-
-/// Failed steps retried on the same placement before the request fails.
-const MAX_RETRIES: u32 = 3;
-
-/// The least time a chained run may go without news before it counts as
-/// stalled; more when steps are slow (see `stall_after`).
-const MIN_STALL: Duration = Duration::from_secs(5);
-
 /// Starts generating; events arrive on the returned channel. Dropping the
-/// receiver cancels the request at its next token.
+/// receiver cancels the request.
 pub fn start(shared: Arc<Shared>, req: GenRequest) -> mpsc::Receiver<GenEvent> {
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
         let id = shared.request_id();
+        let label = req.label.clone();
         shared.metrics.requests.fetch_add(1, Ordering::Relaxed);
         shared.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
         shared
@@ -140,7 +121,7 @@ pub fn start(shared: Arc<Shared>, req: GenRequest) -> mpsc::Receiver<GenEvent> {
                 recoveries: 0,
             },
         );
-        let result = run(&shared, id, &req, &tx).await;
+        let result = drive(&shared, id, req, &tx).await;
         shared.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
         shared.state().requests.remove(&id);
         shared.touch();
@@ -150,7 +131,7 @@ pub fn start(shared: Arc<Shared>, req: GenRequest) -> mpsc::Receiver<GenEvent> {
                 let _ = tx.send(GenEvent::Done { reason, recoveries }).await;
             }
             Err(msg) => {
-                warn!(request = %req.label, %msg, "request failed");
+                warn!(request = %label, %msg, "request failed");
                 shared.metrics.failed.fetch_add(1, Ordering::Relaxed);
                 let _ = tx.send(GenEvent::Failed(msg)).await;
             }
@@ -167,395 +148,223 @@ fn set_state(shared: &Shared, id: u64, state: &'static str, generated: usize, re
     }
 }
 
-/// What a request has produced so far and how to go on.
-struct Progress<'a> {
-    req: &'a GenRequest,
-    id: u64,
-    tx: &'a mpsc::Sender<GenEvent>,
-    out: Vec<u32>,
-    recoveries: u32,
-    /// Steps go through the coordinator one stage at a time (after a stall).
-    relay_all: bool,
-}
-
-async fn run(
-    shared: &Arc<Shared>,
-    id: u64,
-    req: &GenRequest,
-    tx: &mpsc::Sender<GenEvent>,
-) -> Result<(FinishReason, u32), String> {
-    let mut p = Progress {
-        req,
-        id,
-        tx,
-        out: Vec::new(),
-        recoveries: 0,
-        relay_all: false,
+/// The cluster as the core sees it, and the placement with its links.
+fn cluster_view(shared: &Shared) -> (ClusterView, Option<Active>) {
+    let st = shared.state();
+    let view = ClusterView {
+        active: st.active.as_ref().map(Active::view),
+        online: st
+            .peers
+            .iter()
+            .filter(|(_, p)| p.online)
+            .map(|(id, _)| id.clone())
+            .collect(),
+        message: st.message.clone(),
     };
-    let mut seq = 0u32;
-    let mut retries = 0u32;
-    let mut min_epoch = 0;
-    let mut placements: Vec<Active> = Vec::new();
-    let result = loop {
-        if p.out.len() >= req.max_tokens {
-            break Ok(FinishReason::Length);
-        }
-        if tx.is_closed() {
-            break Err("the client went away".into());
-        }
-        let active = match wait_active(shared, min_epoch, id).await {
-            Ok(a) => a,
-            Err(e) => break Err(e),
-        };
-        if !placements.iter().any(|a| a.epoch == active.epoch) {
-            placements.push(active.clone());
-        }
-        if !p.out.is_empty() {
-            info!(request = %req.label, epoch = active.epoch, tokens = p.out.len(), "rebuilding the caches on a new run");
-        }
-        seq += 1;
-        match run_once(shared, &active, seq, &mut p).await {
-            RunEnd::Finished(reason) => break Ok(reason),
-            RunEnd::Lost(why) => {
-                warn!(request = %req.label, %why, "a stage was lost mid-request; waiting for a new placement");
-                p.recoveries += 1;
-                shared.metrics.recoveries.fetch_add(1, Ordering::Relaxed);
-                let placement_stands = {
-                    let st = shared.state();
-                    st.active.as_ref().is_some_and(|a| a.epoch == active.epoch)
-                        && active
-                            .stages
-                            .iter()
-                            .all(|s| st.peers.get(&s.peer).is_some_and(|p| p.online))
-                };
-                if placement_stands {
-                    // A link was replaced under the run; the placement still holds.
-                    retries += 1;
-                    if retries > MAX_RETRIES {
-                        break Err(format!("a stage kept failing: {why}"));
-                    }
-                } else {
-                    min_epoch = active.epoch + 1;
-                }
-                set_state(shared, id, "recovering", p.out.len(), p.recoveries);
-            }
-            RunEnd::Retry(why) => {
-                retries += 1;
-                if retries > MAX_RETRIES {
-                    break Err(format!("a stage kept failing: {why}"));
-                }
-                warn!(request = %req.label, %why, "a stage failed a step; rebuilding and retrying");
-            }
-            RunEnd::Replaced => {
-                info!(request = %req.label, epoch = active.epoch, "the placement changed under the request");
-                min_epoch = active.epoch + 1;
-            }
-            RunEnd::Stalled => {
-                warn!(request = %req.label, tokens = p.out.len(), "no word from the chain; going on through the coordinator");
-                p.relay_all = true;
-            }
-            RunEnd::Fatal(msg) => break Err(msg),
-        }
-    };
-    // Every placement the request ran on may hold a cache of it.
-    let mut told = std::collections::HashSet::new();
-    for active in &placements {
-        for s in &active.stages {
-            if told.insert(s.peer.clone()) {
-                let _ = s.sender.send(Message::EndRequest { request: id }).await;
-            }
-        }
-    }
-    result.map(|r| (r, p.recoveries))
+    (view, st.active.clone())
 }
 
-/// The active placement of epoch `min_epoch` or later; waits for one up to
-/// the configured timeout.
-async fn wait_active(shared: &Shared, min_epoch: u64, id: u64) -> Result<Active, String> {
-    let mut changes = shared.subscribe();
-    let deadline = tokio::time::Instant::now() + shared.opts.wait_timeout;
-    let mut waited = false;
-    loop {
-        let (active, message) = {
-            let st = shared.state();
-            (
-                st.active.clone().filter(|a| a.epoch >= min_epoch),
-                st.message.clone(),
-            )
-        };
-        if let Some(a) = active {
-            return Ok(a);
-        }
-        if !waited {
-            waited = true;
-            if let Some(r) = shared.state().requests.get_mut(&id) {
-                r.state = "waiting";
-            }
-            shared.touch();
-        }
-        if tokio::time::timeout_at(deadline, changes.changed())
-            .await
-            .is_err()
-        {
-            return Err(format!(
-                "no placement could serve this request within {:?}: {message}",
-                shared.opts.wait_timeout
-            ));
-        }
-    }
+/// Why the shell woke.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a Message (protocol v4's typed Telemetry) is most of what moves through here; boxing it would allocate on every step"
+)]
+enum Wake {
+    Input(Input),
+    Timer,
+    /// The cluster changed.
+    Changed,
 }
 
-/// Registers a run, so what its stages say reaches it; unregisters on drop.
-struct RunGuard<'a> {
+/// A request's core with what its shell keeps beside it: the links of
+/// every placement it has seen and its entry in `Shared::pending`.
+struct Driver<'a> {
     shared: &'a Shared,
     id: u64,
+    core: Request,
+    placements: HashMap<u64, Active>,
+    events: mpsc::UnboundedSender<(PeerId, u32, StageReply)>,
+    registered: Option<u32>,
 }
 
-impl Drop for RunGuard<'_> {
-    fn drop(&mut self) {
-        self.shared
+impl Driver<'_> {
+    /// Gives the core the cluster as it is now.
+    fn refresh(&mut self, now: Instant) {
+        let (view, active) = cluster_view(self.shared);
+        if let Some(a) = active {
+            self.placements.entry(a.epoch).or_insert(a);
+        }
+        self.core.handle(Input::Cluster(view), now);
+        self.register();
+    }
+
+    /// Gives the core the cluster as it is now, then what happened (the
+    /// rules that weigh a stage's answer look at the placement too).
+    fn feed(&mut self, wake: Wake) {
+        let now = Instant::now();
+        self.refresh(now);
+        match wake {
+            Wake::Input(input) => self.core.handle(input, now),
+            Wake::Timer => self.core.handle_timeout(now),
+            Wake::Changed => {}
+        }
+        self.register();
+    }
+
+    /// Keeps the run's entry in `pending` current, so what its stages say
+    /// reaches it (before any step of it is sent).
+    fn register(&mut self) {
+        let seq = self.core.run().map(|(seq, _)| seq);
+        if seq == self.registered {
+            return;
+        }
+        self.registered = seq;
+        let mut pending = self
+            .shared
             .pending
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&self.id);
-    }
-}
-
-/// Why the placement a run was on is no longer the active one: one of its
-/// workers was lost (the loss drops the placement before it fails the run,
-/// so the change may be seen first), or a new placement was chosen.
-fn moved_or_lost(shared: &Shared, active: &Active) -> RunEnd {
-    match gone(shared, active) {
-        Some(peer) => RunEnd::Lost(format!("{peer} is gone")),
-        None => RunEnd::Replaced,
-    }
-}
-
-/// A worker of `active` that is no longer online, if any.
-fn gone(shared: &Shared, active: &Active) -> Option<cairn_signal::protocol::PeerId> {
-    let st = shared.state();
-    active
-        .stages
-        .iter()
-        .find(|s| !st.peers.get(&s.peer).is_some_and(|p| p.online))
-        .map(|s| s.peer.clone())
-}
-
-/// How long a chained run may go without news: several times the slowest
-/// token so far, and never less than [`MIN_STALL`].
-fn stall_after(slowest: Duration, step_timeout: Duration) -> Duration {
-    (slowest * 20).max(MIN_STALL).min(step_timeout)
-}
-
-/// One run of a request on `active`: prompt and tokens so far from
-/// position 0 (filling every stage's cache afresh), then token after token
-/// until the request is done or the run breaks.
-async fn run_once(shared: &Shared, active: &Active, seq: u32, p: &mut Progress<'_>) -> RunEnd {
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let _guard = RunGuard { shared, id: p.id };
-    shared
-        .pending
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(
-            p.id,
-            Pending {
-                seq,
-                peers: active.stages.iter().map(|s| s.peer.clone()).collect(),
-                events: events_tx,
-            },
-        );
-    // A loss noticed before the run was registered would never fail it.
-    if let Some(peer) = gone(shared, active) {
-        return RunEnd::Lost(format!("{peer} is gone"));
-    }
-    let mut changes = shared.subscribe();
-    let req = p.req;
-    let prompt_len = req.prompt.len();
-    let max_len = (prompt_len + req.max_tokens) as u32;
-    let chain = (!p.relay_all).then(|| Chain {
-        max_steps: req.max_tokens as u32,
-        // Peers refuse longer lists; the coordinator's own stop rule holds
-        // whatever the last stage misses (it then makes a token or two more).
-        end_ids: if req.ignore_eos {
-            Vec::new()
-        } else {
-            let mut ids = shared.model.tokenizer.end_of_generation_ids();
-            ids.truncate(Chain::MAX_END_IDS);
-            ids
-        },
-    });
-    let sample = |step: usize| SampleParams {
-        step: step as u32,
-        ..req.sample
-    };
-    let forward = |stage: usize, pos0: usize, step: usize, tensor: Tensor| {
-        let s = &active.stages[stage];
-        Message::Forward {
-            request: p.id,
-            seq,
-            layers: LayerRange {
-                start: s.start as u32,
-                end: s.end as u32,
-            },
-            pos0: pos0 as u32,
-            max_len,
-            sample: Some(sample(step)),
-            chain: chain.clone(),
-            tensor,
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match self.core.run() {
+            Some((seq, peers)) => {
+                pending.insert(
+                    self.id,
+                    Pending {
+                        seq,
+                        peers,
+                        events: self.events.clone(),
+                    },
+                );
+            }
+            None => {
+                pending.remove(&self.id);
+            }
         }
-    };
-    let last = active.stages.len() - 1;
-    let mut all = req.prompt.clone();
-    all.extend_from_slice(&p.out);
-    set_state(
-        shared,
-        p.id,
-        if p.out.is_empty() {
-            "prefill"
-        } else {
-            "recovering"
-        },
-        p.out.len(),
-        p.recoveries,
-    );
-    let tokens = match Tensor::from_values(DType::U32, vec![all.len() as u64], &all) {
-        Ok(t) => t,
-        Err(e) => return RunEnd::Fatal(e.to_string()),
-    };
-    // The stage that has to answer next, when the coordinator knows it: the
-    // one a step went to, unless that one hands its output straight on
-    // (the last stage always reports its token).
-    let relay_all = p.relay_all;
-    let answers = |i: usize| (relay_all || !active.stages[i].direct || i == last).then_some(i);
-    let mut waiting_on = answers(0);
-    if let Err(e) = active.stages[0]
-        .sender
-        .send(forward(0, 0, p.out.len(), tokens))
-        .await
-    {
-        return RunEnd::Lost(format!("{}: {e}", active.stages[0].peer));
     }
-    let mut last_news = tokio::time::Instant::now();
-    let mut slowest = Duration::ZERO;
-    let mut run_tokens = 0usize;
-    loop {
-        // The first token of a run waits out a whole prefill.
-        let limit = if run_tokens == 0 || waiting_on.is_some() {
-            shared.opts.step_timeout
-        } else {
-            stall_after(slowest, shared.opts.step_timeout)
-        };
-        let event = tokio::select! {
-            e = events.recv() => e,
-            changed = changes.changed() => {
-                let current = shared.state().active.as_ref().map(|a| a.epoch);
-                if changed.is_err() || current != Some(active.epoch) {
-                    return moved_or_lost(shared, active);
-                }
-                continue;
-            }
-            _ = tokio::time::sleep_until(last_news + limit) => {
-                return match waiting_on {
-                    Some(i) => {
-                        let peer = &active.stages[i].peer;
-                        // A stage this slow is as good as lost: take it out of service.
-                        shared.peer_lost(peer, "a step timed out");
-                        RunEnd::Lost(format!("{peer} did not answer within {limit:?}"))
-                    }
-                    None => RunEnd::Stalled,
-                };
-            }
-        };
-        let Some((from, reply)) = event else {
-            return RunEnd::Lost("the coordinator dropped the run".into());
-        };
-        let now = tokio::time::Instant::now();
-        let stage = active.stages.iter().position(|s| s.peer == from);
-        match reply {
-            Ok(Message::Activations { pos0, tensor, .. }) => {
-                let Some(i) = stage.filter(|&i| i < last) else {
-                    return RunEnd::Fatal(format!("{from} sent activations out of turn"));
-                };
-                shared.metrics.relayed.fetch_add(1, Ordering::Relaxed);
-                let next = &active.stages[i + 1];
-                if let Err(e) = next
-                    .sender
-                    .send(forward(i + 1, pos0 as usize, p.out.len(), tensor))
-                    .await
-                {
-                    return RunEnd::Lost(format!("{}: {e}", next.peer));
-                }
-                waiting_on = answers(i + 1);
-            }
-            Ok(Message::Token {
-                step,
-                id: token,
-                passed_on,
-                ..
-            }) => {
-                if stage != Some(last) || step as usize != p.out.len() {
-                    return RunEnd::Fatal(format!(
-                        "{from} sent the token of step {step} where step {} of the last stage was due",
-                        p.out.len()
-                    ));
-                }
-                if run_tokens > 0 {
-                    slowest = slowest.max(now - last_news);
-                }
-                run_tokens += 1;
-                p.out.push(token);
-                shared.metrics.token();
-                if passed_on {
-                    shared.metrics.passed_on.fetch_add(1, Ordering::Relaxed);
-                }
-                set_state(shared, p.id, "decoding", p.out.len(), p.recoveries);
-                let eog = !req.ignore_eos && shared.model.tokenizer.is_end_of_generation(token);
-                if eog {
-                    return RunEnd::Finished(FinishReason::Stop);
-                }
-                if p.tx.send(GenEvent::Token(token)).await.is_err() {
-                    return RunEnd::Fatal("the client went away".into());
-                }
-                if p.out.len() >= req.max_tokens {
-                    return RunEnd::Finished(FinishReason::Length);
-                }
-                if passed_on {
-                    waiting_on = answers(0);
-                } else {
-                    // The last stage could not hand it to the first: the coordinator does.
-                    shared.metrics.relayed.fetch_add(1, Ordering::Relaxed);
-                    let Ok(t) = Tensor::from_values(DType::U32, vec![1], &[token]) else {
-                        return RunEnd::Fatal("cannot wrap a token".into());
+
+    /// Carries out what the core asks until it asks nothing more; the
+    /// request's result once it is over.
+    async fn carry_out(
+        &mut self,
+        tx: &mpsc::Sender<GenEvent>,
+    ) -> Option<Result<(FinishReason, u32), String>> {
+        let m = &self.shared.metrics;
+        while let Some(output) = self.core.poll_output() {
+            match output {
+                Output::Send { epoch, peer, msg } => {
+                    let step = matches!(msg, Message::Forward { .. });
+                    let sender = self
+                        .placements
+                        .get(&epoch)
+                        .and_then(|a| a.stages.iter().find(|s| s.peer == peer))
+                        .map(|s| s.sender.clone());
+                    let sent = match sender {
+                        Some(s) => s.send(msg).await.map_err(|e| e.to_string()),
+                        None => Err("no link to it".into()),
                     };
-                    let pos0 = prompt_len + p.out.len() - 1;
-                    if let Err(e) = active.stages[0]
-                        .sender
-                        .send(forward(0, pos0, p.out.len(), t))
-                        .await
+                    if let Err(error) = sent
+                        && step
                     {
-                        return RunEnd::Lost(format!("{}: {e}", active.stages[0].peer));
+                        self.feed(Wake::Input(Input::SendFailed { peer, error }));
                     }
-                    waiting_on = answers(0);
                 }
-            }
-            Ok(other) => {
-                return RunEnd::Fatal(format!("{from} answered a step with {}", other.kind()));
-            }
-            Err(StageFailure::Lost(why)) => return RunEnd::Lost(why),
-            Err(StageFailure::Refused { code, text }) => {
-                if shared.state().active.as_ref().map(|a| a.epoch) != Some(active.epoch) {
-                    // The placement moved and took the caches with it.
-                    return moved_or_lost(shared, active);
+                Output::Token(t) => {
+                    if tx.send(GenEvent::Token(t)).await.is_err() {
+                        self.feed(Wake::Input(Input::Cancel));
+                    }
                 }
-                return if is_request_fault(code) {
-                    RunEnd::Fatal(format!("{from}: {text}"))
-                } else {
-                    // Out of memory or an internal failure on that worker.
-                    RunEnd::Retry(format!("{from} failed the step: {text}"))
-                };
+                Output::Status {
+                    state,
+                    generated,
+                    recoveries,
+                } => {
+                    set_state(self.shared, self.id, state, generated, recoveries);
+                    if state == "waiting" {
+                        self.shared.touch();
+                    }
+                }
+                Output::Count(c) => match c {
+                    Count::Generated => m.token(),
+                    Count::Relayed => {
+                        m.relayed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Count::PassedOn => {
+                        m.passed_on.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Count::Recovery => {
+                        m.recoveries.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+                Output::Blame { peer, why } => self.shared.peer_lost(&peer, &why),
+                Output::Finished(result) => return Some(result),
             }
         }
-        last_news = now;
+        None
+    }
+}
+
+impl Drop for Driver<'_> {
+    fn drop(&mut self) {
+        if self.registered.is_some() {
+            self.shared
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&self.id);
+        }
+    }
+}
+
+/// Runs a request's core until it is over.
+async fn drive(
+    shared: &Arc<Shared>,
+    id: u64,
+    req: GenRequest,
+    tx: &mpsc::Sender<GenEvent>,
+) -> Result<(FinishReason, u32), String> {
+    let cfg = RequestConfig {
+        id,
+        wait_timeout: shared.opts.wait_timeout,
+        step_timeout: shared.opts.step_timeout,
+        end_ids: shared.model.tokenizer.end_of_generation_ids(),
+    };
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let mut changes = shared.subscribe();
+    let mut d = Driver {
+        shared,
+        id,
+        core: Request::new(cfg, req, Instant::now()),
+        placements: HashMap::new(),
+        events: events_tx,
+        registered: None,
+    };
+    // The core's first view decides whether it runs at once or waits.
+    d.refresh(Instant::now());
+    loop {
+        if let Some(result) = d.carry_out(tx).await {
+            return result;
+        }
+        let wake = d.core.poll_timeout().map(tokio::time::Instant::from_std);
+        let wake = tokio::select! {
+            e = events.recv() => match e {
+                Some((from, seq, reply)) => Wake::Input(Input::Reply { from, seq, reply }),
+                None => Wake::Input(Input::Cancel),
+            },
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return Err("the coordinator stopped".into());
+                }
+                Wake::Changed
+            }
+            () = sleep_until(wake) => Wake::Timer,
+            () = tx.closed() => Wake::Input(Input::Cancel),
+        };
+        d.feed(wake);
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

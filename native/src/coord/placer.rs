@@ -1,7 +1,7 @@
 //! Turns the cluster into a placement and loads it on the workers.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn_engine::placement::{self, DeviceProfile, Stage};
 use cairn_engine::protocol::{Hop, LayerRange, Message};
@@ -10,16 +10,8 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::Shared;
+use super::core::{Debounce, Loading, Replace};
 use super::state::{Active, ActiveStage, PlacementStatus, State};
-
-/// How long loading one placement may take before it counts as failed.
-const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
-/// Changes arriving together (several workers joining) are placed once.
-const DEBOUNCE: Duration = Duration::from_millis(200);
-/// After a loss that left no placement: long enough to take in a second
-/// worker lost at the same moment (a machine with several), short against
-/// the requests' stall.
-const URGENT_DEBOUNCE: Duration = Duration::from_millis(10);
 
 /// The profiles placement sees: calibrated, online workers.
 pub fn profiles(st: &State) -> Vec<DeviceProfile> {
@@ -76,12 +68,22 @@ fn target(shared: &Shared) -> Result<Vec<Stage>, String> {
 }
 
 pub async fn run(shared: Arc<Shared>) {
+    let mut debounce = Debounce::default();
     loop {
-        shared.replace.notified().await;
-        let urgent = shared
-            .urgent
-            .swap(false, std::sync::atomic::Ordering::Relaxed);
-        tokio::time::sleep(if urgent { URGENT_DEBOUNCE } else { DEBOUNCE }).await;
+        let due = debounce.poll_timeout().map(tokio::time::Instant::from_std);
+        tokio::select! {
+            () = shared.replace.notified() => {
+                let urgent = shared
+                    .urgent
+                    .swap(false, std::sync::atomic::Ordering::Relaxed);
+                let replace = if urgent { Replace::Now } else { Replace::Soon };
+                replace.poke(&mut debounce, Instant::now());
+            }
+            () = sleep_until(due) => {}
+        }
+        if !debounce.fire(Instant::now()) {
+            continue;
+        }
         let wanted = match target(&shared) {
             Ok(t) => t,
             Err(msg) => {
@@ -132,6 +134,13 @@ pub async fn run(shared: Arc<Shared>) {
     }
 }
 
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Loads `stages` on their workers and makes them the active placement.
 async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
     let mut senders = Vec::new();
@@ -175,6 +184,10 @@ async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
         shared.opts.public_url.trim_end_matches('/'),
         crate::model_fetch::model_route(&shared.model.id)
     );
+    let mut loading = Loading::new(
+        senders.iter().map(|(peer, ..)| peer.clone()).collect(),
+        Instant::now(),
+    );
     for ((peer, s, sender, _), (next, prev)) in senders.iter().zip(routes) {
         let (tx, rx) = oneshot::channel();
         shared
@@ -197,22 +210,40 @@ async fn load(shared: &Arc<Shared>, stages: &[Stage]) -> Result<(), String> {
         }
         waits.push((peer.clone(), rx));
     }
-    let mut failure = None;
+    let deadline = tokio::time::Instant::from_std(loading.poll_timeout());
+    let mut timed_out = false;
     for (peer, rx) in waits {
-        let r = match tokio::time::timeout(LOAD_TIMEOUT, rx).await {
+        let r = match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err("the link went away".into()),
-            Err(_) => Err(format!("no answer within {LOAD_TIMEOUT:?}")),
+            // The load's outcome names what did not come in time.
+            Err(_) => {
+                timed_out = true;
+                break;
+            }
         };
         if let Some(p) = shared.state().peers.get_mut(&peer) {
             p.loading = false;
         }
-        if let Err(e) = r {
-            failure.get_or_insert(format!("{peer} could not load its layers: {e}"));
+        loading.answer(&peer, r);
+    }
+    {
+        let mut st = shared.state();
+        for (peer, ..) in &senders {
+            if let Some(p) = st.peers.get_mut(peer) {
+                p.loading = false;
+            }
         }
     }
-    if let Some(f) = failure {
-        return Err(f);
+    let now = if timed_out {
+        loading.poll_timeout()
+    } else {
+        Instant::now()
+    };
+    match loading.outcome(now) {
+        Some(Ok(())) => {}
+        Some(Err(e)) => return Err(e),
+        None => return Err("loading ended before every worker answered".into()),
     }
     let mut st = shared.state();
     // A worker may have gone while the others loaded.

@@ -11,6 +11,7 @@ use cairn_signal::protocol::PeerId;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use super::core::{Placement, StageView};
 use crate::link::{LinkSender, LinkStats};
 
 /// What a peer is doing, as the dashboard shows it.
@@ -90,15 +91,7 @@ impl PeerState {
 
     /// What placement weighs besides measured speed.
     pub fn condition(&self) -> DeviceCondition {
-        let (battery_level, charging) = self.battery();
-        DeviceCondition {
-            throttled: self.extra.get("throttled").and_then(|t| t.as_bool()) == Some(true),
-            pressure: self.pressure(),
-            battery_level,
-            charging,
-            background: self.background(),
-            paused: self.paused.is_some(),
-        }
+        super::core::condition(self.telemetry.as_ref(), self.paused.is_some())
     }
 
     pub fn background(&self) -> bool {
@@ -111,6 +104,25 @@ impl PeerState {
 pub struct Active {
     pub epoch: u64,
     pub stages: Vec<ActiveStage>,
+}
+
+impl Active {
+    /// What the core sees of it (the links stay with the shell).
+    pub(crate) fn view(&self) -> Placement {
+        Placement {
+            epoch: self.epoch,
+            stages: self
+                .stages
+                .iter()
+                .map(|s| StageView {
+                    peer: s.peer.clone(),
+                    start: s.start,
+                    end: s.end,
+                    direct: s.direct,
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Clone)]

@@ -72,6 +72,10 @@ pub(crate) enum Report {
 type ProbeWaiter = oneshot::Sender<Result<f64, LinkError>>;
 
 /// What the application hands a link to send.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a Message (protocol v4's typed Telemetry) is most of what moves through here; boxing it would allocate on every step"
+)]
 enum Outgoing {
     /// Boxed: a typed `Telemetry` makes `Message` a few hundred bytes, and
     /// most of what goes through this queue is small.

@@ -1,0 +1,102 @@
+//! The placer's rules without IO: when to place after a change (debounce),
+//! and how loading a placement on its workers ends (every worker answered,
+//! one failed or went away, or the time ran out).
+
+use std::time::{Duration, Instant};
+
+use cairn_signal::protocol::PeerId;
+
+/// Changes arriving together (several workers joining) are placed once.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+/// After a loss that left no placement: long enough to take in a second
+/// worker lost at the same moment (a machine with several), short against
+/// the requests' stall.
+pub const URGENT_DEBOUNCE: Duration = Duration::from_millis(10);
+/// How long loading one placement may take before it counts as failed.
+pub const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// When the placer should look at the cluster next.
+#[derive(Debug, Default)]
+pub struct Debounce {
+    due: Option<Instant>,
+}
+
+impl Debounce {
+    /// Something changed at `now`; `urgent` when requests wait on a new
+    /// placement (a worker holding layers was lost).
+    pub fn poke(&mut self, now: Instant, urgent: bool) {
+        let at = now + if urgent { URGENT_DEBOUNCE } else { DEBOUNCE };
+        self.due = Some(match self.due {
+            // A later change does not put off a placement already due.
+            Some(due) => due.min(at),
+            None => at,
+        });
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// Whether it is time to place; the pokes so far are then used up.
+    pub fn fire(&mut self, now: Instant) -> bool {
+        match self.due {
+            Some(due) if now >= due => {
+                self.due = None;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A placement being loaded: who still has to answer `LoadShard`.
+#[derive(Debug)]
+pub struct Loading {
+    /// Each stage's worker with its answer once it came, in stage order.
+    answers: Vec<(PeerId, Option<Result<(), String>>)>,
+    deadline: Instant,
+}
+
+impl Loading {
+    /// `LoadShard` went to `peers` (in stage order) at `now`.
+    pub fn new(peers: Vec<PeerId>, now: Instant) -> Loading {
+        Loading {
+            answers: peers.into_iter().map(|p| (p, None)).collect(),
+            deadline: now + LOAD_TIMEOUT,
+        }
+    }
+
+    /// `peer` answered (`ShardLoaded`, or an `Error` as its text); a
+    /// second answer of the same worker is not one the load waits for.
+    pub fn answer(&mut self, peer: &PeerId, result: Result<(), String>) {
+        for (p, a) in &mut self.answers {
+            if p == peer && a.is_none() {
+                *a = Some(result);
+                return;
+            }
+        }
+    }
+
+    pub fn poll_timeout(&self) -> Instant {
+        self.deadline
+    }
+
+    /// How the load ended, once it has: `Ok` when every worker loaded its
+    /// layers, else the first failure in stage order. At or after the
+    /// deadline a worker that has not answered has failed.
+    pub fn outcome(&self, now: Instant) -> Option<Result<(), String>> {
+        let late = now >= self.deadline;
+        if !late && self.answers.iter().any(|(_, a)| a.is_none()) {
+            return None;
+        }
+        for (peer, a) in &self.answers {
+            let e = match a {
+                Some(Ok(())) => continue,
+                Some(Err(e)) => e.clone(),
+                None => format!("no answer within {LOAD_TIMEOUT:?}"),
+            };
+            return Some(Err(format!("{peer} could not load its layers: {e}")));
+        }
+        Some(Ok(()))
+    }
+}
