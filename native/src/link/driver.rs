@@ -77,9 +77,7 @@ type ProbeWaiter = oneshot::Sender<Result<f64, LinkError>>;
     reason = "a Message (protocol v4's typed Telemetry) is most of what moves through here; boxing it would allocate on every step"
 )]
 enum Outgoing {
-    /// Boxed: a typed `Telemetry` makes `Message` a few hundred bytes, and
-    /// most of what goes through this queue is small.
-    Message(Box<Message>, Option<OwnedSemaphorePermit>),
+    Message(Message, Option<OwnedSemaphorePermit>),
     Probe(usize, oneshot::Sender<Result<f64, LinkError>>),
     /// A raw frame, written as is (tests: a malformed frame).
     Raw(Vec<u8>),
@@ -128,10 +126,10 @@ impl LinkSender {
             Err(_) => return Err((message, self.closed_error())),
         };
         self.queue
-            .send(Outgoing::Message(Box::new(message), Some(permit)))
+            .send(Outgoing::Message(message, Some(permit)))
             .map_err(|mpsc::error::SendError(back)| {
                 let back = match back {
-                    Outgoing::Message(m, _) => *m,
+                    Outgoing::Message(m, _) => m,
                     // Only a message was queued above.
                     Outgoing::Probe(..) | Outgoing::Raw(_) => Message::Resume,
                 };
