@@ -67,12 +67,21 @@ impl EngineArgs {
             vulkan: VulkanOptions {
                 push_constants: self.vulkan_push_constants,
             },
-            dev: DevHooks {
-                #[cfg(feature = "dev-hooks")]
-                cuda_kernels: self.cuda_kernels.clone(),
-                ..Default::default()
-            },
+            dev: self.dev_hooks(),
         }
+    }
+
+    #[cfg(feature = "dev-hooks")]
+    fn dev_hooks(&self) -> DevHooks {
+        DevHooks {
+            cuda_kernels: self.cuda_kernels.clone(),
+        }
+    }
+
+    /// Builds without `dev-hooks` take no hook from the command line.
+    #[cfg(not(feature = "dev-hooks"))]
+    fn dev_hooks(&self) -> DevHooks {
+        DevHooks::default()
     }
 }
 
