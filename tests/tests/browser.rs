@@ -716,23 +716,53 @@ async fn serve_layers_in_browser(webgpu: bool) {
         other => panic!("expected calibration, got {other:?}"),
     }
 
-    // A second load of the same layers comes from Cache Storage.
+    // The same layers again: the worker host keeps the shard (only its caches
+    // go), so nothing is fetched.
     link.send(load.clone()).await.unwrap();
     match recv(&mut link, &mut telemetry, SLOW).await {
-        Message::ShardLoaded { .. } => {}
+        Message::ShardLoaded { weight_bytes, .. } => {
+            assert_eq!(weight_bytes, 0, "the same layers were loaded again")
+        }
         other => panic!("expected shard-loaded again, got {other:?}"),
     }
-    let fetched = page
-        .eval(
-            "Array.from(document.querySelectorAll('#log li')).map(l => l.textContent)\
-             .filter(t => t.includes('from cache')).join('\\n')",
-        )
-        .await;
-    let fetched = fetched.as_str().unwrap_or("");
+    /// The page's log lines about loads (each says how much came from Cache Storage).
+    async fn loads(page: &mut Page) -> String {
+        let v = page
+            .eval(
+                "Array.from(document.querySelectorAll('#log li')).map(l => l.textContent)\
+                 .filter(t => t.includes('from cache')).join('\\n')",
+            )
+            .await;
+        v.as_str().unwrap_or("").to_owned()
+    }
+    assert_eq!(
+        loads(&mut page).await.lines().count(),
+        1,
+        "a kept shard was fetched"
+    );
+    // Other layers replace the shard; the first ones again then come from Cache Storage.
+    let mut other = load.clone();
+    if let Message::LoadShard { layers, .. } = &mut other {
+        *layers = LayerRange {
+            start: SPLIT,
+            end: SPLIT + 1,
+        };
+    }
+    for (msg, what) in [
+        (other, "other layers"),
+        (load.clone(), "the first layers again"),
+    ] {
+        link.send(msg).await.unwrap();
+        match recv(&mut link, &mut telemetry, SLOW).await {
+            Message::ShardLoaded { .. } => {}
+            other => panic!("expected shard-loaded for {what}, got {other:?}"),
+        }
+    }
+    let fetched = loads(&mut page).await;
     let last = fetched.lines().last().unwrap_or("");
     assert!(
-        fetched.lines().count() == 2 && !last.contains("(0 B from cache)"),
-        "the second load was not served from the cache: {fetched}"
+        fetched.lines().count() == 3 && !last.contains("(0 B from cache)"),
+        "the first layers were not served from the cache when loaded again: {fetched}"
     );
 
     // A hidden tab asks to pause (pressure may already have asked, for its own reason).

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 /// What a session measures about its link; a snapshot taken with
-/// [`Session::stats`](super::Session::stats).
-#[derive(Clone, Debug, PartialEq)]
+/// [`Session::stats`](super::Session::stats). `Default` is before the first measurement.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SessionStats {
     /// Latest round trip (ping to pong, through the whole stack).
     pub rtt: Option<Duration>,
@@ -57,23 +57,7 @@ pub(crate) struct Estimator {
 impl Estimator {
     pub fn new(now: Duration) -> Self {
         Self {
-            stats: SessionStats {
-                rtt: None,
-                rtt_smoothed: None,
-                rtt_min: None,
-                jitter: Duration::ZERO,
-                loss: 0.0,
-                throughput_bytes_per_s: None,
-                tx_bytes_per_s: 0.0,
-                rx_bytes_per_s: 0.0,
-                tx_bytes: 0,
-                rx_bytes: 0,
-                tx_messages: 0,
-                rx_messages: 0,
-                since_last_heard: Duration::ZERO,
-                max_frame_bytes: 0,
-                buffered_amount: 0,
-            },
+            stats: SessionStats::default(),
             srtt: None,
             last_rtt: None,
             jitter: 0.0,
