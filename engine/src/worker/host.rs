@@ -323,6 +323,7 @@ mod tests {
     use crate::model::ModelConfig;
     use crate::model::synthetic::SyntheticModel;
     use crate::protocol::Hop;
+    use crate::worker::tests::cpu;
 
     fn load(start: u32, end: u32, next: Option<&str>) -> Message {
         Message::LoadShard {
@@ -513,18 +514,6 @@ mod tests {
         assert_eq!(t.pressure.as_deref(), Some("serious"));
         assert_eq!((t.throttled, t.thermal), (Some(true), Some(thermal)));
         assert_eq!((t.visibility, t.paused, t.backend), (None, None, None));
-    }
-
-    fn cpu() -> Arc<Device> {
-        let sel = crate::Selection {
-            backend: Some("cpu".into()),
-            device: None,
-        };
-        Arc::new(
-            crate::device::discover_blocking()
-                .open_blocking(&sel)
-                .expect("cpu backend"),
-        )
     }
 
     fn plan(model: &str, start: usize, end: usize, next: Option<&str>) -> LoadPlan {

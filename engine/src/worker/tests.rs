@@ -12,7 +12,8 @@ use crate::protocol::{
     Chain, DType, Deframer, Framer, Hop, LayerRange, Limits, Message, Tensor, error_code,
 };
 
-fn cpu() -> Arc<Device> {
+/// The cpu device, for tests of this module and its host.
+pub(crate) fn cpu() -> Arc<Device> {
     let sel = crate::Selection {
         backend: Some("cpu".into()),
         device: None,
