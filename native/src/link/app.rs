@@ -260,9 +260,8 @@ mod tests {
     }
 
     fn text(bytes: usize) -> Message {
-        Message::Error {
-            code: 1,
-            text: "x".repeat(bytes),
+        Message::Pause {
+            reason: "x".repeat(bytes),
         }
     }
 

@@ -534,3 +534,186 @@ impl Driver {
         Ok(wrote)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use cairn_engine::protocol::Message;
+
+    use super::*;
+
+    /// Loopback, with the short intervals the process-level tests use.
+    fn config() -> Arc<LinkConfig> {
+        Arc::new(LinkConfig {
+            ping_interval: Duration::from_millis(200),
+            heartbeat_timeout: Duration::from_millis(1500),
+            probe_interval: None,
+            ..LinkConfig::loopback()
+        })
+    }
+
+    /// An `Rtc` with one loopback socket as its host candidate.
+    async fn side(config: &LinkConfig) -> (Rtc, UdpSocket) {
+        let mut rtc = Rtc::builder()
+            .set_sctp_max_message_size(config.max_message_size)
+            .set_sctp_max_buffered_amount(config.flow.high_water)
+            .build(Instant::now());
+        let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        let host = Candidate::host(socket.local_addr().expect("addr"), "udp").expect("candidate");
+        rtc.add_local_candidate(host);
+        (rtc, socket)
+    }
+
+    fn setup(
+        rtc: Rtc,
+        socket: UdpSocket,
+        local: &str,
+        peer: &str,
+        pending_offer: Option<SdpPendingOffer>,
+        reports: mpsc::UnboundedSender<Report>,
+    ) -> Setup {
+        Setup {
+            rtc,
+            sockets: vec![socket],
+            peer: PeerId(peer.into()),
+            local_peer: PeerId(local.into()),
+            session: "s1".into(),
+            pending_offer,
+            config: config(),
+            reports,
+            stun_servers: Vec::new(),
+            turn_servers: Vec::new(),
+        }
+    }
+
+    /// The driver's `Up`, skipping candidates; panics on `Down`.
+    async fn up(reports: &mut mpsc::UnboundedReceiver<Report>) -> Link {
+        let wait = async {
+            loop {
+                match reports.recv().await {
+                    Some(Report::Up { link, .. }) => return link,
+                    Some(Report::LocalCandidate { .. }) => {}
+                    Some(Report::Down { error, .. }) => panic!("link down: {error}"),
+                    None => panic!("driver gone"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("up within 10 s")
+    }
+
+    /// The driver's `Down`, skipping the rest.
+    async fn down(reports: &mut mpsc::UnboundedReceiver<Report>) -> LinkError {
+        let wait = async {
+            loop {
+                match reports.recv().await {
+                    Some(Report::Down { error, .. }) => return error,
+                    Some(_) => {}
+                    None => panic!("driver gone without a report"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("down within 10 s")
+    }
+
+    struct Pair {
+        offerer: (DriverHandle, mpsc::UnboundedReceiver<Report>, Link),
+        answerer: (DriverHandle, mpsc::UnboundedReceiver<Report>, Link),
+    }
+
+    /// Two drivers linked over loopback, the SDP handed across directly
+    /// (what the mesh does through signaling).
+    async fn pair() -> Pair {
+        let config = config();
+        let (mut a, a_socket) = side(&config).await;
+        let (mut b, b_socket) = side(&config).await;
+        let mut change = a.sdp_api();
+        change.add_channel("cairn".into());
+        let (offer, pending) = change.apply().expect("an offer");
+        let answer = b.sdp_api().accept_offer(offer).expect("an answer");
+        let (a_tx, mut a_reports) = mpsc::unbounded_channel();
+        let (b_tx, mut b_reports) = mpsc::unbounded_channel();
+        let a = spawn(setup(a, a_socket, "a", "b", Some(pending), a_tx));
+        let b = spawn(setup(b, b_socket, "b", "a", None, b_tx));
+        assert!(a.control.send(Control::Answer(answer)).is_ok());
+        let a_link = up(&mut a_reports).await;
+        let b_link = up(&mut b_reports).await;
+        Pair {
+            offerer: (a, a_reports, a_link),
+            answerer: (b, b_reports, b_link),
+        }
+    }
+
+    fn text(s: &str) -> Message {
+        Message::Pause { reason: s.into() }
+    }
+
+    #[tokio::test]
+    async fn two_drivers_carry_messages_probes_and_stats_and_close_with_a_reason() {
+        let Pair {
+            offerer: (_a, mut a_reports, mut a),
+            answerer: (_b, mut b_reports, mut b),
+        } = pair().await;
+        assert_eq!(a.remote_hello().peer, "b");
+        assert_eq!(b.remote_hello().peer, "a");
+
+        let big = "y".repeat(200_000); // several frames
+        a.send(text("one")).await.expect("sent");
+        a.send(text(&big)).await.expect("sent");
+        b.send(text("back")).await.expect("sent");
+        assert_eq!(b.recv().await, Ok(text("one")));
+        assert_eq!(b.recv().await, Ok(text(&big)));
+        assert_eq!(a.recv().await, Ok(text("back")));
+
+        let rate = a.probe(256 * 1024).await.expect("probe acknowledged");
+        assert!(rate > 0.0);
+        let mut stats = a.stats_watch();
+        let measured = async {
+            loop {
+                stats.changed().await.expect("driver alive");
+                if stats.borrow().rtt.is_some() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), measured)
+            .await
+            .expect("an RTT within 5 s");
+        assert!(!a.stats().relayed, "host candidates only");
+
+        a.close("done");
+        assert!(matches!(b.recv().await, Err(LinkError::ClosedByPeer(r)) if r.contains("closed")));
+        assert!(matches!(
+            down(&mut b_reports).await,
+            LinkError::ClosedByPeer(_)
+        ));
+        assert_eq!(down(&mut a_reports).await, LinkError::Closed);
+        assert_eq!(a.send(text("late")).await, Err(LinkError::Closed));
+    }
+
+    #[tokio::test]
+    async fn a_blackholed_link_dies_of_its_heartbeat_on_both_ends() {
+        let Pair {
+            offerer: (_a, mut a_reports, mut a),
+            answerer: (b_handle, mut b_reports, _b),
+        } = pair().await;
+        assert!(b_handle.control.send(Control::Blackhole).is_ok());
+        let error = tokio::time::timeout(Duration::from_secs(10), a.recv())
+            .await
+            .expect("down within 10 s");
+        assert!(
+            matches!(error, Err(LinkError::HeartbeatTimeout(_))),
+            "{error:?}"
+        );
+        assert!(matches!(
+            down(&mut a_reports).await,
+            LinkError::HeartbeatTimeout(_)
+        ));
+        assert!(matches!(
+            down(&mut b_reports).await,
+            LinkError::HeartbeatTimeout(_)
+        ));
+    }
+}
