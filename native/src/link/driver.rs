@@ -248,6 +248,7 @@ impl Driver {
                 Wake::Transport(Arrival::Error(e)) => return Err(e.into()),
                 Wake::Transport(Arrival::Allocated(result)) => {
                     if let Some(c) = self.transport.on_allocated(result)? {
+                        info!(peer = %self.peer, candidate = %c.to_sdp_string(), "TURN relay allocated");
                         self.add_local_candidate(c);
                     }
                 }

@@ -16,7 +16,7 @@ use str0m::net::{Protocol, Receive, Transmit};
 use tokio::io::ReadBuf;
 use tokio::net::UdpSocket;
 use tokio::task::JoinError;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::LinkError;
 use super::gather::ReflexiveGathering;
@@ -376,7 +376,7 @@ impl Transport {
         };
         match Candidate::relayed(relay.relayed, relay.base, "udp") {
             Ok(c) => {
-                info!(server = %relay.server, relayed = %relay.relayed, "TURN relay allocated");
+                debug!(server = %relay.server, relayed = %relay.relayed, "TURN relay ready");
                 self.locals.push_relay(relay.relayed);
                 self.relays.push(relay);
                 Ok(Some(c))
