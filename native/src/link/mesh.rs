@@ -17,7 +17,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::driver::{self, Control, DriverHandle, Link, Report, Setup};
+use super::driver::{self, Control, DriverHandle, Report, Setup};
+use super::handle::Link;
 use super::signal_msg::{
     FINGERPRINT_META_KEY, ICE_META_KEY, SignalPayload, normalize_fingerprint, sdp_fingerprint,
     sdp_max_message_size,

@@ -9,27 +9,32 @@
 //!   with backpressure, answers pings, and publishes [`LinkStats`] (RTT,
 //!   jitter, loss, throughput) that the coordinator reads.
 //!
-//! WebRTC itself is `str0m` (sans-IO): each link is one tokio task that owns
-//! the `str0m::Rtc` and its UDP sockets, and feeds the link's
+//! WebRTC itself is `str0m` (sans-IO): each link is one tokio task
+//! (`driver.rs`) that owns the `str0m::Rtc` and feeds the link's
 //! `cairn_engine::session::Session` (hello, pings, heartbeat, probes, flow
-//! control, close: the same code as the browser's). See
+//! control, close: the same code as the browser's); its datagrams go
+//! through `transport.rs` (UDP sockets, TURN relays), and `app.rs` is its
+//! end of the application's channels (`handle.rs`: [`Link`], [`LinkSender`]). See
 //! `docs/architecture.md` ("Peer links") for why str0m, and
 //! `docs/protocol.md` for the wire format and the measured figures.
 
+mod app;
 mod config;
 mod driver;
 mod gather;
+mod handle;
 mod mesh;
 mod signal_msg;
 mod stats;
 mod stun;
+mod transport;
 mod turn;
 
 use cairn_engine::protocol::ProtocolError;
 use cairn_engine::session::SessionError;
 
 pub use config::{IceServer, IceTransportPolicy, LinkConfig};
-pub use driver::{Link, LinkSender};
+pub use handle::{Link, LinkSender};
 pub use mesh::{Mesh, MeshEvent};
 pub use signal_msg::{ICE_META_KEY, SignalPayload};
 pub use stats::LinkStats;
