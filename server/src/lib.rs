@@ -13,6 +13,7 @@ mod error;
 pub mod limits;
 pub mod mdns;
 pub mod protocol;
+mod quota;
 mod room;
 mod server;
 mod session;

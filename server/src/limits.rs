@@ -17,7 +17,16 @@ pub struct Limits {
     /// Plain HTTP connections (health checks, static files, upgrades in
     /// progress) served at once, on top of the WebSocket sessions.
     pub max_http_connections: usize,
-    /// Sustained messages per second one connection may send.
+    /// Plain HTTP connections one address may hold at once, so one client
+    /// cannot take every slot of `max_http_connections`.
+    pub max_http_connections_per_addr: usize,
+    /// WebSocket sessions one address may hold at once.
+    pub max_sessions_per_addr: usize,
+    /// WebSocket sessions one token may hold at once, so a leaked token
+    /// cannot fill a room.
+    pub max_sessions_per_token: usize,
+    /// Sustained messages per second one connection may send. A `meta`
+    /// update costs one message per peer it is sent to.
     pub messages_per_sec: u32,
     /// Messages a connection may send in a burst above the sustained rate.
     /// A client refused this many times in a row is disconnected.
@@ -29,7 +38,10 @@ pub struct Limits {
     /// A write to a client that does not complete in this time drops it.
     pub write_timeout: Duration,
     /// Messages queued towards one client before it counts as too slow and
-    /// is dropped.
+    /// is dropped. Messages from other peers may fill only part of it (see
+    /// [`Limits::peer_share`]); the rest is kept for the server's own
+    /// events, so a flood from peers can neither drop the reader nor crowd
+    /// out joins and leaves.
     pub send_queue: usize,
     /// Bytes queued towards one client before it counts as too slow: with
     /// `send_queue`, what bounds the server's memory per connection.
@@ -48,6 +60,9 @@ impl Default for Limits {
             max_peers_per_room: 256,
             max_connections: 10_000,
             max_http_connections: 1_024,
+            max_http_connections_per_addr: 64,
+            max_sessions_per_addr: 64,
+            max_sessions_per_token: 64,
             messages_per_sec: 200,
             message_burst: 400,
             ping_interval: Duration::from_secs(15),
@@ -62,6 +77,17 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// Messages one peer may have waiting in another's queue; more are
+    /// dropped and the sender is told.
+    pub(crate) fn peer_share(&self) -> usize {
+        (self.send_queue / 8).max(1)
+    }
+
+    /// Messages from all peers together that one queue may hold.
+    pub(crate) fn peers_room(&self) -> usize {
+        (self.send_queue - self.send_queue / 4).max(1)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), String> {
         let positive = [
             ("max_frame_bytes", self.max_frame_bytes),
@@ -69,6 +95,12 @@ impl Limits {
             ("max_peers_per_room", self.max_peers_per_room),
             ("max_connections", self.max_connections),
             ("max_http_connections", self.max_http_connections),
+            (
+                "max_http_connections_per_addr",
+                self.max_http_connections_per_addr,
+            ),
+            ("max_sessions_per_addr", self.max_sessions_per_addr),
+            ("max_sessions_per_token", self.max_sessions_per_token),
             ("messages_per_sec", self.messages_per_sec as usize),
             ("message_burst", self.message_burst as usize),
             ("send_queue", self.send_queue),
@@ -142,6 +174,18 @@ impl RateLimiter {
             self.refusals = 0;
             return Verdict::Allow;
         }
+        self.refuse()
+    }
+
+    /// Charges `extra` more messages for one already allowed (a `meta`
+    /// update sent on to many peers): the bucket may go into debt, down to
+    /// one burst, and refuses until it is paid back.
+    pub(crate) fn charge(&mut self, extra: usize) {
+        let extra = extra as f64;
+        self.tokens = (self.tokens - extra).max(-self.burst);
+    }
+
+    fn refuse(&mut self) -> Verdict {
         self.refusals = self.refusals.saturating_add(1);
         if self.refusals > self.max_refusals {
             Verdict::Disconnect
@@ -176,6 +220,27 @@ mod tests {
         assert_eq!(limiter.check(t0), Verdict::Refuse);
         let later = t0 + Duration::from_millis(150);
         assert_eq!(limiter.check(later), Verdict::Allow);
+    }
+
+    #[test]
+    fn fan_out_is_charged_to_the_sender() {
+        let t0 = Instant::now();
+        let mut limiter = RateLimiter::new(10, 20, t0);
+        assert_eq!(limiter.check(t0), Verdict::Allow);
+        // One update sent on to 30 peers: 30 messages, 29 of them on top.
+        limiter.charge(29);
+        assert_eq!(limiter.check(t0), Verdict::Refuse);
+        // In debt by 10 (20 - 30), so a second later the bucket holds none
+        // of its own yet...
+        assert_eq!(
+            limiter.check(t0 + Duration::from_millis(1050)),
+            Verdict::Refuse
+        );
+        // ...and two seconds later it is paid back and serving again.
+        assert_eq!(
+            limiter.check(t0 + Duration::from_secs(2) + Duration::from_millis(100)),
+            Verdict::Allow
+        );
     }
 
     #[test]

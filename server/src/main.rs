@@ -135,7 +135,16 @@ struct LimitArgs {
     max_connections: usize,
     #[arg(long, default_value_t = Limits::default().max_http_connections)]
     max_http_connections: usize,
-    /// Sustained messages per second per connection.
+    /// Plain HTTP connections one address may hold at once.
+    #[arg(long, default_value_t = Limits::default().max_http_connections_per_addr)]
+    max_http_connections_per_addr: usize,
+    /// WebSocket sessions one address may hold at once.
+    #[arg(long, default_value_t = Limits::default().max_sessions_per_addr)]
+    max_sessions_per_addr: usize,
+    /// WebSocket sessions one token may hold at once.
+    #[arg(long, default_value_t = Limits::default().max_sessions_per_token)]
+    max_sessions_per_token: usize,
+    /// Sustained messages per second per connection (a meta update costs one per peer it reaches).
     #[arg(long, default_value_t = Limits::default().messages_per_sec)]
     rate: u32,
     /// Burst above the sustained rate.
@@ -165,6 +174,9 @@ impl From<&LimitArgs> for Limits {
             max_peers_per_room: a.max_peers_per_room,
             max_connections: a.max_connections,
             max_http_connections: a.max_http_connections,
+            max_http_connections_per_addr: a.max_http_connections_per_addr,
+            max_sessions_per_addr: a.max_sessions_per_addr,
+            max_sessions_per_token: a.max_sessions_per_token,
             messages_per_sec: a.rate,
             message_burst: a.burst,
             ping_interval: Duration::from_secs(a.ping_secs),

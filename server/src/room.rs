@@ -15,6 +15,7 @@ use rand::RngCore as _;
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, watch};
 
+use crate::limits::Limits;
 use crate::protocol::{Outgoing, PeerId, PeerInfoRef, close_code};
 use crate::token::{MAX_TTL, Role, unix_now};
 
@@ -54,31 +55,73 @@ struct Peer {
     kick: watch::Sender<Option<Kick>>,
 }
 
+/// One queued message, with the peer it counts against (none for the
+/// server's own events).
+pub(crate) struct Queued {
+    from: Option<PeerId>,
+    text: Utf8Bytes,
+}
+
+/// Messages each sender has waiting in one queue.
+type Shares = Arc<Mutex<HashMap<PeerId, usize>>>;
+
 /// The hub's end of a session's queue, bounded in messages and in bytes so
 /// a client that stops reading costs the server a known amount of memory.
+/// Other peers' messages may fill only part of it, each sender a small
+/// share, so a peer that floods another costs the flooder, never the
+/// reader or the server's own events.
 struct Outbox {
-    tx: mpsc::Sender<Utf8Bytes>,
+    tx: mpsc::Sender<Queued>,
     bytes: Arc<AtomicUsize>,
     max_bytes: usize,
+    shares: Shares,
+    /// Messages one sender may have waiting here.
+    share: usize,
+    /// Messages from all senders together.
+    peers_room: usize,
 }
 
 enum Push {
     Queued,
     Full,
+    /// A sender's message over its share, or over the part of the queue
+    /// left to peers: dropped, and the reader stays.
+    Busy,
     Closed,
 }
 
 impl Outbox {
     /// Callers hold the hub lock, so the check and the add are one step.
-    fn push(&self, message: Utf8Bytes) -> Push {
+    fn push(&self, from: Option<&PeerId>, message: Utf8Bytes) -> Push {
         let len = message.len();
-        if self.bytes.load(Ordering::Acquire) + len > self.max_bytes {
+        let bytes = self.bytes.load(Ordering::Acquire);
+        let mut shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(from) = from {
+            let waiting = self.tx.max_capacity() - self.tx.capacity();
+            let mine = shares.get(from).copied().unwrap_or(0);
+            if mine >= self.share
+                || waiting >= self.peers_room
+                || bytes + len > self.max_bytes / 4 * 3
+            {
+                return Push::Busy;
+            }
+        }
+        if bytes + len > self.max_bytes {
             return Push::Full;
         }
         // Counted before sending so the session's subtraction cannot run first.
         self.bytes.fetch_add(len, Ordering::AcqRel);
-        match self.tx.try_send(message) {
-            Ok(()) => Push::Queued,
+        let queued = Queued {
+            from: from.cloned(),
+            text: message,
+        };
+        match self.tx.try_send(queued) {
+            Ok(()) => {
+                if let Some(from) = from {
+                    *shares.entry(from.clone()).or_insert(0) += 1;
+                }
+                Push::Queued
+            }
             Err(error) => {
                 self.bytes.fetch_sub(len, Ordering::AcqRel);
                 match error {
@@ -92,16 +135,26 @@ impl Outbox {
 
 /// The session's end of its queue.
 pub(crate) struct Inbox {
-    rx: mpsc::Receiver<Utf8Bytes>,
+    rx: mpsc::Receiver<Queued>,
     bytes: Arc<AtomicUsize>,
+    shares: Shares,
 }
 
 impl Inbox {
-    /// Cancel-safe: the count is updated in the same poll that takes the message.
+    /// Cancel-safe: the counts are updated in the same poll that takes the message.
     pub(crate) async fn recv(&mut self) -> Option<Utf8Bytes> {
-        let message = self.rx.recv().await?;
-        self.bytes.fetch_sub(message.len(), Ordering::AcqRel);
-        Some(message)
+        let Queued { from, text } = self.rx.recv().await?;
+        self.bytes.fetch_sub(text.len(), Ordering::AcqRel);
+        if let Some(from) = from {
+            let mut shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(n) = shares.get_mut(&from) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    shares.remove(&from);
+                }
+            }
+        }
+        Some(text)
     }
 }
 
@@ -131,6 +184,8 @@ pub(crate) struct Hub {
     max_peers_per_room: usize,
     send_queue: usize,
     send_queue_bytes: usize,
+    peer_share: usize,
+    peers_room: usize,
     revocations_file: Option<PathBuf>,
 }
 
@@ -187,17 +242,16 @@ pub(crate) struct Joined {
 pub(crate) enum RelayError {
     ToSelf,
     UnknownPeer,
-    /// The target's queue was full: it has been dropped as too slow.
-    TargetTooSlow,
+    /// The target holds as many of the sender's messages as it may: this
+    /// one was dropped.
+    TargetBusy,
     /// The sender itself is no longer in the room.
     NotJoined,
 }
 
 impl Hub {
     pub(crate) fn new(
-        max_peers_per_room: usize,
-        send_queue: usize,
-        send_queue_bytes: usize,
+        limits: &Limits,
         revocations_file: Option<PathBuf>,
     ) -> std::io::Result<Arc<Self>> {
         let mut state = State::default();
@@ -206,9 +260,11 @@ impl Hub {
         }
         Ok(Arc::new(Self {
             state: Mutex::new(state),
-            max_peers_per_room,
-            send_queue,
-            send_queue_bytes,
+            max_peers_per_room: limits.max_peers_per_room,
+            send_queue: limits.send_queue,
+            send_queue_bytes: limits.send_queue_bytes,
+            peer_share: limits.peer_share(),
+            peers_room: limits.peers_room(),
             revocations_file,
         }))
     }
@@ -286,16 +342,20 @@ impl Hub {
         }
         .encode();
         let announcement = Outgoing::PeerJoined { peer: &info }.encode();
-        let slow = broadcast(room, &announcement, None);
+        let slow = broadcast(room, &announcement);
 
         let (tx, rx) = mpsc::channel(self.send_queue);
         let bytes = Arc::new(AtomicUsize::new(0));
+        let shares = Shares::default();
         let tx = Outbox {
             tx,
             bytes: Arc::clone(&bytes),
             max_bytes: self.send_queue_bytes,
+            shares: Arc::clone(&shares),
+            share: self.peer_share,
+            peers_room: self.peers_room,
         };
-        let outbox = Inbox { rx, bytes };
+        let outbox = Inbox { rx, bytes, shares };
         let (kick, kicked) = watch::channel(None);
         room.peers.insert(
             peer_id.clone(),
@@ -329,7 +389,7 @@ impl Hub {
         to: &PeerId,
         message: Utf8Bytes,
     ) -> Result<(), RelayError> {
-        let mut state = self.lock();
+        let state = self.lock();
         let Some(room) = state.rooms.get(room_name) else {
             return Err(RelayError::NotJoined);
         };
@@ -342,30 +402,39 @@ impl Hub {
         let Some(target) = room.peers.get(to) else {
             return Err(RelayError::UnknownPeer);
         };
-        match target.tx.push(message) {
+        match target.tx.push(Some(from), message) {
             Push::Queued => Ok(()),
             Push::Closed => Err(RelayError::UnknownPeer),
-            Push::Full => {
-                evict(&mut state, room_name, vec![(to.clone(), KICK_TOO_SLOW)]);
-                Err(RelayError::TargetTooSlow)
-            }
+            // Peers' messages never fill the whole queue, so this is the
+            // byte bound of a reader that stopped: the same as `Busy` for
+            // the sender, and the reader's write timeout ends it.
+            Push::Busy | Push::Full => Err(RelayError::TargetBusy),
         }
     }
 
     /// Replaces a peer's advertised meta (a compact JSON object) and tells
-    /// the others with `peer-meta`.
-    pub(crate) fn set_meta(&self, room_name: &str, peer_id: &PeerId, meta: &RawValue) {
+    /// the others with `peer-meta`. Returns how many it was sent to: the
+    /// sender pays for each. A peer already holding its share of the
+    /// sender's messages misses this update (it sees the newest meta in the
+    /// next one, or in the welcome of a later join).
+    pub(crate) fn set_meta(&self, room_name: &str, peer_id: &PeerId, meta: &RawValue) -> usize {
         let mut state = self.lock();
         let Some(room) = state.rooms.get_mut(room_name) else {
-            return;
+            return 0;
         };
         let Some(peer) = room.peers.get_mut(peer_id) else {
-            return;
+            return 0;
         };
         peer.info = peer_info(peer_id, peer.role, meta);
         let update = Outgoing::PeerMeta { peer: &peer.info }.encode();
-        let slow = broadcast(room, &update, Some(peer_id));
-        evict(&mut state, room_name, slow);
+        let mut sent = 0;
+        for (id, other) in &room.peers {
+            if id != peer_id && matches!(other.tx.push(Some(peer_id), update.clone()), Push::Queued)
+            {
+                sent += 1;
+            }
+        }
+        sent
     }
 
     /// Refuses token `token_id` from now on and drops its live sessions.
@@ -440,15 +509,12 @@ fn peer_info(peer_id: &PeerId, role: Role, meta: &RawValue) -> Box<RawValue> {
     RawValue::from_string(json).unwrap_or_else(|_| unreachable!("serde_json output is JSON"))
 }
 
-/// Queues `message` for everyone in `room` but `except`; returns the peers
-/// whose queues were full.
-fn broadcast(room: &Room, message: &Utf8Bytes, except: Option<&PeerId>) -> Vec<(PeerId, Kick)> {
+/// Queues one of the server's own events for everyone in `room`; returns
+/// the peers whose queues were full.
+fn broadcast(room: &Room, message: &Utf8Bytes) -> Vec<(PeerId, Kick)> {
     let mut slow = Vec::new();
     for (peer_id, peer) in &room.peers {
-        if Some(peer_id) == except {
-            continue;
-        }
-        if let Push::Full = peer.tx.push(message.clone()) {
+        if let Push::Full = peer.tx.push(None, message.clone()) {
             slow.push((peer_id.clone(), KICK_TOO_SLOW));
         }
     }
@@ -468,7 +534,7 @@ fn evict(state: &mut State, room_name: &str, first: Vec<(PeerId, Kick)>) {
         };
         peer.kick.send_replace(Some(kick));
         let left = Outgoing::PeerLeft { peer_id: &peer_id }.encode();
-        work.extend(broadcast(room, &left, None));
+        work.extend(broadcast(room, &left));
     }
     if room.is_unused() {
         state.rooms.remove(room_name);
@@ -527,7 +593,30 @@ mod tests {
     use super::*;
 
     fn hub(max: usize, queue: usize) -> Arc<Hub> {
-        Hub::new(max, queue, 1 << 20, None).unwrap()
+        let limits = Limits {
+            max_peers_per_room: max,
+            send_queue: queue,
+            ..Limits::default()
+        };
+        Hub::new(&limits, None).unwrap()
+    }
+
+    fn join(hub: &Arc<Hub>, token: &str) -> Joined {
+        hub.join(hub.reserve("r").unwrap(), Role::Worker, token)
+            .unwrap()
+    }
+
+    fn recv(inbox: &mut Inbox) -> Option<Utf8Bytes> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_millis(10), inbox.recv())
+                .await
+                .ok()
+                .flatten()
+        })
     }
 
     #[test]
@@ -543,9 +632,7 @@ mod tests {
     #[test]
     fn leaving_empties_and_removes_the_room() {
         let hub = hub(4, 8);
-        let joined = hub
-            .join(hub.reserve("r").unwrap(), Role::Worker, "t")
-            .unwrap();
+        let joined = join(&hub, "t");
         assert_eq!(hub.peer_count(), 1);
         drop(joined);
         assert_eq!(hub.peer_count(), 0);
@@ -553,30 +640,69 @@ mod tests {
     }
 
     #[test]
-    fn full_queue_evicts_the_slow_peer() {
-        let hub = hub(4, 1);
-        let a = hub
-            .join(hub.reserve("r").unwrap(), Role::Worker, "a")
-            .unwrap();
-        let b = hub
-            .join(hub.reserve("r").unwrap(), Role::Worker, "b")
-            .unwrap();
-        // `a` holds one unread `peer-joined` already: its queue is full.
-        let msg: Utf8Bytes = "{}".into();
+    fn a_flooding_sender_costs_itself_not_the_reader() {
+        // A queue of 16: each sender may have 2 waiting, all senders 12.
+        let hub = hub(8, 16);
+        let mut a = join(&hub, "a");
+        let b = join(&hub, "b");
+        let c = join(&hub, "c");
+        let msg = || Utf8Bytes::from("{}");
+        for _ in 0..2 {
+            assert_eq!(hub.relay("r", &b.peer_id, &a.peer_id, msg()), Ok(()));
+        }
         assert_eq!(
-            hub.relay("r", &b.peer_id, &a.peer_id, msg),
-            Err(RelayError::TargetTooSlow)
+            hub.relay("r", &b.peer_id, &a.peer_id, msg()),
+            Err(RelayError::TargetBusy),
+            "over the sender's share"
         );
+        assert_eq!(*a.kicked.borrow(), None, "the reader stays");
+        assert_eq!(
+            hub.relay("r", &c.peer_id, &a.peer_id, msg()),
+            Ok(()),
+            "another sender still gets through"
+        );
+        // `a` reads: two `peer-joined`, then b's messages free b's share.
+        for _ in 0..3 {
+            assert!(recv(&mut a.outbox).is_some());
+        }
+        assert_eq!(hub.relay("r", &b.peer_id, &a.peer_id, msg()), Ok(()));
+        assert_eq!(hub.peer_count(), 3);
+    }
+
+    #[test]
+    fn meta_skips_readers_holding_the_senders_share_and_counts_the_rest() {
+        let hub = hub(8, 16);
+        let a = join(&hub, "a");
+        let _b = join(&hub, "b");
+        let c = join(&hub, "c");
+        let meta = RawValue::from_string("{\"x\":1}".into()).unwrap();
+        assert_eq!(hub.set_meta("r", &a.peer_id, &meta), 2);
+        assert_eq!(hub.set_meta("r", &a.peer_id, &meta), 2);
+        // b and c each hold two of a's messages now.
+        assert_eq!(hub.set_meta("r", &a.peer_id, &meta), 0);
+        assert_eq!(*c.kicked.borrow(), None);
+        assert_eq!(hub.peer_count(), 3);
+    }
+
+    #[test]
+    fn a_reader_too_slow_for_the_servers_own_events_is_dropped() {
+        // A queue of 2, all of it open to the server's `peer-joined` events.
+        let hub = hub(8, 2);
+        let a = join(&hub, "a");
+        let mut b = join(&hub, "b");
+        let _c = join(&hub, "c");
+        assert_eq!(*a.kicked.borrow(), None, "two events fit");
+        // b reads; a does not.
+        while recv(&mut b.outbox).is_some() {}
+        let _d = join(&hub, "d");
         assert_eq!(*a.kicked.borrow(), Some(KICK_TOO_SLOW));
-        assert_eq!(hub.peer_count(), 1);
+        assert_eq!(hub.peer_count(), 3);
     }
 
     #[test]
     fn revocation_kicks_and_blocks_rejoin() {
         let hub = hub(4, 8);
-        let a = hub
-            .join(hub.reserve("r").unwrap(), Role::Worker, "tok")
-            .unwrap();
+        let a = join(&hub, "tok");
         assert_eq!(hub.revoke("tok"), 1);
         assert_eq!(*a.kicked.borrow(), Some(KICK_REVOKED));
         assert!(

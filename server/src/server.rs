@@ -21,12 +21,17 @@ use tracing::{debug, info, warn};
 use crate::config::{MdnsMode, SignalConfig, TlsMode};
 use crate::limits::Limits;
 use crate::mdns::Announcement;
+use crate::quota::Quota;
 use crate::room::Hub;
 use crate::token::Secret;
 use crate::{SignalError, admin, session, static_files, tls};
 
 /// How long `shutdown` waits for sessions and connections to finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The address of the client a request came from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Remote(pub IpAddr);
 
 /// What every request handler shares.
 pub(crate) struct AppState {
@@ -35,6 +40,9 @@ pub(crate) struct AppState {
     pub hub: Arc<Hub>,
     /// One permit per WebSocket session.
     pub sessions: Arc<Semaphore>,
+    /// WebSocket sessions per client address and per token id.
+    pub sessions_per_addr: Quota<IpAddr>,
+    pub sessions_per_token: Quota<String>,
     pub tracker: TaskTracker,
 }
 
@@ -78,12 +86,7 @@ impl Server {
                 dir.display()
             )));
         }
-        let hub = Hub::new(
-            limits.max_peers_per_room,
-            limits.send_queue,
-            limits.send_queue_bytes,
-            revocations_file,
-        )?;
+        let hub = Hub::new(&limits, revocations_file)?;
         let listener = bind_listener(listen).map_err(|source| SignalError::Bind {
             addr: listen,
             source,
@@ -93,6 +96,8 @@ impl Server {
         let state = Arc::new(AppState {
             secret,
             sessions: Arc::new(Semaphore::new(limits.max_connections)),
+            sessions_per_addr: Quota::new(limits.max_sessions_per_addr),
+            sessions_per_token: Quota::new(limits.max_sessions_per_token),
             limits: limits.clone(),
             hub,
             tracker: tracker.clone(),
@@ -283,6 +288,7 @@ async fn accept_loop(
     // WebSocket sessions hold their own permits once upgraded, so this
     // bounds only connections still speaking HTTP.
     let http_slots = Arc::new(Semaphore::new(limits.max_http_connections));
+    let per_addr = Quota::new(limits.max_http_connections_per_addr);
     loop {
         let (tcp, remote) = tokio::select! {
             () = stop.cancelled() => break,
@@ -296,18 +302,24 @@ async fn accept_loop(
                 }
             },
         };
+        let Some(mine) = per_addr.take(remote.ip()) else {
+            debug!(%remote, "too many HTTP connections from this address; closing this one");
+            continue;
+        };
         let Ok(permit) = Arc::clone(&http_slots).try_acquire_owned() else {
             debug!(%remote, "too many HTTP connections; closing this one");
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let router = router.clone();
+        // Handlers see who they serve (sessions are counted per address).
+        let router = router.clone().layer(axum::Extension(Remote(remote.ip())));
         let tls = tls.clone();
         let stop = stop.clone();
         let timeout = limits.handshake_timeout;
         tracker.spawn(async move {
             serve_tcp(tcp, router, tls, timeout, stop).await;
             drop(permit);
+            drop(mine);
         });
     }
 }

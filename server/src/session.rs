@@ -2,9 +2,11 @@
 //! WebSocket session that reads the client, writes its queue, pings it and
 //! enforces the per-connection limits.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
@@ -19,8 +21,9 @@ use tracing::{Instrument as _, debug, info, info_span};
 
 use crate::limits::{RateLimiter, Verdict};
 use crate::protocol::{Incoming, Outgoing, PeerId, close_code};
+use crate::quota;
 use crate::room::{Joined, Kick, RelayError, Reservation};
-use crate::server::AppState;
+use crate::server::{AppState, Remote};
 use crate::token::{Claims, Role, valid_room, verify};
 
 const KICK_IDLE: Kick = Kick {
@@ -51,6 +54,7 @@ fn refuse(status: StatusCode, reason: &'static str) -> Response {
 
 pub(crate) async fn ws_handler(
     State(app): State<Arc<AppState>>,
+    remote: Option<Extension<Remote>>,
     Query(params): Query<JoinParams>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
@@ -81,11 +85,36 @@ pub(crate) async fn ws_handler(
         Ok(upgrade) => upgrade,
         Err(rejection) => return rejection.into_response(),
     };
+    // A leaked token or one busy address can hold only its share of the
+    // server's sessions and of a room.
+    let by_addr = match remote {
+        Some(Extension(Remote(ip))) => match app.sessions_per_addr.take(ip) {
+            Some(held) => Some(held),
+            None => {
+                return refuse(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many sessions from this address",
+                );
+            }
+        },
+        None => None,
+    };
+    let Some(by_token) = app.sessions_per_token.take(claims.jti.clone()) else {
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many sessions with this token",
+        );
+    };
     let Ok(permit) = Arc::clone(&app.sessions).try_acquire_owned() else {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "server at its connection limit",
         );
+    };
+    let held = Held {
+        _permit: permit,
+        _by_addr: by_addr,
+        _by_token: by_token,
     };
     let Some(reservation) = app.hub.reserve(&room) else {
         return refuse(StatusCode::FORBIDDEN, "room is full");
@@ -97,7 +126,7 @@ pub(crate) async fn ws_handler(
         .max_message_size(limits.max_frame_bytes)
         .max_frame_size(limits.max_frame_bytes)
         .on_failed_upgrade(|error| debug!(%error, "WebSocket upgrade failed"))
-        .on_upgrade(move |socket| run(app, socket, claims, reservation, permit))
+        .on_upgrade(move |socket| run(app, socket, claims, reservation, held))
 }
 
 async fn run(
@@ -105,7 +134,7 @@ async fn run(
     mut socket: WebSocket,
     claims: Claims,
     reservation: Reservation,
-    permit: OwnedSemaphorePermit,
+    held: Held,
 ) {
     let _tracked = app.tracker.token();
     let joined = match app.hub.join(reservation, claims.role, &claims.jti) {
@@ -125,7 +154,14 @@ async fn run(
     .serve(socket, joined, &claims)
     .instrument(span)
     .await;
-    drop(permit);
+    drop(held);
+}
+
+/// What a session holds of the server's limits while it lives.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    _by_addr: Option<quota::Held<IpAddr>>,
+    _by_token: quota::Held<String>,
 }
 
 struct Session {
@@ -245,19 +281,19 @@ impl Session {
             Message::Ping(_) | Message::Pong(_) => Next::Continue,
             _ if over_rate => error("rate limit exceeded: message dropped"),
             Message::Binary(_) => error("binary frames are not supported: send JSON text"),
-            Message::Text(text) => self.handle_text(&text),
+            Message::Text(text) => self.handle_text(&text, limiter),
             Message::Close(_) => Next::Gone,
         }
     }
 
-    fn handle_text(&self, text: &str) -> Next {
+    fn handle_text(&self, text: &str, limiter: &mut RateLimiter) -> Next {
         let incoming: Incoming<'_> = match serde_json::from_str(text) {
             Ok(incoming) => incoming,
             Err(e) => return error(&format!("malformed message: {e}")),
         };
         match incoming.kind.as_deref() {
             Some("signal") => self.relay(incoming.to, incoming.data),
-            Some("meta") => self.set_meta(incoming.meta),
+            Some("meta") => self.set_meta(incoming.meta, limiter),
             Some(other) => error(&format!("unknown message type '{}'", clip(other))),
             None => error("message has no 'type'"),
         }
@@ -276,15 +312,15 @@ impl Session {
             Ok(()) => Next::Continue,
             Err(RelayError::ToSelf) => error("cannot signal yourself"),
             Err(RelayError::UnknownPeer) => error(&format!("unknown peer '{}'", clip(to.as_str()))),
-            Err(RelayError::TargetTooSlow) => error(&format!(
-                "peer '{to}' was not reading its messages and has been dropped"
+            Err(RelayError::TargetBusy) => error(&format!(
+                "peer '{to}' has too many of your messages waiting: message dropped"
             )),
             // Our own kick is on its way.
             Err(RelayError::NotJoined) => Next::Continue,
         }
     }
 
-    fn set_meta(&self, meta: Option<&RawValue>) -> Next {
+    fn set_meta(&self, meta: Option<&RawValue>, limiter: &mut RateLimiter) -> Next {
         let Some(meta) = meta else {
             return error("meta needs 'meta'");
         };
@@ -309,7 +345,10 @@ impl Session {
                 compact.get().len()
             ));
         }
-        self.app.hub.set_meta(&self.room, &self.peer_id, &compact);
+        let sent = self.app.hub.set_meta(&self.room, &self.peer_id, &compact);
+        // Each copy costs the sender, so an update fanned out to a full
+        // room is worth as many messages as it makes.
+        limiter.charge(sent.saturating_sub(1));
         Next::Continue
     }
 }

@@ -1007,3 +1007,199 @@ async fn mdns_inside_namespace() {
     server.shutdown().await;
     println!("MDNS-OK");
 }
+
+/// A raw WebSocket handshake from the local address `from` (any of
+/// 127.0.0.0/8 reaches the server on Linux).
+async fn raw_from(server: &Server, query: &str, from: &str) -> Result<Ws, tungstenite::Error> {
+    let addr = server.local_addr();
+    let request = format!("ws://{addr}/ws?{query}").into_client_request()?;
+    let tcp = connect_from(addr, from).await;
+    let (ws, _) = tokio_tungstenite::client_async(request, tcp).await?;
+    Ok(ws)
+}
+
+async fn connect_from(addr: SocketAddr, from: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Whether the server still serves `ws`: a bad message gets its error.
+async fn still_served(ws: &mut Ws) -> bool {
+    send_json(ws, json!({"type": "nope"})).await;
+    loop {
+        let value = next_json(ws).await;
+        if value["type"] == "error" {
+            return value["message"] == "unknown message type 'nope'";
+        }
+    }
+}
+
+/// Reads whatever is waiting, until the connection is quiet for 200 ms.
+async fn drain(ws: &mut Ws) -> Vec<Value> {
+    let mut out = Vec::new();
+    while let Ok(Some(Ok(frame))) =
+        tokio::time::timeout(Duration::from_millis(200), ws.next()).await
+    {
+        if let Message::Text(text) = frame {
+            out.push(serde_json::from_str(&text).unwrap());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_signal_flood_costs_the_flooder_not_its_target() {
+    // The default limits: a queue of 256 per reader, 32 of it per sender.
+    let server = start(config()).await;
+    let (mut target, target_id) = join(&server, "lab").await;
+    let (mut flooder, _) = join(&server, "lab").await;
+    let (mut other, _) = join(&server, "lab").await;
+    assert_eq!(next_json(&mut flooder).await["type"], "peer-joined");
+    // 400 signals in a burst (within the flooder's rate budget) while the
+    // target reads nothing: enough to overflow its whole queue before.
+    let signal = json!({"type": "signal", "to": target_id.0, "data": "x"}).to_string();
+    for _ in 0..400 {
+        flooder.send(Message::text(signal.clone())).await.unwrap();
+    }
+    let replies = drain(&mut flooder).await;
+    let busy = replies
+        .iter()
+        .filter(|m| {
+            m["message"]
+                .as_str()
+                .is_some_and(|t| t.contains("has too many of your messages waiting"))
+        })
+        .count();
+    let got = drain(&mut target).await;
+    let signals = got.iter().filter(|m| m["type"] == "signal").count();
+    // The target's session keeps moving its queue into the socket, so how
+    // many get through depends on timing; none is lost without a word.
+    assert!(
+        busy >= 1,
+        "the flooder is told when its messages are dropped"
+    );
+    assert_eq!(signals + busy, 400, "each signal delivered or refused");
+    assert!(got.iter().all(|m| m["type"] != "peer-left"), "{got:?}");
+    assert!(still_served(&mut target).await);
+    // Another peer's signal still reaches the target.
+    send_json(
+        &mut other,
+        json!({"type": "signal", "to": target_id.0, "data": "hi"}),
+    )
+    .await;
+    loop {
+        let m = next_json(&mut target).await;
+        if m["type"] == "signal" && m["data"] == "hi" {
+            break;
+        }
+    }
+    assert_eq!(server.peer_count(), 3);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_meta_flood_costs_the_flooder_not_the_room() {
+    let server = start(config()).await;
+    let mut calm = Vec::new();
+    for _ in 0..4 {
+        calm.push(join(&server, "lab").await.0);
+    }
+    let (mut flooder, _) = join(&server, "lab").await;
+    // Updates as fast as the socket takes them, each fanned out to four
+    // peers that read nothing meanwhile; the default budget is 400 messages
+    // at once and 200 a second.
+    for i in 0..2000 {
+        let meta = json!({"type": "meta", "meta": {"n": i}}).to_string();
+        if flooder.send(Message::text(meta)).await.is_err() {
+            break;
+        }
+    }
+    let (code, reason, _) = closed(&mut flooder).await;
+    assert_eq!(
+        (code, reason.as_str()),
+        (1008, "message rate limit exceeded")
+    );
+    for ws in &mut calm {
+        let got = drain(ws).await;
+        let metas = got.iter().filter(|m| m["type"] == "peer-meta").count();
+        // Each update is charged four messages: about 100 fit the burst.
+        assert!(
+            metas <= 150,
+            "the fan-out was charged to the flooder: {metas} updates reached one peer"
+        );
+        assert!(still_served(ws).await);
+    }
+    assert_eq!(server.peer_count(), 4);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_address_cannot_take_every_http_connection() {
+    let server = start(with_limits(Limits {
+        max_http_connections: 16,
+        max_http_connections_per_addr: 8,
+        handshake_timeout: Duration::from_secs(30),
+        ..Limits::default()
+    }))
+    .await;
+    let addr = server.local_addr();
+    // Idle connections that never send a request, from one address.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(connect_from(addr, "127.0.0.2").await);
+    }
+    // Let the server accept them all before the next one.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut ninth = connect_from(addr, "127.0.0.2").await;
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(WAIT, ninth.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "a ninth connection from the same address is closed at once"
+    );
+    // Everyone else is served.
+    assert_eq!(http_get(addr, "/healthz").await, (200, "ok\n".into()));
+    drop(held);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn sessions_are_capped_per_token_and_per_address() {
+    let server = start(with_limits(Limits {
+        max_sessions_per_token: 2,
+        max_sessions_per_addr: 3,
+        ..Limits::default()
+    }))
+    .await;
+    let shared = worker_token(&server, "lab");
+    let query = format!("room=lab&token={shared}");
+    let _a = raw(&server, &query).await.unwrap();
+    let _b = raw(&server, &query).await.unwrap();
+    assert_eq!(
+        refusal(&server, &query).await,
+        (429, "too many sessions with this token".into())
+    );
+    // Fresh tokens from one other address: three sessions, not four.
+    let mut from_two = Vec::new();
+    for _ in 0..3 {
+        let q = format!("room=lab&token={}", worker_token(&server, "lab"));
+        from_two.push(raw_from(&server, &q, "127.0.0.2").await.unwrap());
+    }
+    let q = format!("room=lab&token={}", worker_token(&server, "lab"));
+    match raw_from(&server, &q, "127.0.0.2").await {
+        Err(tungstenite::Error::Http(response)) => assert_eq!(response.status().as_u16(), 429),
+        other => panic!("a fourth session from one address: {other:?}"),
+    }
+    // The other address still joins.
+    let (mut ws, _) = join(&server, "lab").await;
+    assert!(still_served(&mut ws).await);
+    // A session that ends gives its place back.
+    drop(from_two.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let q = format!("room=lab&token={}", worker_token(&server, "lab"));
+    assert!(raw_from(&server, &q, "127.0.0.2").await.is_ok());
+    server.shutdown().await;
+}
