@@ -47,6 +47,7 @@ fn synthetic_spec() -> TokenizerSpec {
         token_types,
         merges,
         tokens,
+        ..Default::default()
     }
 }
 
@@ -125,18 +126,31 @@ fn out_of_range_ids_are_errors() {
 #[test]
 fn unsupported_models_and_pre_tokenizers_are_named() {
     let mut spec = synthetic_spec();
-    spec.model = "llama".into();
+    spec.model = "bert".into();
     let e = Tokenizer::from_spec(&spec).unwrap_err();
-    assert!(e.to_string().contains("'llama'"), "{e}");
+    assert!(e.to_string().contains("'bert'"), "{e}");
     assert!(e.to_string().contains("SentencePiece"), "{e}");
 
     let mut spec = synthetic_spec();
-    spec.pre = "qwen2".into();
+    spec.pre = "tekken".into();
     let e = Tokenizer::from_spec(&spec).unwrap_err();
-    assert!(matches!(e, TokenizerError::UnsupportedPreTokenizer(ref p) if p == "qwen2"));
-    assert!(e.to_string().contains("'qwen2'"), "{e}");
+    assert!(matches!(e, TokenizerError::UnsupportedPreTokenizer(ref p) if p == "tekken"));
+    assert!(e.to_string().contains("'tekken'"), "{e}");
+    assert!(e.to_string().contains("qwen2"), "{e}");
 
-    for pre in ["", "default", "gpt-2", "llama-bpe", "llama3", "smollm"] {
+    for pre in [
+        "",
+        "default",
+        "gpt-2",
+        "llama-bpe",
+        "llama3",
+        "smollm",
+        "qwen2",
+        "qwen35",
+        "deepseek-llm",
+        "deepseek-coder",
+        "falcon",
+    ] {
         let mut spec = synthetic_spec();
         spec.pre = pre.into();
         Tokenizer::from_spec(&spec).unwrap();
