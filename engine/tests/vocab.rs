@@ -28,10 +28,11 @@ const CLAIMED: &[&str] = &[
     "refact",
     "command-r",
     "mpt",
+    "gemma-4",
 ];
 
 /// Shipped vocabularies Cairn does not tokenize, each with the name its error must carry.
-const REFUSED: &[(&str, &str)] = &[("bert-bge", "'bert'")];
+const REFUSED: &[(&str, &str)] = &[("bert-bge", "'bert'"), ("nomic-bert-moe", "'t5'")];
 
 fn vocab_dir() -> Option<PathBuf> {
     let dir = match std::env::var_os("CAIRN_VOCAB_DIR") {

@@ -162,6 +162,16 @@ enum Model {
     /// SentencePiece: spaces as `▁`, one leading `▁` at the start and after each special
     /// token when `add_space_prefix`, then score-ordered merges over the whole fragment.
     Spm { spm: Spm, add_space_prefix: bool },
+    /// Gemma 4's BPE over raw UTF-8 (`tokenizer.ggml.model = gemma4`): spaces as `▁`, text
+    /// cut only between newline runs and the rest, rank-ordered merges, `<0xXX>` byte fallback.
+    RawBpe { bpe: BPE },
+}
+
+/// The `tokenizer.ggml.model` families, before their models are built.
+enum Family {
+    ByteBpe(PreType),
+    Spm,
+    RawBpe,
 }
 
 /// A tokenizer for one model: encoding, decoding, and its chat template.
@@ -203,10 +213,11 @@ enum Fragment {
 
 impl Tokenizer {
     pub fn from_spec(spec: &TokenizerSpec) -> Result<Tokenizer, TokenizerError> {
-        let pre_type = match spec.model.as_str() {
-            "gpt2" => Some(PreType::from_name(&spec.pre)?),
+        let family = match spec.model.as_str() {
+            "gpt2" => Family::ByteBpe(PreType::from_name(&spec.pre)?),
             // SentencePiece files carry no pre-tokenizer (or "default"); llama.cpp ignores it.
-            "llama" => None,
+            "llama" => Family::Spm,
+            "gemma4" => Family::RawBpe,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
         if spec.tokens.is_empty() {
@@ -305,23 +316,30 @@ impl Tokenizer {
 
         let rstrip = phi3_rstrip(&spec.name, &tokens, &kinds, &by_text);
 
-        let pieces = match pre_type {
-            Some(_) => bpe_pieces(&tokens, &kinds),
-            None => spm_pieces(&tokens, &kinds),
+        let pieces = match family {
+            Family::ByteBpe(_) => bpe_pieces(&tokens, &kinds),
+            Family::Spm | Family::RawBpe => spm_pieces(&tokens, &kinds),
         };
 
-        let (model, default_add_bos) = match pre_type {
-            Some(pre_type) => (
+        let (model, add_bos) = match family {
+            Family::ByteBpe(pre_type) => (
                 Model::Bpe {
-                    bpe: build_bpe(&tokens, &spec.merges, pre_type.ignore_merges)?,
+                    bpe: build_bpe(&tokens, &spec.merges, pre_type.ignore_merges, false)?,
                     pre: pre_type.build()?,
                 },
-                pre_type.default_add_bos,
+                spec.add_bos.unwrap_or(pre_type.default_add_bos),
             ),
-            None => (
+            Family::Spm => (
                 Model::Spm {
                     spm: Spm::new(&tokens, &spec.scores, valid(spec.unknown_id, "unknown")),
                     add_space_prefix: spec.add_space_prefix.unwrap_or(true),
+                },
+                spec.add_bos.unwrap_or(true),
+            ),
+            // llama.cpp always adds BOS for Gemma 4, whatever the file says.
+            Family::RawBpe => (
+                Model::RawBpe {
+                    bpe: build_bpe(&tokens, &spec.merges, false, true)?,
                 },
                 true,
             ),
@@ -333,7 +351,7 @@ impl Tokenizer {
             && by_text.contains_key("<|im_end|>");
 
         Ok(Tokenizer {
-            add_bos: spec.add_bos.unwrap_or(default_add_bos) && bos.is_some(),
+            add_bos: add_bos && bos.is_some(),
             add_eos: spec.add_eos.unwrap_or(false) && eos.is_some(),
             tokens,
             kinds,
@@ -370,6 +388,9 @@ impl Tokenizer {
                         } => {
                             let prefix = *add_space_prefix && after_special;
                             spm.encode(&escape_spaces(&text[range], prefix), &mut out);
+                        }
+                        Model::RawBpe { bpe } => {
+                            self.raw_bpe_text(bpe, &escape_spaces(&text[range], false), &mut out)?
                         }
                     }
                     after_special = false;
@@ -543,6 +564,37 @@ impl Tokenizer {
         )
     }
 
+    /// Gemma 4's pieces: runs of newlines and runs of anything else, merged one by one; a
+    /// newline run that is itself a token is taken whole (llama.cpp does the same, because
+    /// the merges would cut it differently from the model's training).
+    fn raw_bpe_text(
+        &self,
+        bpe: &BPE,
+        text: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
+        let bytes = text.as_bytes();
+        let mut start = 0;
+        while start < bytes.len() {
+            let newlines = bytes[start] == b'\n';
+            let len = bytes[start..]
+                .iter()
+                .take_while(|&&b| (b == b'\n') == newlines)
+                .count();
+            let piece = &text[start..start + len];
+            start += len;
+            if newlines && let Some(id) = bpe.token_to_id(piece) {
+                out.push(id);
+                continue;
+            }
+            let tokens = bpe
+                .tokenize(piece)
+                .map_err(|e| TokenizerError::Library(e.to_string()))?;
+            out.extend(tokens.iter().map(|t| t.id));
+        }
+        Ok(())
+    }
+
     /// Splits `text` on special-token texts the way llama.cpp does: token by token, longest
     /// first, each one cutting every remaining text fragment at all its occurrences.
     fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
@@ -714,6 +766,7 @@ fn build_bpe(
     tokens: &[String],
     merges: &[String],
     ignore_merges: bool,
+    byte_fallback: bool,
 ) -> Result<BPE, TokenizerError> {
     let vocab: Vocab = tokens
         .iter()
@@ -748,6 +801,7 @@ fn build_bpe(
     BPE::builder()
         .vocab_and_merges(vocab, pairs)
         .ignore_merges(ignore_merges)
+        .byte_fallback(byte_fallback)
         .build()
         .map_err(|e| TokenizerError::Library(format!("BPE model: {e}")))
 }
