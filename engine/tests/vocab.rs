@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use cairn_engine::gguf::MappedGguf;
-use cairn_engine::tokenizer::{Tokenizer, TokenizerError, TokenizerSpec};
+use cairn_engine::tokenizer::{ChatMessage, Tokenizer, TokenizerError, TokenizerSpec};
 
 /// Vocabularies whose every case passes, by the name in `ggml-vocab-NAME.gguf`.
 const CLAIMED: &[&str] = &[
@@ -178,4 +178,146 @@ fn unsupported_vocabularies_are_refused_by_name() {
             Ok(_) => panic!("{name}: accepted, but its cases are not claimed"),
         }
     }
+}
+
+/// A system prompt, then two user turns around an assistant turn.
+fn conversation(with_system: bool) -> Vec<ChatMessage> {
+    let mut m = Vec::new();
+    if with_system {
+        m.push(ChatMessage::new("system", "You are terse."));
+    }
+    m.push(ChatMessage::new("user", "Hi there"));
+    m.push(ChatMessage::new("assistant", "Hello!"));
+    m.push(ChatMessage::new("user", "What is 2+2?"));
+    m
+}
+
+/// The families' chat templates, from the vocabulary files that carry one and from llama.cpp's
+/// collection of real templates (each rendered with a vocabulary of its family, for the BOS and
+/// EOS texts), against the text each template says it writes.
+#[test]
+fn family_chat_templates_render_as_their_text_says() {
+    let Some(dir) = vocab_dir() else { return };
+    let template = |file: &str| {
+        let path = dir.join("templates").join(file);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    // (what, vocabulary, template in place of the file's own, system prompt, expected)
+    let cases: Vec<(&str, &str, Option<String>, bool, &str)> = vec![
+        (
+            "Llama 3.1",
+            "llama-bpe",
+            Some(template("meta-llama-Llama-3.1-8B-Instruct.jinja")),
+            true,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n\
+             Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n\
+             You are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n\
+             Hi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n\
+             Hello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n\
+             What is 2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
+        (
+            "Qwen2 (ChatML, the file's own)",
+            "qwen2",
+            None,
+            false,
+            "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n\
+             <|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n\
+             <|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+        ),
+        (
+            "Gemma 2",
+            "gemma-4",
+            Some(template("google-gemma-2-2b-it.jinja")),
+            false,
+            "<bos><start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n\
+             Hello!<end_of_turn>\n<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n\
+             <start_of_turn>model\n",
+        ),
+        (
+            "Gemma 4 (the file's own)",
+            "gemma-4",
+            None,
+            true,
+            "<bos><|turn>system\nYou are terse.<turn|>\n<|turn>user\nHi there<turn|>\n\
+             <|turn>model\nHello!<turn|>\n<|turn>user\nWhat is 2+2?<turn|>\n\
+             <|turn>model\n<|channel>thought\n<channel|>",
+        ),
+        (
+            "Phi-3 (the file's own)",
+            "phi-3",
+            None,
+            false,
+            "<s><|user|>\nHi there<|end|>\n<|assistant|>\nHello!<|end|>\n\
+             <|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n",
+        ),
+        (
+            "Mistral [INST]",
+            "llama-spm",
+            Some(template("mistralai-Mistral-Nemo-Instruct-2407.jinja")),
+            false,
+            "<s>[INST]Hi there[/INST]Hello!</s>[INST]What is 2+2?[/INST]",
+        ),
+        (
+            "Mistral [INST] with a system prompt",
+            "llama-spm",
+            Some(template("mistralai-Mistral-Nemo-Instruct-2407.jinja")),
+            true,
+            "<s>[INST]Hi there[/INST]Hello!</s>[INST]You are terse.\n\nWhat is 2+2?[/INST]",
+        ),
+        (
+            "Command-R (the file's own)",
+            "command-r",
+            None,
+            false,
+            "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>\
+             <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hello!<|END_OF_TURN_TOKEN|>\
+             <|START_OF_TURN_TOKEN|><|USER_TOKEN|>What is 2+2?<|END_OF_TURN_TOKEN|>\
+             <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        ),
+    ];
+    for (what, vocab, replacement, system, expected) in cases {
+        let mut spec = spec(&dir, vocab);
+        if let Some(t) = replacement {
+            spec.chat_template = Some(t);
+        }
+        assert!(spec.chat_template.is_some(), "{what}: no template");
+        let tok = Tokenizer::from_spec(&spec).expect("tokenizer");
+        let text = tok
+            .apply_chat_template(&conversation(system), true)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(text, expected, "{what}");
+        println!("chat template renders: {what}");
+    }
+}
+
+/// A rendered conversation becomes ids with exactly one BOS (the template writes it and the
+/// vocabulary asks for it), and the turn markers as their special tokens.
+#[test]
+fn chat_prompts_encode_with_one_bos_and_marker_tokens() {
+    let Some(dir) = vocab_dir() else { return };
+    let mut spec = spec(&dir, "llama-bpe");
+    spec.chat_template = Some(
+        std::fs::read_to_string(dir.join("templates/meta-llama-Llama-3.1-8B-Instruct.jinja"))
+            .expect("Llama 3.1 template"),
+    );
+    let tok = Tokenizer::from_spec(&spec).expect("tokenizer");
+    let ids = tok.encode_chat(&conversation(false)).expect("encode");
+    let bos = tok.bos_id().expect("bos");
+    assert_eq!(ids[0], bos);
+    assert_eq!(ids.iter().filter(|&&i| i == bos).count(), 1);
+    let header = tok.encode("<|start_header_id|>", true).expect("encode");
+    assert_eq!(header.len(), 1, "a single special token");
+    // system, three turns and the generation prompt.
+    assert_eq!(ids.iter().filter(|&&i| i == header[0]).count(), 5);
+
+    // SentencePiece with the template's own BOS: Phi-3.
+    let tok = tokenizer(&dir, "phi-3");
+    let ids = tok.encode_chat(&conversation(false)).expect("encode");
+    let bos = tok.bos_id().expect("bos");
+    assert_eq!(ids[0], bos);
+    assert_eq!(ids.iter().filter(|&&i| i == bos).count(), 1);
+    let user = tok.encode("<|user|>", true).expect("encode");
+    assert_eq!(user.len(), 1, "a single special token");
+    assert_eq!(ids[1], user[0]);
 }
