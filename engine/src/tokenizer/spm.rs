@@ -15,7 +15,7 @@ pub(crate) struct Spm {
     by_text: HashMap<String, u32>,
     scores: Vec<f32>,
     /// The token for each byte: `<0xXX>`, else the one-byte string itself (llama.cpp's order).
-    byte_tokens: [Option<u32>; 256],
+    byte_tokens: Box<[Option<u32>; 256]>,
     unknown: Option<u32>,
 }
 
@@ -68,7 +68,7 @@ impl Spm {
         for (i, t) in tokens.iter().enumerate() {
             by_text.insert(t.clone(), i as u32);
         }
-        let mut byte_tokens = [None; 256];
+        let mut byte_tokens = Box::new([None; 256]);
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             let hex = format!("<0x{b:02X}>");
             *slot = by_text.get(hex.as_str()).copied().or_else(|| {
