@@ -33,7 +33,7 @@ use spm::Spm;
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     #[error(
-        "unsupported tokenizer model '{0}': supported are byte-level BPE ('gpt2') and SentencePiece ('llama')"
+        "unsupported tokenizer model '{0}': supported are byte-level BPE ('gpt2'), SentencePiece ('llama') and Gemma 4's BPE ('gemma4')"
     )]
     UnsupportedModel(String),
     #[error("unsupported pre-tokenizer type '{0}': supported are {list}", list = pretokenize::SUPPORTED)]
@@ -390,7 +390,7 @@ impl Tokenizer {
                             spm.encode(&escape_spaces(&text[range], prefix), &mut out);
                         }
                         Model::RawBpe { bpe } => {
-                            self.raw_bpe_text(bpe, &escape_spaces(&text[range], false), &mut out)?
+                            raw_bpe_text(bpe, &escape_spaces(&text[range], false), &mut out)?
                         }
                     }
                     after_special = false;
@@ -564,37 +564,6 @@ impl Tokenizer {
         )
     }
 
-    /// Gemma 4's pieces: runs of newlines and runs of anything else, merged one by one; a
-    /// newline run that is itself a token is taken whole (llama.cpp does the same, because
-    /// the merges would cut it differently from the model's training).
-    fn raw_bpe_text(
-        &self,
-        bpe: &BPE,
-        text: &str,
-        out: &mut Vec<u32>,
-    ) -> Result<(), TokenizerError> {
-        let bytes = text.as_bytes();
-        let mut start = 0;
-        while start < bytes.len() {
-            let newlines = bytes[start] == b'\n';
-            let len = bytes[start..]
-                .iter()
-                .take_while(|&&b| (b == b'\n') == newlines)
-                .count();
-            let piece = &text[start..start + len];
-            start += len;
-            if newlines && let Some(id) = bpe.token_to_id(piece) {
-                out.push(id);
-                continue;
-            }
-            let tokens = bpe
-                .tokenize(piece)
-                .map_err(|e| TokenizerError::Library(e.to_string()))?;
-            out.extend(tokens.iter().map(|t| t.id));
-        }
-        Ok(())
-    }
-
     /// Splits `text` on special-token texts the way llama.cpp does: token by token, longest
     /// first, each one cutting every remaining text fragment at all its occurrences.
     fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
@@ -670,6 +639,32 @@ fn bpe_text(
         if let Some(tokens) = tokens {
             out.extend(tokens.iter().map(|t| t.id));
         }
+    }
+    Ok(())
+}
+
+/// Gemma 4's pieces: runs of newlines and runs of anything else, merged one by one; a
+/// newline run that is itself a token is taken whole (llama.cpp does the same, because
+/// the merges would cut it differently from the model's training).
+fn raw_bpe_text(bpe: &BPE, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    while start < bytes.len() {
+        let newlines = bytes[start] == b'\n';
+        let len = bytes[start..]
+            .iter()
+            .take_while(|&&b| (b == b'\n') == newlines)
+            .count();
+        let piece = &text[start..start + len];
+        start += len;
+        if newlines && let Some(id) = bpe.token_to_id(piece) {
+            out.push(id);
+            continue;
+        }
+        let tokens = bpe
+            .tokenize(piece)
+            .map_err(|e| TokenizerError::Library(e.to_string()))?;
+        out.extend(tokens.iter().map(|t| t.id));
     }
     Ok(())
 }
