@@ -321,3 +321,43 @@ fn chat_prompts_encode_with_one_bos_and_marker_tokens() {
     assert_eq!(user.len(), 1, "a single special token");
     assert_eq!(ids[1], user[0]);
 }
+
+/// 10,000-character inputs of awkward shapes (one long word, long runs of spaces, newlines
+/// or digits, CJK, punctuation) go through every claimed tokenizer and decode back. Not timed:
+/// the merges are heap-based (spm.rs counts its candidates); this catches pieces that are
+/// dropped or mangled when a regex or merge meets a long run.
+#[test]
+fn long_inputs_of_every_shape_round_trip() {
+    let Some(dir) = vocab_dir() else { return };
+    let shapes: Vec<(&str, String)> = vec![
+        ("one word", "a".repeat(10_000)),
+        ("spaces, then a letter", format!("{}x", " ".repeat(10_000))),
+        ("newlines", "\n".repeat(10_000)),
+        ("digits", "7".repeat(10_000)),
+        (
+            "prose",
+            "The quick brown fox, jumps over 12 lazy dogs! ".repeat(220),
+        ),
+        ("CJK", "中文字符".repeat(2_500)),
+        ("spaces and tabs", " \t".repeat(5_000)),
+        ("punctuation", "!?".repeat(5_000)),
+    ];
+    for name in CLAIMED {
+        let spec = spec(&dir, name);
+        let tok = Tokenizer::from_spec(&spec).expect("tokenizer");
+        let prefix = if spec.model == "llama" { " " } else { "" };
+        for (what, text) in &shapes {
+            let ids = tok.encode(text, false).expect("encode");
+            assert!(
+                ids.len() <= text.len() + 1,
+                "{name}, {what}: {} ids",
+                ids.len()
+            );
+            let back = tok.decode(&ids).expect("decode");
+            assert!(
+                back == format!("{prefix}{text}"),
+                "{name}, {what}: decodes differently"
+            );
+        }
+    }
+}
