@@ -26,12 +26,15 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# pip reads an sdist's metadata through its build backend even to download it. Without build
-# isolation it only needs the backend importable (not CMake, which isolation would compile); an
-# install into a private --target folder works on a Debian whose Python is externally managed.
-python3 -m pip install --quiet --no-warn-script-location --target "$tmp/backend" scikit-build-core
-PYTHONPATH="$tmp/backend" python3 -m pip download --quiet --no-deps --no-binary :all: \
-    --no-build-isolation "llama-cpp-python==$version" -d "$tmp/dl"
+# pip reads an sdist's metadata through its build backend even to download it, and that backend
+# (scikit-build-core) looks for CMake while doing so. Without build isolation both need only be
+# importable (with isolation pip would compile CMake from source first); an install into a
+# private --target folder works on a Debian whose Python is externally managed, and is thrown
+# away with the download.
+python3 -m pip install --quiet --no-warn-script-location --target "$tmp/backend" \
+    scikit-build-core cmake
+PATH="$tmp/backend/bin:$PATH" PYTHONPATH="$tmp/backend" python3 -m pip download --quiet \
+    --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$version" -d "$tmp/dl"
 archive="$tmp/dl/llama_cpp_python-$version.tar.gz"
 got=$(sha256sum "$archive" | cut -d' ' -f1)
 if [ "$got" != "$sha256" ]; then
