@@ -23,6 +23,8 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add wasm32-unknown-unknown >/dev/null
 
 scripts/fetch-model.sh
+# llama.cpp's tokenizer test data (vocabulary files with expected ids), for engine/tests/vocab.rs.
+scripts/fetch-vocab.sh
 
 # Mesa warns without a private runtime directory.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
@@ -48,6 +50,8 @@ df -h . | tail -1
 # The end-to-end tests start the cairn and cairn-signal binaries of this build as real
 # processes, and the browser tests must not skip for want of Chromium.
 export CAIRN_TEST_REQUIRE_BROWSER=1
+# Nor may the tokenizer tests skip for want of llama.cpp's vocabulary files.
+export CAIRN_TEST_REQUIRE_VOCAB=1
 # Kernel and model tests must also run on a wgpu adapter (lavapipe here), not only the CPU.
 cargo build -p cairn -p cairn-signal --features "$features"
 CAIRN_TEST_REQUIRE_GPU=1 cargo test --workspace --features "$features"

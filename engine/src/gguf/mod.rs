@@ -161,6 +161,17 @@ impl GgufFile {
                 reason: format!("{} entries for {} tokens", token_types.len(), tokens.len()),
             });
         }
+        let scores = if md.contains_key("tokenizer.ggml.scores") {
+            md.get_f32_array("tokenizer.ggml.scores")?
+        } else {
+            Vec::new()
+        };
+        if !scores.is_empty() && scores.len() < tokens.len() {
+            return Err(GgufError::InvalidValue {
+                key: "tokenizer.ggml.scores".to_owned(),
+                reason: format!("{} entries for {} tokens", scores.len(), tokens.len()),
+            });
+        }
         let merges = if md.contains_key("tokenizer.ggml.merges") {
             md.get_str_array("tokenizer.ggml.merges")?
         } else {
@@ -195,7 +206,10 @@ impl GgufFile {
             padding_id: id("tokenizer.ggml.padding_token_id")?,
             add_bos: md.opt_bool("tokenizer.ggml.add_bos_token")?,
             add_eos: md.opt_bool("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: md.opt_bool("tokenizer.ggml.add_space_prefix")?,
             chat_template: md.opt_str("tokenizer.chat_template")?.map(str::to_owned),
+            name: md.opt_str("general.name")?.unwrap_or_default().to_owned(),
+            scores,
             tokens,
             token_types,
             merges,

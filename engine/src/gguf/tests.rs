@@ -629,6 +629,46 @@ fn tokenizer_spec_from_metadata() {
 }
 
 #[test]
+fn sentencepiece_metadata_in_the_tokenizer_spec() {
+    let mut w = small_writer();
+    w.add("tokenizer.ggml.scores", vec![-1.5f32, -2.0, 0.25])
+        .add("tokenizer.ggml.add_space_prefix", false)
+        .add("general.name", "Phi 3 Mini");
+    let spec = GgufFile::parse(&w.finish())
+        .unwrap()
+        .tokenizer_spec()
+        .unwrap();
+    assert_eq!(spec.scores, [-1.5, -2.0, 0.25]);
+    assert_eq!(spec.add_space_prefix, Some(false));
+    assert_eq!(spec.name, "Phi 3 Mini");
+
+    // Some converters write integer scores; llama.cpp reads them as numbers too.
+    let mut w = small_writer();
+    w.add("tokenizer.ggml.scores", vec![3i32, -4, 0]);
+    let spec = GgufFile::parse(&w.finish())
+        .unwrap()
+        .tokenizer_spec()
+        .unwrap();
+    assert_eq!(spec.scores, [3.0, -4.0, 0.0]);
+    assert_eq!((spec.add_space_prefix, spec.name.as_str()), (None, ""));
+
+    let mut w = small_writer();
+    w.add("tokenizer.ggml.scores", vec![1.0f32]);
+    let e = GgufFile::parse(&w.finish())
+        .unwrap()
+        .tokenizer_spec()
+        .unwrap_err();
+    assert!(matches!(e, GgufError::InvalidValue { .. }), "{e:?}");
+    let mut w = small_writer();
+    w.add("tokenizer.ggml.scores", vec!["x", "y", "z"]);
+    let e = GgufFile::parse(&w.finish())
+        .unwrap()
+        .tokenizer_spec()
+        .unwrap_err();
+    assert!(matches!(e, GgufError::WrongType { .. }), "{e:?}");
+}
+
+#[test]
 fn reader_and_mmap_give_the_same_file() {
     let bytes = small_file();
     let from_reader = BytesGguf::from_reader(&bytes[..]).unwrap();

@@ -207,6 +207,24 @@ impl Metadata {
             .collect()
     }
 
+    /// An array of numbers as `f32` (SentencePiece scores; some converters write integers).
+    pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>, GgufError> {
+        const EXPECTED: &str = "an array of numbers";
+        let items = self.get_array(key, EXPECTED)?;
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::F32(x) => Ok(*x),
+                Value::F64(x) => Ok(*x as f32),
+                other => other
+                    .as_i128()
+                    .map(|n| n as f32)
+                    .ok_or_else(|| wrong_elem(key, EXPECTED, i, v)),
+            })
+            .collect()
+    }
+
     fn get_array(&self, key: &str, expected: &'static str) -> Result<&[Value], GgufError> {
         match self.require(key)? {
             Value::Array(items) => Ok(items),

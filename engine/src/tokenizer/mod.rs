@@ -1,15 +1,17 @@
 //! Tokenizer built from model metadata, and chat-template rendering.
 //!
-//! Byte-level BPE (`tokenizer.ggml.model = gpt2`) with the pre-tokenizers llama.cpp calls
-//! `default`, `gpt-2`, `llama3`/`llama-bpe` and `smollm` (and their aliases). The BPE model
-//! and the regex splits come from the `tokenizers` crate; special-token handling, the
-//! end-of-generation set and detokenization follow llama.cpp, whose ids are the reference
-//! (tests/data/reference.json). See docs/tokenizer.md.
+//! Byte-level BPE (`tokenizer.ggml.model = gpt2`) with llama.cpp's pre-tokenizers (see
+//! pretokenize.rs for the list), and SentencePiece (`llama`) with byte fallback (spm.rs). The
+//! BPE model and the regex splits come from the `tokenizers` crate; special-token handling,
+//! the end-of-generation set and detokenization follow llama.cpp, whose ids are the reference
+//! (tests/data/reference.json for the default model, llama.cpp's own vocabulary test files
+//! for the other families: engine/tests/vocab.rs). See docs/tokenizer.md.
 
 mod bytes;
 mod chat;
 mod pretokenize;
 mod spec;
+mod spm;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -18,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{Model, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+use tokenizers::{Model as _, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
 
 pub use chat::ChatMessage;
 pub use spec::TokenizerSpec;
@@ -26,16 +28,15 @@ pub use stream::StreamDecoder;
 
 use bytes::ByteDecoder;
 use pretokenize::PreType;
+use spm::Spm;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     #[error(
-        "unsupported tokenizer model '{0}': only byte-level BPE ('gpt2') is supported; SentencePiece ('llama') and other vocabularies are not"
+        "unsupported tokenizer model '{0}': supported are byte-level BPE ('gpt2'), SentencePiece ('llama') and Gemma 4's BPE ('gemma4')"
     )]
     UnsupportedModel(String),
-    #[error(
-        "unsupported pre-tokenizer type '{0}': supported are default, gpt-2, llama3/llama-bpe, smollm and their llama.cpp aliases"
-    )]
+    #[error("unsupported pre-tokenizer type '{0}': supported are {list}", list = pretokenize::SUPPORTED)]
     UnsupportedPreTokenizer(String),
     #[error("the tokenizer has no tokens")]
     EmptyVocabulary,
@@ -154,6 +155,25 @@ const FIM_CONTROL_TEXTS: &[&str] = &[
     "<|code_middle|>",
 ];
 
+/// How text between special tokens becomes ids.
+enum Model {
+    /// Byte-level BPE: regex splits, then rank-ordered merges per piece.
+    Bpe { pre: PreTokenizerWrapper, bpe: BPE },
+    /// SentencePiece: spaces as `▁`, one leading `▁` at the start and after each special
+    /// token when `add_space_prefix`, then score-ordered merges over the whole fragment.
+    Spm { spm: Spm, add_space_prefix: bool },
+    /// Gemma 4's BPE over raw UTF-8 (`tokenizer.ggml.model = gemma4`): spaces as `▁`, text
+    /// cut only between newline runs and the rest, rank-ordered merges, `<0xXX>` byte fallback.
+    RawBpe { bpe: BPE },
+}
+
+/// The `tokenizer.ggml.model` families, before their models are built.
+enum Family {
+    ByteBpe(PreType),
+    Spm,
+    RawBpe,
+}
+
 /// A tokenizer for one model: encoding, decoding, and its chat template.
 pub struct Tokenizer {
     tokens: Vec<String>,
@@ -162,8 +182,9 @@ pub struct Tokenizer {
     pieces: Vec<Box<[u8]>>,
     /// Tokens matched whole in text, longest first (llama.cpp's order).
     specials: Vec<u32>,
-    pre: PreTokenizerWrapper,
-    bpe: BPE,
+    /// Special tokens that swallow the whitespace after them (Phi-3, as llama.cpp does).
+    rstrip: HashSet<u32>,
+    model: Model,
     bos: Option<u32>,
     eos: Option<u32>,
     eog: HashSet<u32>,
@@ -192,10 +213,13 @@ enum Fragment {
 
 impl Tokenizer {
     pub fn from_spec(spec: &TokenizerSpec) -> Result<Tokenizer, TokenizerError> {
-        if spec.model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(spec.model.clone()));
-        }
-        let pre_type = PreType::from_name(&spec.pre)?;
+        let family = match spec.model.as_str() {
+            "gpt2" => Family::ByteBpe(PreType::from_name(&spec.pre)?),
+            // SentencePiece files carry no pre-tokenizer (or "default"); llama.cpp ignores it.
+            "llama" => Family::Spm,
+            "gemma4" => Family::RawBpe,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
         if spec.tokens.is_empty() {
             return Err(TokenizerError::EmptyVocabulary);
         }
@@ -290,26 +314,36 @@ impl Tokenizer {
                 .then(a.cmp(&b))
         });
 
-        let decoder = ByteDecoder::new();
-        let pieces: Vec<Box<[u8]>> = tokens
-            .iter()
-            .zip(&kinds)
-            .map(|(text, kind)| match kind {
-                Kind::Normal => {
-                    let mut b = Vec::with_capacity(text.len());
-                    decoder.decode_into(text, &mut b);
-                    b.into_boxed_slice()
-                }
-                Kind::Control | Kind::Unknown | Kind::UserDefined => {
-                    text.as_bytes().to_vec().into_boxed_slice()
-                }
-                // llama.cpp renders nothing for these in byte-level vocabularies.
-                Kind::Unused | Kind::Byte | Kind::Undefined => Box::default(),
-            })
-            .collect();
+        let rstrip = phi3_rstrip(&spec.name, &tokens, &kinds, &by_text);
 
-        let bpe = build_bpe(&tokens, &spec.merges, pre_type.ignore_merges)?;
-        let pre = pre_type.build()?;
+        let pieces = match family {
+            Family::ByteBpe(_) => bpe_pieces(&tokens, &kinds),
+            Family::Spm | Family::RawBpe => spm_pieces(&tokens, &kinds),
+        };
+
+        let (model, add_bos) = match family {
+            Family::ByteBpe(pre_type) => (
+                Model::Bpe {
+                    bpe: build_bpe(&tokens, &spec.merges, pre_type.ignore_merges, false)?,
+                    pre: pre_type.build()?,
+                },
+                spec.add_bos.unwrap_or(pre_type.default_add_bos),
+            ),
+            Family::Spm => (
+                Model::Spm {
+                    spm: Spm::new(&tokens, &spec.scores, valid(spec.unknown_id, "unknown")),
+                    add_space_prefix: spec.add_space_prefix.unwrap_or(true),
+                },
+                spec.add_bos.unwrap_or(true),
+            ),
+            // llama.cpp always adds BOS for Gemma 4, whatever the file says.
+            Family::RawBpe => (
+                Model::RawBpe {
+                    bpe: build_bpe(&tokens, &spec.merges, false, true)?,
+                },
+                true,
+            ),
+        };
 
         let template = spec.chat_template.clone().filter(|t| !t.trim().is_empty());
         let chatml_fallback = template.is_none()
@@ -317,14 +351,14 @@ impl Tokenizer {
             && by_text.contains_key("<|im_end|>");
 
         Ok(Tokenizer {
-            add_bos: spec.add_bos.unwrap_or(pre_type.default_add_bos) && bos.is_some(),
+            add_bos: add_bos && bos.is_some(),
             add_eos: spec.add_eos.unwrap_or(false) && eos.is_some(),
             tokens,
             kinds,
             pieces,
             specials,
-            pre,
-            bpe,
+            rstrip,
+            model,
             bos,
             eos,
             eog,
@@ -337,10 +371,30 @@ impl Tokenizer {
     /// `<|im_start|>` in the text become those tokens; user-defined tokens always do.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::new();
+        // SentencePiece's leading space goes at the start and after every special token.
+        let mut after_special = true;
         for fragment in self.partition(text, parse_special) {
             match fragment {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(range) => self.bpe_text(&text[range], &mut out)?,
+                Fragment::Token(id) => {
+                    out.push(id);
+                    after_special = true;
+                }
+                Fragment::Text(range) => {
+                    match &self.model {
+                        Model::Bpe { pre, bpe } => bpe_text(pre, bpe, &text[range], &mut out)?,
+                        Model::Spm {
+                            spm,
+                            add_space_prefix,
+                        } => {
+                            let prefix = *add_space_prefix && after_special;
+                            spm.encode(&escape_spaces(&text[range], prefix), &mut out);
+                        }
+                        Model::RawBpe { bpe } => {
+                            raw_bpe_text(bpe, &escape_spaces(&text[range], false), &mut out)?
+                        }
+                    }
+                    after_special = false;
+                }
             }
         }
         Ok(out)
@@ -541,13 +595,25 @@ impl Tokenizer {
                     }
                 };
                 let mut last = range.start;
+                let rstrip = self.rstrip.contains(&id);
                 for (pos, _) in text[range.clone()].match_indices(needle) {
                     let at = range.start + pos;
+                    if at < last {
+                        continue;
+                    }
                     if at > last {
                         next.push(Fragment::Text(last..at));
                     }
                     next.push(Fragment::Token(id));
                     last = at + needle.len();
+                    if rstrip {
+                        // C's isspace, as llama.cpp strips.
+                        let ws = text.as_bytes()[last..range.end]
+                            .iter()
+                            .take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r'))
+                            .count();
+                        last += ws;
+                    }
                 }
                 if last < range.end {
                     next.push(Fragment::Text(last..range.end));
@@ -557,20 +623,135 @@ impl Tokenizer {
         }
         fragments
     }
+}
 
-    fn bpe_text(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
-        let lib = |e: tokenizers::Error| TokenizerError::Library(e.to_string());
-        let mut pts = PreTokenizedString::from(text);
-        self.pre.pre_tokenize(&mut pts).map_err(lib)?;
-        pts.tokenize(|word| self.bpe.tokenize(word.get()))
-            .map_err(lib)?;
-        for (_, _, tokens) in pts.get_splits(OffsetReferential::Original, OffsetType::None) {
-            if let Some(tokens) = tokens {
-                out.extend(tokens.iter().map(|t| t.id));
-            }
+fn bpe_text(
+    pre: &PreTokenizerWrapper,
+    bpe: &BPE,
+    text: &str,
+    out: &mut Vec<u32>,
+) -> Result<(), TokenizerError> {
+    let lib = |e: tokenizers::Error| TokenizerError::Library(e.to_string());
+    let mut pts = PreTokenizedString::from(text);
+    pre.pre_tokenize(&mut pts).map_err(lib)?;
+    pts.tokenize(|word| bpe.tokenize(word.get())).map_err(lib)?;
+    for (_, _, tokens) in pts.get_splits(OffsetReferential::Original, OffsetType::None) {
+        if let Some(tokens) = tokens {
+            out.extend(tokens.iter().map(|t| t.id));
         }
-        Ok(())
     }
+    Ok(())
+}
+
+/// Gemma 4's pieces: runs of newlines and runs of anything else, merged one by one; a
+/// newline run that is itself a token is taken whole (llama.cpp does the same, because
+/// the merges would cut it differently from the model's training).
+fn raw_bpe_text(bpe: &BPE, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    while start < bytes.len() {
+        let newlines = bytes[start] == b'\n';
+        let len = bytes[start..]
+            .iter()
+            .take_while(|&&b| (b == b'\n') == newlines)
+            .count();
+        let piece = &text[start..start + len];
+        start += len;
+        if newlines && let Some(id) = bpe.token_to_id(piece) {
+            out.push(id);
+            continue;
+        }
+        let tokens = bpe
+            .tokenize(piece)
+            .map_err(|e| TokenizerError::Library(e.to_string()))?;
+        out.extend(tokens.iter().map(|t| t.id));
+    }
+    Ok(())
+}
+
+/// SentencePiece's view of a text: spaces written `▁`, with one more in front if `prefix`.
+fn escape_spaces(text: &str, prefix: bool) -> String {
+    let mut s = String::with_capacity(text.len() + 3);
+    if prefix {
+        s.push('▁');
+    }
+    for c in text.chars() {
+        s.push(if c == ' ' { '▁' } else { c });
+    }
+    s
+}
+
+/// What each token decodes to in a byte-level vocabulary.
+fn bpe_pieces(tokens: &[String], kinds: &[Kind]) -> Vec<Box<[u8]>> {
+    let decoder = ByteDecoder::new();
+    tokens
+        .iter()
+        .zip(kinds)
+        .map(|(text, kind)| match kind {
+            Kind::Normal => {
+                let mut b = Vec::with_capacity(text.len());
+                decoder.decode_into(text, &mut b);
+                b.into_boxed_slice()
+            }
+            Kind::Control | Kind::Unknown | Kind::UserDefined => {
+                text.as_bytes().to_vec().into_boxed_slice()
+            }
+            // llama.cpp renders nothing for these in byte-level vocabularies.
+            Kind::Unused | Kind::Byte | Kind::Undefined => Box::default(),
+        })
+        .collect()
+}
+
+/// What each token decodes to in a SentencePiece vocabulary: `▁` is a space, `<0xXX>` one byte.
+fn spm_pieces(tokens: &[String], kinds: &[Kind]) -> Vec<Box<[u8]>> {
+    tokens
+        .iter()
+        .zip(kinds)
+        .map(|(text, kind)| match kind {
+            Kind::Normal => text.replace('▁', " ").into_bytes().into_boxed_slice(),
+            Kind::Byte => byte_token_value(text)
+                .map(|b| vec![b].into_boxed_slice())
+                .unwrap_or_default(),
+            Kind::Control | Kind::Unknown | Kind::UserDefined => {
+                text.as_bytes().to_vec().into_boxed_slice()
+            }
+            Kind::Unused | Kind::Undefined => Box::default(),
+        })
+        .collect()
+}
+
+/// The byte a `<0xXX>` token stands for.
+fn byte_token_value(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+/// llama.cpp's rule for models named Phi-3: special tokens swallow the whitespace after them
+/// (so "<|user|>\nhi" encodes like "<|user|>hi"), except `<unk>`, `<s>` and `<|endoftext|>`;
+/// `</s>` does too whatever its type.
+fn phi3_rstrip(
+    name: &str,
+    tokens: &[String],
+    kinds: &[Kind],
+    by_text: &HashMap<&str, u32>,
+) -> HashSet<u32> {
+    let name = name.to_lowercase();
+    if !(name.contains("phi-3") || name.contains("phi3")) {
+        return HashSet::new();
+    }
+    let mut set: HashSet<u32> = (0..tokens.len() as u32)
+        .filter(|&i| kinds[i as usize].is_special())
+        .collect();
+    set.extend(by_text.get("</s>"));
+    for keep in ["<unk>", "<s>", "<|endoftext|>"] {
+        if let Some(id) = by_text.get(keep) {
+            set.remove(id);
+        }
+    }
+    set
 }
 
 /// The BPE model. Merges follow llama.cpp's reading: split at the first space after the
@@ -580,6 +761,7 @@ fn build_bpe(
     tokens: &[String],
     merges: &[String],
     ignore_merges: bool,
+    byte_fallback: bool,
 ) -> Result<BPE, TokenizerError> {
     let vocab: Vocab = tokens
         .iter()
@@ -614,6 +796,7 @@ fn build_bpe(
     BPE::builder()
         .vocab_and_merges(vocab, pairs)
         .ignore_merges(ignore_merges)
+        .byte_fallback(byte_fallback)
         .build()
         .map_err(|e| TokenizerError::Library(format!("BPE model: {e}")))
 }

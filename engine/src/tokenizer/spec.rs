@@ -4,7 +4,7 @@
 /// `tokenizer.ggml.*` and `tokenizer.chat_template` metadata.
 #[derive(Debug, Clone, Default)]
 pub struct TokenizerSpec {
-    /// `tokenizer.ggml.model`, e.g. `gpt2` for byte-level BPE.
+    /// `tokenizer.ggml.model`: `gpt2` for byte-level BPE, `llama` for SentencePiece.
     pub model: String,
     /// `tokenizer.ggml.pre`, e.g. `smollm`; empty when absent.
     pub pre: String,
@@ -14,6 +14,8 @@ pub struct TokenizerSpec {
     pub token_types: Vec<i32>,
     /// `tokenizer.ggml.merges`: "left right" pairs in rank order.
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores`: SentencePiece merge priorities, one per token; empty when absent.
+    pub scores: Vec<f32>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     /// Further end-of-generation ids (`eot`, `eom`) where the file names them.
@@ -23,6 +25,11 @@ pub struct TokenizerSpec {
     /// `tokenizer.ggml.add_bos_token`; llama.cpp's default when absent is model-dependent.
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
+    /// `tokenizer.ggml.add_space_prefix`: SentencePiece's leading `▁` (default on for `llama`).
+    pub add_space_prefix: Option<bool>,
+    /// `general.name`: llama.cpp keys a few per-model token rules on it (Phi-3's special
+    /// tokens eat the whitespace after them).
+    pub name: String,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
 }

@@ -47,6 +47,7 @@ fn synthetic_spec() -> TokenizerSpec {
         token_types,
         merges,
         tokens,
+        ..Default::default()
     }
 }
 
@@ -125,18 +126,31 @@ fn out_of_range_ids_are_errors() {
 #[test]
 fn unsupported_models_and_pre_tokenizers_are_named() {
     let mut spec = synthetic_spec();
-    spec.model = "llama".into();
+    spec.model = "bert".into();
     let e = Tokenizer::from_spec(&spec).unwrap_err();
-    assert!(e.to_string().contains("'llama'"), "{e}");
+    assert!(e.to_string().contains("'bert'"), "{e}");
     assert!(e.to_string().contains("SentencePiece"), "{e}");
 
     let mut spec = synthetic_spec();
-    spec.pre = "qwen2".into();
+    spec.pre = "tekken".into();
     let e = Tokenizer::from_spec(&spec).unwrap_err();
-    assert!(matches!(e, TokenizerError::UnsupportedPreTokenizer(ref p) if p == "qwen2"));
-    assert!(e.to_string().contains("'qwen2'"), "{e}");
+    assert!(matches!(e, TokenizerError::UnsupportedPreTokenizer(ref p) if p == "tekken"));
+    assert!(e.to_string().contains("'tekken'"), "{e}");
+    assert!(e.to_string().contains("qwen2"), "{e}");
 
-    for pre in ["", "default", "gpt-2", "llama-bpe", "llama3", "smollm"] {
+    for pre in [
+        "",
+        "default",
+        "gpt-2",
+        "llama-bpe",
+        "llama3",
+        "smollm",
+        "qwen2",
+        "qwen35",
+        "deepseek-llm",
+        "deepseek-coder",
+        "falcon",
+    ] {
         let mut spec = synthetic_spec();
         spec.pre = pre.into();
         Tokenizer::from_spec(&spec).unwrap();
@@ -266,6 +280,108 @@ fn decode_of_a_cut_character_is_lossy_not_an_error() {
     let ids = t.encode("é", false).unwrap();
     assert_eq!(t.decode(&ids[..1]).unwrap(), "\u{FFFD}");
     assert_eq!(t.decode_bytes(&ids[..1]).unwrap(), [0xC3]);
+}
+
+#[test]
+fn long_words_tokenize_in_one_pass() {
+    // One 10,000-character word: the merges run over a heap of candidate pairs, not by
+    // rescanning the word per merge (spm.rs counts its candidates; the BPE model is the
+    // `tokenizers` crate's heap-based merge).
+    let t = synthetic();
+    let ids = t.encode(&"hello".repeat(2_000), false).unwrap();
+    assert_eq!(ids.len(), 2_000);
+    assert!(ids.iter().all(|&i| i == id_of(&t, "hello")));
+    let t = Tokenizer::from_spec(&spm_spec()).unwrap();
+    let ids = t.encode(&"hi ".repeat(3_334), false).unwrap();
+    assert_eq!(ids.len(), 3_334 + 1);
+}
+
+// --- A small synthetic SentencePiece vocabulary ---
+
+/// `<unk>`, `<s>`, `</s>`, the 256 byte tokens, a few pieces with scores, and a control token.
+fn spm_spec() -> TokenizerSpec {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut token_types = vec![2, 3, 3];
+    let mut scores = vec![0.0, 0.0, 0.0];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        token_types.push(6);
+        scores.push(0.0);
+    }
+    for (t, score) in [
+        ("▁", -5.0),
+        ("h", -6.0),
+        ("i", -6.0),
+        ("hi", -2.0),
+        ("▁h", -3.0),
+        ("▁hi", -1.0),
+    ] {
+        tokens.push(t.into());
+        token_types.push(1);
+        scores.push(score);
+    }
+    tokens.push("<|user|>".into());
+    token_types.push(3);
+    scores.push(0.0);
+    TokenizerSpec {
+        model: "llama".into(),
+        pre: "default".into(),
+        bos_id: Some(1),
+        eos_id: Some(2),
+        unknown_id: Some(0),
+        token_types,
+        scores,
+        tokens,
+        ..Default::default()
+    }
+}
+
+fn texts_of(t: &Tokenizer, ids: &[u32]) -> Vec<String> {
+    ids.iter()
+        .map(|&i| t.token_text(i).unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn spm_prefixes_a_space_at_the_start_and_after_special_tokens() {
+    let t = Tokenizer::from_spec(&spm_spec()).unwrap();
+    assert!(
+        t.adds_bos(),
+        "SentencePiece adds BOS unless the file says otherwise"
+    );
+    let ids = t.encode("hi hi", false).unwrap();
+    assert_eq!(texts_of(&t, &ids), ["▁hi", "▁hi"]);
+    assert_eq!(t.decode(&ids).unwrap(), " hi hi");
+    let ids = t.encode("<|user|>hi", true).unwrap();
+    assert_eq!(texts_of(&t, &ids), ["<|user|>", "▁hi"]);
+    // Characters no piece covers become their UTF-8 bytes, and decode back.
+    let ids = t.encode("hé", false).unwrap();
+    assert_eq!(texts_of(&t, &ids), ["▁h", "<0xC3>", "<0xA9>"]);
+    assert_eq!(t.decode(&ids).unwrap(), " hé");
+    assert_eq!(
+        t.encode_prompt("hi", true).unwrap(),
+        [1, t.encode("hi", false).unwrap()[0]]
+    );
+
+    let mut spec = spm_spec();
+    spec.add_space_prefix = Some(false);
+    let t = Tokenizer::from_spec(&spec).unwrap();
+    assert_eq!(texts_of(&t, &t.encode("hi", false).unwrap()), ["hi"]);
+}
+
+#[test]
+fn phi3_special_tokens_swallow_the_whitespace_after_them() {
+    let plain = Tokenizer::from_spec(&spm_spec()).unwrap();
+    let ids = plain.encode("<|user|>\n hi", true).unwrap();
+    assert_eq!(texts_of(&plain, &ids), ["<|user|>", "▁", "<0x0A>", "▁hi"]);
+    let mut spec = spm_spec();
+    spec.name = "Phi 3 Mini 4k Instruct (phi3)".into();
+    let phi3 = Tokenizer::from_spec(&spec).unwrap();
+    let ids = phi3.encode("<|user|>\n hi", true).unwrap();
+    assert_eq!(texts_of(&phi3, &ids), ["<|user|>", "▁hi"]);
+    // Not BOS: "<s> hi" keeps its space.
+    let ids = phi3.encode("<s> hi", true).unwrap();
+    assert_eq!(texts_of(&phi3, &ids), ["<s>", "▁", "▁hi"]);
 }
 
 proptest! {
