@@ -7,17 +7,22 @@
 //! placer, the link readers) feeds inputs and carries out outputs, and the
 //! tests drive the same machines with made-up time.
 
+mod cluster;
 mod peers;
 mod placing;
+mod plan;
 mod request;
 mod view;
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod peers_tests;
 #[cfg(test)]
 mod tests;
 
-pub use peers::{Replace, after_condition, after_loss, condition, runs_lost};
-pub use placing::{Debounce, Loading};
+pub use cluster::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
+pub use peers::{condition, runs_lost};
+pub use plan::profiles;
 pub use request::{Count, Input, Output, Request, RequestConfig};
 pub use view::{ClusterView, Placement, StageView};
