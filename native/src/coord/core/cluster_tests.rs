@@ -918,3 +918,37 @@ fn link_measurements_reach_placement_and_only_from_the_current_link() {
     h.input(ClusterInput::PeerLeft { peer: peer("a") });
     assert!(profiles(h.st()).is_empty());
 }
+
+#[test]
+fn a_worker_that_links_again_is_online_on_its_new_link_and_calibrated_again() {
+    let mut h = Harness::new();
+    h.join("a", WHOLE);
+    h.place_and_load();
+    h.input(ClusterInput::LinkDown {
+        peer: peer("a"),
+        generation: None,
+        why: "heartbeat".into(),
+    });
+    assert!(!h.st().peers[&peer("a")].online);
+    h.advance(URGENT_DEBOUNCE);
+    h.take();
+    let g = h.link("a", "native", WHOLE);
+    let a = &h.st().peers[&peer("a")];
+    assert!(a.online);
+    assert_eq!(a.link_gen, g);
+    assert!(
+        a.calibration.is_some(),
+        "the last calibration stands until the new one"
+    );
+    assert!(h.take().contains(&ClusterOutput::Send {
+        peer: peer("a"),
+        generation: g,
+        msg: Message::Calibrate {
+            config: MODEL_CONFIG.into()
+        },
+    }));
+    h.say("a", Message::Calibration(calibration()));
+    let loads = h.place_and_load();
+    assert_eq!(loads[0].generation, g, "loaded over the new link");
+    assert_eq!(h.epoch(), Some(2));
+}
