@@ -8,18 +8,20 @@
 //! no direct link (a browser's, or one not up yet) goes through the
 //! coordinator, which relays it (docs/architecture.md). Everything that changes the cluster
 //! (a link up or down, a peer leaving, telemetry, a pause, a manual
-//! placement) updates [`State`] and, where it matters, wakes the placer,
-//! which loads a new placement between tokens; requests notice the new epoch
-//! and rebuild their KV caches by prefilling what they have so far.
+//! placement) goes to the cluster's core ([`core::Cluster`]), which updates
+//! [`State`] and, where it matters, places again and loads the new placement
+//! between tokens; requests notice the new epoch and rebuild their KV caches
+//! by prefilling what they have so far.
 //!
-//! The rules of a request's runs and of the placer's timing live in
-//! [`core`], as state machines without IO that the tasks here drive.
+//! The rules live in [`core`], as state machines without IO: the cluster's
+//! (links, workers' news, placing, loading, losses) and a request's runs.
+//! This module is their shell: it holds the links, feeds the core what the
+//! mesh and the links say and the time, and carries out what it asks.
 
 pub mod api;
 mod core;
 mod model;
 mod pipeline;
-mod placer;
 pub mod state;
 
 use std::collections::HashMap;
@@ -29,18 +31,19 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use cairn_engine::placement::{Stage, slowdown};
+use cairn_engine::placement::Stage;
 use cairn_engine::protocol::{Message, error_code};
-use cairn_engine::worker::{Capabilities, Role as CapRole};
+use cairn_engine::worker::Role as CapRole;
 use cairn_signal::Role;
 use cairn_signal::protocol::PeerId;
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, info, warn};
 
-use crate::link::{Link, LinkConfig, LinkError, Mesh, MeshEvent};
+use self::core::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
+use crate::link::{Link, LinkConfig, LinkError, LinkSender, LinkStats, Mesh, MeshEvent};
 pub use model::ServedModel;
 pub use pipeline::{FinishReason, GenEvent, GenRequest};
-use state::{PeerState, State};
+use state::State;
 
 /// How the coordinator is set up.
 #[derive(Clone, Debug)]
@@ -88,29 +91,69 @@ struct Pending {
     events: mpsc::UnboundedSender<(PeerId, u32, StageReply)>,
 }
 
-/// Shared by the event loop, the placer, the request tasks and the API.
+/// A link the shell holds for the core, which knows it by peer and
+/// generation.
+struct LinkEntry {
+    generation: u64,
+    sender: LinkSender,
+    stats: watch::Receiver<LinkStats>,
+}
+
+/// Shared by the event loop, the core's timer task, the request tasks and
+/// the API.
 pub struct Shared {
     pub opts: CoordinatorOptions,
     pub model: ServedModel,
     pub local_id: PeerId,
-    state: Mutex<State>,
+    cluster: Mutex<Cluster>,
+    /// The links the core's outputs go over, by peer (its latest link).
+    links: Mutex<HashMap<PeerId, LinkEntry>>,
     /// Bumped on every change of the state (the dashboard's stream and
     /// waiting requests watch it).
     changed: watch::Sender<u64>,
-    replace: Notify,
-    /// Set with `replace` when a worker holding layers is lost: requests
-    /// wait on the new placement, so it skips the debounce.
-    urgent: std::sync::atomic::AtomicBool,
+    /// Wakes the timer task: the core's next deadline may have moved.
+    rearm: Notify,
+    /// What the shell learns after the fact (a send that failed), for the
+    /// timer task to feed to the core.
+    feedback: mpsc::UnboundedSender<ClusterInput>,
     pending: Mutex<HashMap<u64, Pending>>,
-    loads: Mutex<HashMap<PeerId, oneshot::Sender<Result<(), String>>>>,
     next_request: AtomicU64,
     pub metrics: pipeline::Metrics,
     pub started: Instant,
 }
 
+/// The cluster's state, borrowed from the core for reading (and for the
+/// requests' views, which the request tasks keep).
+pub struct StateGuard<'a>(MutexGuard<'a, Cluster>);
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        self.0.state()
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.state_mut()
+    }
+}
+
 impl Shared {
-    pub fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The core, with each peer's link measurements copied in.
+    fn cluster(&self) -> MutexGuard<'_, Cluster> {
+        let mut cluster = self.cluster.lock().unwrap_or_else(PoisonError::into_inner);
+        let links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        for (peer, l) in links.iter() {
+            let stats = l.stats.borrow().session.clone();
+            cluster.set_link(peer, l.generation, stats);
+        }
+        cluster
+    }
+
+    pub fn state(&self) -> StateGuard<'_> {
+        StateGuard(self.cluster())
     }
 
     pub fn touch(&self) {
@@ -121,30 +164,93 @@ impl Shared {
         self.changed.subscribe()
     }
 
-    /// Asks the placer to look at the cluster again.
-    pub fn replace(&self) {
-        self.replace.notify_one();
-        self.touch();
-    }
-
-    /// Like [`Self::replace`], for a change that leaves requests without a
-    /// placement: placed at once rather than after the debounce.
-    fn replace_now(&self) {
-        self.urgent.store(true, Ordering::Relaxed);
-        self.replace();
-    }
-
     pub fn set_manual(&self, manual: Option<Vec<Stage>>) {
-        self.state().manual = manual;
-        self.replace();
+        self.input(ClusterInput::SetManual(manual));
     }
 
     fn request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// `peer` is gone, as a request found out.
+    fn peer_lost(&self, peer: &PeerId, why: &str) {
+        self.input(ClusterInput::Lost {
+            peer: peer.clone(),
+            why: why.to_owned(),
+        });
+    }
+
+    /// The sender of `peer`'s link of `generation`, while it is the latest.
+    fn sender(&self, peer: &PeerId, generation: u64) -> Option<LinkSender> {
+        self.links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(peer)
+            .filter(|l| l.generation == generation)
+            .map(|l| l.sender.clone())
+    }
+
+    /// Feeds the core one input and carries out what it asks; what only
+    /// the event loop can do (link to a peer, close a link) comes back.
+    fn input(&self, input: ClusterInput) -> Vec<ClusterOutput> {
+        let outputs = {
+            let mut cluster = self.cluster();
+            cluster.handle(input, Instant::now());
+            drain(&mut cluster)
+        };
+        self.rearm.notify_one();
+        self.carry_out(outputs)
+    }
+
+    /// Gives the core the time.
+    fn timeout(&self) {
+        let outputs = {
+            let mut cluster = self.cluster();
+            cluster.handle_timeout(Instant::now());
+            drain(&mut cluster)
+        };
+        // Unhandled outputs come only from link events.
+        let _ = self.carry_out(outputs);
+    }
+
+    fn carry_out(&self, outputs: Vec<ClusterOutput>) -> Vec<ClusterOutput> {
+        let mut rest = Vec::new();
+        for output in outputs {
+            match output {
+                ClusterOutput::Send {
+                    peer,
+                    generation,
+                    msg,
+                } => {
+                    let sender = self.sender(&peer, generation);
+                    let feedback = self.feedback.clone();
+                    // A send may wait on a congested link: the core goes on.
+                    tokio::spawn(async move {
+                        let sent = match sender {
+                            Some(s) => s.send(msg).await.map_err(|e| e.to_string()),
+                            None => Err("no link to it".into()),
+                        };
+                        if let Err(why) = sent {
+                            let _ = feedback.send(ClusterInput::SendFailed {
+                                peer,
+                                generation,
+                                why,
+                            });
+                        }
+                    });
+                }
+                ClusterOutput::FailRuns { peer, why } => self.fail_runs(&peer, &why),
+                ClusterOutput::Changed => self.touch(),
+                other @ (ClusterOutput::Connect(_) | ClusterOutput::Close { .. }) => {
+                    rest.push(other);
+                }
+            }
+        }
+        rest
+    }
+
     /// Fails every run that has a stage on `peer`.
-    fn fail_pending(&self, peer: &PeerId, why: &str) {
+    fn fail_runs(&self, peer: &PeerId, why: &str) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let ids = core::runs_lost(pending.iter().map(|(id, p)| (*id, &p.peers[..])), peer);
         for id in ids {
@@ -154,42 +260,11 @@ impl Shared {
                         .send((peer.clone(), p.seq, Err(StageFailure::Lost(why.to_owned()))));
             }
         }
-        let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(tx) = loads.remove(peer) {
-            let _ = tx.send(Err(format!("{peer} went away: {why}")));
-        }
     }
+}
 
-    /// A peer is gone (link down for good, or it left the room): drop the
-    /// placement that uses it, then fail its waiting steps, so requests that
-    /// see the failure find the placement already being redone.
-    fn peer_lost(&self, peer: &PeerId, why: &str) {
-        let replace = {
-            let mut st = self.state();
-            if let Some(p) = st.peers.get_mut(peer) {
-                p.online = false;
-                p.sender = None;
-            }
-            let replace = core::after_loss(st.active.as_ref().map(|a| a.view()).as_ref(), peer);
-            if replace == core::Replace::Now {
-                warn!(%peer, %why, "a worker holding layers is gone; placing again");
-                st.active = None;
-                st.status = state::PlacementStatus::Placing;
-                st.message = format!("{peer} was lost ({why}); placing again");
-                st.warnings.push(format!("lost {peer}: {why}"));
-                let n = st.warnings.len();
-                if n > 20 {
-                    st.warnings.drain(..n - 20);
-                }
-            }
-            replace
-        };
-        self.fail_pending(peer, why);
-        match replace {
-            core::Replace::Now => self.replace_now(),
-            core::Replace::Soon | core::Replace::No => self.replace(),
-        }
-    }
+fn drain(cluster: &mut Cluster) -> Vec<ClusterOutput> {
+    std::iter::from_fn(|| cluster.poll_output()).collect()
 }
 
 /// A running coordinator.
@@ -200,7 +275,7 @@ pub struct Coordinator {
 
 impl Coordinator {
     /// Loads the model's metadata, joins the room and starts the event loop
-    /// and the placer.
+    /// and the core's timer.
     pub async fn start(opts: CoordinatorOptions) -> Result<Coordinator> {
         let model = ServedModel::open(&opts.model_path, opts.ctx, opts.parallel)?;
         let mut link = opts.link.clone();
@@ -216,24 +291,63 @@ impl Coordinator {
             .with_context(|| format!("joining room '{}' at {}", opts.room, opts.signal_url))?;
         let local_id = mesh.local_id().clone();
         info!(peer = %local_id, room = %opts.room, model = %model.name, "coordinator joined");
-        let manual = opts.manual.clone();
+        let cfg = ClusterConfig {
+            model_config: serde_json::to_string(&model.config).unwrap_or_default(),
+            model_id: model.id.clone(),
+            source: format!(
+                "{}{}",
+                opts.public_url.trim_end_matches('/'),
+                crate::model_fetch::model_route(&model.id)
+            ),
+            cost: model.cost.clone(),
+        };
+        let cluster = Cluster::new(cfg, opts.manual.clone());
+        let (feedback, feedback_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             opts,
             model,
             local_id,
-            state: Mutex::new(State::new(manual)),
+            cluster: Mutex::new(cluster),
+            links: Mutex::new(HashMap::new()),
             changed: watch::channel(0).0,
-            replace: Notify::new(),
-            urgent: std::sync::atomic::AtomicBool::new(false),
+            rearm: Notify::new(),
+            feedback,
             pending: Mutex::new(HashMap::new()),
-            loads: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
             metrics: pipeline::Metrics::default(),
             started: Instant::now(),
         });
         tokio::spawn(event_loop(shared.clone(), mesh));
-        tokio::spawn(placer::run(shared.clone()));
+        tokio::spawn(timer(shared.clone(), feedback_rx));
         Ok(Coordinator { shared })
+    }
+}
+
+/// Wakes the core at its deadlines (debounce, load timeout, retry) and
+/// feeds it what the shell learned after the fact.
+async fn timer(shared: Arc<Shared>, mut feedback: mpsc::UnboundedReceiver<ClusterInput>) {
+    loop {
+        let due = shared
+            .cluster()
+            .poll_timeout()
+            .map(tokio::time::Instant::from_std);
+        tokio::select! {
+            () = shared.rearm.notified() => {}
+            input = feedback.recv() => match input {
+                Some(input) => {
+                    let _ = shared.input(input);
+                }
+                None => return,
+            },
+            () = sleep_until(due) => shared.timeout(),
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -242,18 +356,19 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh) {
     while let Some(event) = mesh.next_event().await {
         match event {
             MeshEvent::PeerJoined(p) => {
-                if p.role == Role::Worker {
-                    info!(peer = %p.peer_id, "worker in the room; linking");
-                    mesh.connect(&p.peer_id);
+                let joined = ClusterInput::PeerJoined {
+                    peer: p.peer_id,
+                    worker: p.role == Role::Worker,
+                };
+                for output in shared.input(joined) {
+                    if let ClusterOutput::Connect(peer) = output {
+                        mesh.connect(&peer);
+                    }
                 }
             }
             MeshEvent::PeerMeta(_) | MeshEvent::Signal { .. } => {}
             MeshEvent::PeerLeft(peer) => {
-                let known = shared.state().peers.contains_key(&peer);
-                if known {
-                    info!(%peer, "worker left the room");
-                    shared.peer_lost(&peer, "left the room");
-                }
+                shared.input(ClusterInput::PeerLeft { peer });
             }
             MeshEvent::LinkUp(link) => {
                 link_gen += 1;
@@ -261,12 +376,11 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh) {
             }
             MeshEvent::LinkDown { peer, error } => {
                 debug!(%peer, %error, "link down");
-                let known_online = shared.state().peers.get(&peer).is_some_and(|p| p.online);
-                if known_online {
-                    shared.peer_lost(&peer, &error.to_string());
-                } else {
-                    shared.fail_pending(&peer, &error.to_string());
-                }
+                shared.input(ClusterInput::LinkDown {
+                    peer,
+                    generation: None,
+                    why: error.to_string(),
+                });
             }
             MeshEvent::SignalClosed => {
                 warn!("the signaling session ended; no new workers can join");
@@ -275,54 +389,43 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh) {
     }
 }
 
+/// Hands a new link to the core (which may refuse it) and reads it.
 fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
     let peer = link.peer().clone();
-    let caps = match Capabilities::from_json(&link.remote_hello().capabilities) {
-        Ok(c) if c.role == CapRole::Worker => c,
-        Ok(_) => {
-            link.close("this coordinator only links to workers");
-            return;
-        }
-        Err(e) => {
-            warn!(%peer, error = %e, "a worker sent capabilities we cannot read; closing");
-            link.close(&format!("unreadable capabilities: {e}"));
-            return;
-        }
+    // In the table first: the core's first words to it go out at once.
+    shared
+        .links
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(
+            peer.clone(),
+            LinkEntry {
+                generation,
+                sender: link.sender(),
+                stats: link.stats_watch(),
+            },
+        );
+    let up = ClusterInput::LinkUp {
+        peer: peer.clone(),
+        capabilities: link.remote_hello().capabilities.clone(),
+        generation,
     };
-    info!(%peer, device = %caps.device.name, backend = %caps.backend, kind = ?caps.kind, "worker linked; calibrating");
-    let sender = link.sender();
-    {
-        let mut st = shared.state();
-        let entry = st.peers.entry(peer.clone()).or_insert_with(|| PeerState {
-            caps: caps.clone(),
-            sender: None,
-            stats: None,
-            link_gen: 0,
-            calibration: None,
-            telemetry: None,
-            extra: serde_json::Value::Null,
-            paused: None,
-            loading: false,
-            online: true,
-            joined: Instant::now(),
-        });
-        entry.caps = caps;
-        entry.sender = Some(sender.clone());
-        entry.stats = Some(link.stats_watch());
-        entry.link_gen = generation;
-        entry.online = true;
-    }
-    shared.touch();
-    let config = serde_json::to_string(&shared.model.config).unwrap_or_default();
-    tokio::spawn(async move {
-        if let Err(e) = sender.send(Message::Calibrate { config }).await {
-            debug!(error = %e, "calibration request not sent");
+    for output in shared.input(up) {
+        if let ClusterOutput::Close { reason, .. } = output {
+            let mut links = shared.links.lock().unwrap_or_else(PoisonError::into_inner);
+            if links.get(&peer).is_some_and(|l| l.generation == generation) {
+                links.remove(&peer);
+            }
+            drop(links);
+            link.close(&reason);
+            return;
         }
-    });
+    }
     tokio::spawn(read_link(shared.clone(), link, generation));
 }
 
-/// Routes what a worker says to whoever waits for it.
+/// Routes what a worker says: a run's answers to the request that waits
+/// for them, everything else to the core.
 async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
     let peer = link.peer().clone();
     let end: LinkError = loop {
@@ -356,84 +459,19 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                     }
                 }
             }
-            Message::ShardLoaded { .. } | Message::Error { .. } => {
-                let result = match m {
-                    Message::Error { code, text } => Err(format!("error {code}: {text}")),
-                    _ => Ok(()),
-                };
-                let waiter = shared
-                    .loads
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&peer);
-                match waiter {
-                    Some(tx) => {
-                        let _ = tx.send(result);
-                    }
-                    None => {
-                        if let Err(e) = result {
-                            warn!(%peer, error = %e, "worker reported an error");
-                        }
-                    }
-                }
+            msg => {
+                shared.input(ClusterInput::FromPeer {
+                    peer: peer.clone(),
+                    msg,
+                });
             }
-            Message::Calibration(c) => {
-                info!(%peer, decode_ms_per_layer = c.decode_s_per_layer * 1e3, "worker calibrated");
-                if let Some(p) = shared.state().peers.get_mut(&peer) {
-                    p.calibration = Some(c);
-                }
-                shared.replace();
-            }
-            Message::Telemetry(t) => {
-                // The typed report as the JSON object the state and the
-                // dashboard read their fields from.
-                let extra = serde_json::to_value(&t).unwrap_or(serde_json::Value::Null);
-                let mut st = shared.state();
-                if let Some(p) = st.peers.get_mut(&peer) {
-                    let was = p.condition();
-                    p.extra = extra;
-                    p.telemetry = Some(t);
-                    let now = p.condition();
-                    if core::after_condition(&was, &now) != core::Replace::No {
-                        let (was, now) = (slowdown(&was), slowdown(&now));
-                        info!(%peer, was, now, "a worker's condition changed; placing again");
-                        drop(st);
-                        shared.replace();
-                        continue;
-                    }
-                }
-                drop(st);
-                shared.touch();
-            }
-            Message::Pause { reason } => {
-                info!(%peer, %reason, "worker pausing");
-                if let Some(p) = shared.state().peers.get_mut(&peer) {
-                    p.paused = Some(reason);
-                }
-                shared.replace();
-            }
-            Message::Resume => {
-                info!(%peer, "worker resumed");
-                if let Some(p) = shared.state().peers.get_mut(&peer) {
-                    p.paused = None;
-                }
-                shared.replace();
-            }
-            other => debug!(%peer, kind = other.kind(), "unexpected message from a worker"),
         }
     };
-    let (current, online) = shared
-        .state()
-        .peers
-        .get(&peer)
-        .map_or((false, false), |p| (p.link_gen == generation, p.online));
-    if current && online {
-        info!(%peer, error = %end, "worker link ended");
-        shared.peer_lost(&peer, &end.to_string());
-    } else if !online {
-        // Already counted as lost: fail what was sent to it since.
-        shared.fail_pending(&peer, &end.to_string());
-    }
+    shared.input(ClusterInput::LinkDown {
+        peer,
+        generation: Some(generation),
+        why: end.to_string(),
+    });
 }
 
 /// The request-failed error code a stage uses when the request is at fault.

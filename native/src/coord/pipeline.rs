@@ -176,8 +176,9 @@ enum Wake {
     Changed,
 }
 
-/// A request's core with what its shell keeps beside it: the links of
-/// every placement it has seen and its entry in `Shared::pending`.
+/// A request's core with what its shell keeps beside it: every placement
+/// it has seen (a stage's link is the shell's of that stage's generation)
+/// and its entry in `Shared::pending`.
 struct Driver<'a> {
     shared: &'a Shared,
     id: u64,
@@ -256,7 +257,7 @@ impl Driver<'_> {
                         .placements
                         .get(&epoch)
                         .and_then(|a| a.stages.iter().find(|s| s.peer == peer))
-                        .map(|s| s.sender.clone());
+                        .and_then(|s| self.shared.sender(&peer, s.generation));
                     let sent = match sender {
                         Some(s) => s.send(msg).await.map_err(|e| e.to_string()),
                         None => Err("no link to it".into()),

@@ -1,18 +1,19 @@
 //! The cluster as the coordinator sees it: peers, their links and
-//! telemetry, the placement, the requests in flight.
+//! telemetry, the placement, the requests in flight. Data only: the core
+//! (`core::Cluster`) owns it and changes it, the dashboard and the request
+//! shells read it; the links themselves stay with the shell.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use cairn_engine::placement::{DeviceCondition, Prediction, Stage};
 use cairn_engine::protocol::{Calibration, Telemetry};
+use cairn_engine::session::SessionStats;
 use cairn_engine::worker::Capabilities;
 use cairn_signal::protocol::PeerId;
 use serde::Serialize;
-use tokio::sync::watch;
 
 use super::core::{Placement, StageView};
-use crate::link::{LinkSender, LinkStats};
 
 /// What a peer is doing, as the dashboard shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -29,8 +30,9 @@ pub enum PeerStatus {
 
 pub struct PeerState {
     pub caps: Capabilities,
-    pub sender: Option<LinkSender>,
-    pub stats: Option<watch::Receiver<LinkStats>>,
+    /// The coordinator's link to it as last measured (RTT, throughput,
+    /// loss), copied in by the shell; none before the first copy.
+    pub link: Option<SessionStats>,
     /// Bumped on every new link, so a dead link's reader cannot mark its
     /// successor offline.
     pub link_gen: u64,
@@ -133,7 +135,9 @@ pub struct ActiveStage {
     pub direct: bool,
     pub start: usize,
     pub end: usize,
-    pub sender: LinkSender,
+    /// The link (its generation) the stage was loaded over; its steps go
+    /// over that link only, and fail once it is down.
+    pub generation: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use crate::coord::Shared;
-use crate::coord::placer::profiles;
+use crate::coord::core::profiles;
 
 /// The cluster as JSON: peers, links, placement, requests, warnings.
 pub fn cluster_json(shared: &Shared) -> Value {
@@ -69,8 +69,7 @@ pub fn cluster_json(shared: &Shared) -> Value {
             "calibration": p.calibration,
             "joined_s_ago": p.joined.elapsed().as_secs(),
         }));
-        if let Some(stats) = &p.stats {
-            let s = stats.borrow().clone();
+        if let Some(s) = &p.link {
             links.push(json!({
                 "from": shared.local_id.to_string(),
                 "to": id.to_string(),
@@ -382,7 +381,7 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "# HELP cairn_link_rtt_seconds Smoothed round trip to a worker.\n# TYPE cairn_link_rtt_seconds gauge"
     );
     for (id, p) in &st.peers {
-        if let Some(rtt) = p.stats.as_ref().and_then(|w| w.borrow().rtt_smoothed) {
+        if let Some(rtt) = p.link.as_ref().and_then(|l| l.rtt_smoothed) {
             let _ = writeln!(
                 s,
                 "cairn_link_rtt_seconds{{peer=\"{id}\"}} {}",

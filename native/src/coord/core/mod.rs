@@ -1,23 +1,42 @@
 //! The coordinator's rules, without IO: state machines that take inputs
-//! (what the cluster looks like now, a stage's answer, a failed send, a
-//! cancellation, the current time) and give outputs (send this message to
-//! that stage, stream this token, take this worker out of service, arm a
-//! timer at this instant), in the manner of str0m. Nothing in here awaits,
-//! touches a socket or reads the clock: the async shell (pipeline.rs, the
-//! placer, the link readers) feeds inputs and carries out outputs, and the
-//! tests drive the same machines with made-up time.
+//! and give outputs, in the manner of str0m. Nothing in here awaits,
+//! touches a socket or reads the clock: the async shell (coord/mod.rs for
+//! the cluster, pipeline.rs for each request) feeds inputs and carries out
+//! outputs, and the tests drive the same machines with made-up time.
+//!
+//! - [`Cluster`] (`cluster.rs`): the cluster's state and its rules. Inputs: a
+//!   peer joined or left, a link up (with its capabilities and generation)
+//!   or down, a worker's message (calibration, telemetry, pause, resume, a
+//!   `LoadShard`'s answer), a loss a request found, a failed send, a manual
+//!   placement, the time. Outputs: link to a peer, send a message over a
+//!   link of a generation (`Calibrate`, `LoadShard`), close a link, fail the
+//!   runs on a lost worker, the state changed. It owns the peer table, the
+//!   debounce, the placement being loaded, the active placement with its
+//!   epoch and the retry after a failure.
+//! - `plan.rs`: which placement to run (device profiles, manual or
+//!   automatic, unchanged) and each stage's `next`/`prev`.
+//! - `peers.rs`: what a worker's condition or loss means for placing again.
+//! - `placing.rs`: the debounce and one round of `LoadShard` answers.
+//! - [`Request`] (`request.rs`): one request from admission to its end
+//!   (runs, chain and relays, step and stall timeouts, retries, recovery),
+//!   seeing the cluster through [`ClusterView`] (`view.rs`).
 
+mod cluster;
 mod peers;
 mod placing;
+mod plan;
 mod request;
 mod view;
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod peers_tests;
 #[cfg(test)]
 mod tests;
 
-pub use peers::{Replace, after_condition, after_loss, condition, runs_lost};
-pub use placing::{Debounce, Loading};
+pub use cluster::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
+pub use peers::{condition, runs_lost};
+pub use plan::profiles;
 pub use request::{Count, Input, Output, Request, RequestConfig};
 pub use view::{ClusterView, Placement, StageView};

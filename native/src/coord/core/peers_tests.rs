@@ -8,7 +8,7 @@ use cairn_engine::protocol::{Battery, Telemetry, Visibility};
 use cairn_signal::protocol::PeerId;
 
 use super::peers::{Replace, after_condition, after_loss, condition, runs_lost};
-use super::placing::{DEBOUNCE, URGENT_DEBOUNCE};
+use super::placing::{DEBOUNCE, Debounce, URGENT_DEBOUNCE};
 use super::*;
 
 fn peer(name: &str) -> PeerId {

@@ -77,6 +77,11 @@ impl Loading {
         }
     }
 
+    /// Whether `peer` is a worker of this load that has not answered yet.
+    pub fn waits_for(&self, peer: &PeerId) -> bool {
+        self.answers.iter().any(|(p, a)| p == peer && a.is_none())
+    }
+
     pub fn poll_timeout(&self) -> Instant {
         self.deadline
     }

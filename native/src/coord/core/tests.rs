@@ -8,7 +8,7 @@ use cairn_engine::kernels::SampleParams;
 use cairn_engine::protocol::{DType, Message, Tensor, error_code};
 use cairn_signal::protocol::PeerId;
 
-use super::placing::{DEBOUNCE, LOAD_TIMEOUT, URGENT_DEBOUNCE};
+use super::placing::{DEBOUNCE, Debounce, LOAD_TIMEOUT, Loading, URGENT_DEBOUNCE};
 use super::request::{MAX_RETRIES, MIN_STALL};
 use super::*;
 use crate::coord::pipeline::{FinishReason, GenRequest};
