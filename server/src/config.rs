@@ -47,6 +47,20 @@ pub struct SignalConfig {
     /// Routes merged into the server's router (the coordinator's own
     /// endpoints). They must not overlap `/healthz`, `/ws`, `/admin/*`.
     pub extra_routes: Option<axum::Router>,
+    /// What `/healthz` reports besides the server answering at all: an
+    /// embedder's own readiness (a coordinator out of its room, or with no
+    /// placement that can serve, is not healthy). `Err` gives 503 and why.
+    pub health: Option<HealthCheck>,
+}
+
+/// An embedder's readiness for `/healthz`.
+#[derive(Clone)]
+pub struct HealthCheck(pub std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for HealthCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HealthCheck")
+    }
 }
 
 /// The port `cairn-signal serve` listens on unless told otherwise.
@@ -63,6 +77,7 @@ impl Default for SignalConfig {
             revocations_file: None,
             limits: Limits::default(),
             extra_routes: None,
+            health: None,
         }
     }
 }

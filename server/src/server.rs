@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::routing::{get, post};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -71,6 +71,7 @@ impl Server {
             revocations_file,
             limits,
             extra_routes,
+            health,
         } = config;
         limits.validate().map_err(SignalError::Config)?;
         let tls = match &tls_mode {
@@ -104,7 +105,21 @@ impl Server {
         });
 
         let mut router = Router::new()
-            .route("/healthz", get(|| async { "ok\n" }))
+            .route(
+                "/healthz",
+                get(move || {
+                    let verdict = health.as_ref().map_or(Ok(()), |check| (check.0)());
+                    async move {
+                        match verdict {
+                            Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+                            Err(why) => (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                format!("unhealthy: {why}\n"),
+                            ),
+                        }
+                    }
+                }),
+            )
             .route("/ws", get(session::ws_handler))
             .route(
                 "/admin/revoke",

@@ -1203,3 +1203,31 @@ async fn sessions_are_capped_per_token_and_per_address() {
     assert!(raw_from(&server, &q, "127.0.0.2").await.is_ok());
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn healthz_reports_the_embedders_readiness() {
+    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let check = {
+        let ready = ready.clone();
+        cairn_signal::HealthCheck(std::sync::Arc::new(move || {
+            if ready.load(std::sync::atomic::Ordering::Relaxed) {
+                Ok(())
+            } else {
+                Err("no placement can serve".into())
+            }
+        }))
+    };
+    let server = start(SignalConfig {
+        health: Some(check),
+        ..config()
+    })
+    .await;
+    let addr = server.local_addr();
+    assert_eq!(
+        http_get(addr, "/healthz").await,
+        (503, "unhealthy: no placement can serve\n".into())
+    );
+    ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(http_get(addr, "/healthz").await, (200, "ok\n".into()));
+    server.shutdown().await;
+}

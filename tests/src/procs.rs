@@ -169,6 +169,16 @@ pub fn post_raw(url: &str, body: &str) -> (u16, Value) {
     (status, v)
 }
 
+/// GET `url`: the status and the body as text, whatever the status.
+pub fn get_text(url: &str) -> (u16, String) {
+    let resp = match ureq::get(url).timeout(Duration::from_secs(60)).call() {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("GET {url}: {e}"),
+    };
+    (resp.status(), resp.into_string().unwrap_or_default())
+}
+
 /// A `cairn-signal serve` on a loopback port, with a secret file to issue tokens.
 pub struct Signal {
     pub proc: Proc,

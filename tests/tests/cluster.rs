@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use cairn_tests::model_path;
 use cairn_tests::procs::{
-    Proc, Serve, Signal, SseReader, artifacts, bin, free_port, get_json, post_json, post_raw,
-    wait_for,
+    Proc, Serve, Signal, SseReader, artifacts, bin, free_port, get_json, get_text, post_json,
+    post_raw, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -187,6 +187,10 @@ fn cluster_serves_survives_a_kill_and_a_join() {
     wait_for(Duration::from_secs(60), "the coordinator's API", || {
         get_json(&format!("{api}/v1/models"))
     });
+    // Up, but with no worker nothing can be served: health says so.
+    let (status, text) = get_text(&format!("{api}/healthz"));
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("no placement can serve"), "{text}");
 
     let mut workers: Vec<(Proc, String)> = (0..3)
         .map(|i| {
@@ -220,6 +224,7 @@ fn cluster_serves_survives_a_kill_and_a_join() {
     );
     assert_eq!(placed.first().map(|s| s.1), Some(0));
     assert_eq!(placed.last().map(|s| s.2), Some(30));
+    assert_eq!(get_text(&format!("{api}/healthz")), (200, "ok\n".into()));
 
     // Bad requests get OpenAI-style errors with the right status.
     let (status, body) = post_raw(&format!("{api}/v1/completions"), "{not json");
@@ -573,6 +578,9 @@ fn a_throttled_worker_loses_its_layers() {
     let model = model.to_str().expect("utf-8 path");
     let serve = Serve::embedded(&dir, model, &["--no-mdns", "--ctx", "256"]);
     let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
+    // The embedded cairn-signal's /healthz speaks for the coordinator.
+    let (status, text) = get_text(&format!("{api}/healthz"));
+    assert_eq!(status, 503, "{text}");
     let mut workers = Vec::new();
     for name in ["a", "b"] {
         let sys = dir.join(format!("sys-{name}"));
@@ -619,6 +627,7 @@ fn a_throttled_worker_loses_its_layers() {
         let s = stages(api);
         (!s.is_empty()).then_some(s)
     });
+    assert_eq!(get_text(&format!("{api}/healthz")), (200, "ok\n".into()));
     let (_, hot, sys) = workers
         .iter()
         .max_by_key(|(_, id, _)| layers_of(&before, id))

@@ -15,7 +15,7 @@ use cairn_engine::placement::Stage;
 use cairn_native::coord::{Coordinator, CoordinatorOptions, api};
 use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
-use cairn_signal::{Claims, MdnsMode, Role, Server, SignalConfig};
+use cairn_signal::{Claims, HealthCheck, MdnsMode, Role, Server, SignalConfig};
 use tower::ServiceExt;
 
 use crate::cmd::ice_args::IceArgs;
@@ -134,6 +134,16 @@ async fn serve(a: Args) -> Result<()> {
     // starts first (the coordinator joins through it), so it forwards to a
     // router filled in later.
     let late: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
+    // The embedded server's `/healthz` reports the coordinator's readiness
+    // once there is a coordinator.
+    let late_coord: Arc<OnceLock<Arc<cairn_native::coord::Shared>>> = Arc::new(OnceLock::new());
+    let health = {
+        let late_coord = late_coord.clone();
+        HealthCheck(Arc::new(move || match late_coord.get() {
+            Some(shared) => shared.health(),
+            None => Err("starting".into()),
+        }))
+    };
     let forward = {
         let late = late.clone();
         Router::new().fallback(move |request: Request| {
@@ -162,6 +172,7 @@ async fn serve(a: Args) -> Result<()> {
                     MdnsMode::Lan
                 },
                 extra_routes: Some(forward.clone()),
+                health: Some(health),
                 ..SignalConfig::default()
             })
             .await
@@ -220,6 +231,7 @@ async fn serve(a: Args) -> Result<()> {
         step_timeout: Duration::from_secs(120),
     })
     .await?;
+    let _ = late_coord.set(coord.shared.clone());
     let router = api::router(coord.shared.clone());
     if a.signal.is_some() {
         let listener = tokio::net::TcpListener::bind(a.listen)

@@ -120,6 +120,9 @@ pub struct Shared {
     next_request: AtomicU64,
     pub metrics: pipeline::Metrics,
     pub started: Instant,
+    /// Whether the coordinator is still in its room (its signaling session
+    /// is open): without it no worker can join or link again.
+    in_room: std::sync::atomic::AtomicBool,
 }
 
 /// The cluster's state, borrowed from the core for reading (and for the
@@ -150,6 +153,20 @@ impl Shared {
             cluster.set_link(peer, l.generation, stats);
         }
         cluster
+    }
+
+    /// Whether the cluster can serve a request now, for `/healthz`: the
+    /// coordinator is in its room and a placement is loaded.
+    pub fn health(&self) -> Result<(), String> {
+        if !self.in_room.load(Ordering::Relaxed) {
+            return Err("the coordinator is out of its room (its signaling session ended)".into());
+        }
+        let st = self.state();
+        if st.status == state::PlacementStatus::Ready && st.active.is_some() {
+            Ok(())
+        } else {
+            Err(format!("no placement can serve: {}", st.message))
+        }
     }
 
     pub fn state(&self) -> StateGuard<'_> {
@@ -316,6 +333,7 @@ impl Coordinator {
             next_request: AtomicU64::new(1),
             metrics: pipeline::Metrics::default(),
             started: Instant::now(),
+            in_room: std::sync::atomic::AtomicBool::new(true),
         });
         tokio::spawn(event_loop(shared.clone(), mesh));
         tokio::spawn(timer(shared.clone(), feedback_rx));
@@ -384,6 +402,8 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh) {
             }
             MeshEvent::SignalClosed => {
                 warn!("the signaling session ended; no new workers can join");
+                shared.in_room.store(false, Ordering::Relaxed);
+                shared.touch();
             }
         }
     }

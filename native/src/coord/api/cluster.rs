@@ -291,6 +291,18 @@ pub async fn preview(
     ))
 }
 
+/// `/healthz`: 200 while the cluster can serve, 503 and why while it cannot
+/// (out of its room, or no placement loaded).
+pub async fn health(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    match shared.health() {
+        Ok(()) => (StatusCode::OK, "ok\n".into()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why}\n"),
+        ),
+    }
+}
+
 /// Prometheus text format.
 pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let m = &shared.metrics;

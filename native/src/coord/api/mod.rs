@@ -33,6 +33,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         )
         .layer(middleware::from_fn_with_state(shared.clone(), require_key));
     let open = Router::new()
+        .route("/healthz", get(cluster::health))
         .route("/api/cluster", get(cluster::cluster))
         .route("/api/events", get(cluster::events))
         .route("/api/placement", get(cluster::get_placement))
