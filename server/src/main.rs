@@ -328,6 +328,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         revocations_file: args.revocations,
         limits,
         extra_routes: None,
+        health: None,
     };
     let server = Server::bind(config).await?;
     // Plain lines on stdout for people and scripts (the bench reads the first).
