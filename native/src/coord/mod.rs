@@ -392,7 +392,7 @@ async fn read_link(shared: Arc<Shared>, mut link: Link, generation: u64) {
                 if let Some(p) = st.peers.get_mut(&peer) {
                     let was = p.condition();
                     p.extra = extra;
-                    p.telemetry = Some(t);
+                    p.telemetry = Some(*t);
                     let now = p.condition();
                     if core::after_condition(&was, &now) != core::Replace::No {
                         let (was, now) = (slowdown(&was), slowdown(&now));

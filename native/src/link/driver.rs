@@ -72,10 +72,6 @@ pub(crate) enum Report {
 type ProbeWaiter = oneshot::Sender<Result<f64, LinkError>>;
 
 /// What the application hands a link to send.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a Message (protocol v4's typed Telemetry) is most of what moves through here; boxing it would allocate on every step"
-)]
 enum Outgoing {
     Message(Message, Option<OwnedSemaphorePermit>),
     Probe(usize, oneshot::Sender<Result<f64, LinkError>>),
