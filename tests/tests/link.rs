@@ -155,12 +155,12 @@ fn interleaved(from: u32) -> Vec<Message> {
                 pos0: i,
                 tensor: random_tensor(1024 * (1 + (i as usize % 70)), i),
             },
-            3 => Message::Telemetry(Telemetry {
+            3 => Message::Telemetry(Box::new(Telemetry {
                 queue_depth: i,
                 forwards: i,
                 paused: Some(format!("telemetry {i}")),
                 ..Telemetry::default()
-            }),
+            })),
             _ => Message::Error {
                 code: 4,
                 text: format!("not really an error {i}"),

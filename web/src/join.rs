@@ -906,7 +906,7 @@ impl Worker {
             return;
         };
         let t = self.host.telemetry(self.stage.telemetry());
-        let _ = link.send_now(&Message::Telemetry(t));
+        let _ = link.send_now(&Message::Telemetry(Box::new(t)));
     }
 
     /// Tells the coordinator a change of pause (`Pause` when the tab is hidden or

@@ -1,7 +1,8 @@
 //! The backend abstraction: a [`Device`] owns buffers and runs [`Op`]s.
 //!
 //! Backends form a closed enum (`wgpu`, `cpu`, and behind cargo features `cuda` and `vulkan`)
-//! so callers never need `#[cfg]`. Buffers are owned handles freed on drop, with live bytes
+//! so callers never need `#[cfg]`: a backend whose feature is off keeps its variant, holding a
+//! stand-in type that has no values. Buffers are owned handles freed on drop, with live bytes
 //! accounted per device. The API is async because a browser maps GPU buffers asynchronously;
 //! native callers can block with the `*_blocking` helpers.
 
@@ -130,7 +131,6 @@ impl Accounting {
 pub(crate) enum Storage {
     Cpu(cpu::CpuStorage),
     Wgpu(::wgpu::Buffer),
-    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
     Cuda(cuda::CudaStorage),
 }
 
@@ -182,7 +182,6 @@ impl Drop for Buffer {
 enum Inner {
     Cpu(cpu::CpuBackend),
     Wgpu(Box<wgpu::WgpuBackend>),
-    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
     Cuda(Box<cuda::CudaBackend>),
 }
 
@@ -214,20 +213,11 @@ impl Device {
         }
     }
 
-    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
     pub(crate) fn new_cuda(info: DeviceInfo, backend: cuda::CudaBackend) -> Device {
         Device {
             inner: Inner::Cuda(Box::new(backend)),
             info,
             accounting: Default::default(),
-        }
-    }
-
-    #[cfg(all(test, feature = "cuda", not(target_arch = "wasm32")))]
-    pub(crate) fn cuda_backend(&self) -> Option<&cuda::CudaBackend> {
-        match &self.inner {
-            Inner::Cuda(b) => Some(b),
-            _ => None,
         }
     }
 
@@ -241,7 +231,6 @@ impl Device {
             // The `vulkan` backend drives its own VkDevice through the wgpu executor.
             Inner::Wgpu(_) if self.info.backend == BackendKind::Vulkan => BackendKind::Vulkan,
             Inner::Wgpu(_) => BackendKind::Wgpu,
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             Inner::Cuda(_) => BackendKind::Cuda,
         }
     }
@@ -261,7 +250,6 @@ impl Device {
         match &self.inner {
             Inner::Cpu(_) => u64::MAX >> 1,
             Inner::Wgpu(b) => b.max_binding_bytes(),
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             Inner::Cuda(b) => b.max_buffer_bytes(),
         }
     }
@@ -279,7 +267,6 @@ impl Device {
         let storage = match &self.inner {
             Inner::Cpu(b) => Storage::Cpu(b.alloc(label, bytes)?),
             Inner::Wgpu(b) => Storage::Wgpu(b.alloc(label, bytes)?),
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             Inner::Cuda(b) => Storage::Cuda(b.alloc(label, bytes)?),
         };
         let id = self.accounting.add(bytes);
@@ -308,7 +295,6 @@ impl Device {
                 Ok(())
             }
             (Inner::Wgpu(b), Storage::Wgpu(s)) => b.write(s, offset, data),
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             (Inner::Cuda(b), Storage::Cuda(s)) => b.write(s, offset, data),
             _ => Err(BackendError::ForeignBuffer {
                 label: buf.label.clone(),
@@ -331,7 +317,6 @@ impl Device {
         match &self.inner {
             Inner::Cpu(b) => b.run(ops),
             Inner::Wgpu(b) => b.run(ops, &self.accounting),
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             Inner::Cuda(b) => b.run(ops),
         }
     }
@@ -340,8 +325,7 @@ impl Device {
     /// than one by one (`cuda` fuses decode ops); `None` elsewhere.
     pub fn launches_in_last_run(&self) -> Option<usize> {
         match &self.inner {
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-            Inner::Cuda(b) => b.stats().map(|s| s.last_launches as usize),
+            Inner::Cuda(b) => b.launches_in_last_run(),
             _ => None,
         }
     }
@@ -352,7 +336,6 @@ impl Device {
         match (&self.inner, &buf.storage) {
             (Inner::Cpu(_), Storage::Cpu(s)) => Ok(s.read(offset, len)),
             (Inner::Wgpu(b), Storage::Wgpu(s)) => b.read(s, offset, len).await,
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             (Inner::Cuda(b), Storage::Cuda(s)) => b.read(s, offset, len),
             _ => Err(BackendError::ForeignBuffer {
                 label: buf.label.clone(),
@@ -374,7 +357,6 @@ impl Device {
         match &self.inner {
             Inner::Cpu(_) => Ok(()),
             Inner::Wgpu(b) => b.sync().await,
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             Inner::Cuda(b) => b.sync(),
         }
     }
@@ -395,7 +377,6 @@ impl Device {
     ) -> Result<bool> {
         self.check_range("copy_to", src, src_offset, bytes)?;
         dst_dev.check_range("copy_to", dst, dst_offset, bytes)?;
-        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
         if let (Inner::Cuda(s), Inner::Cuda(d), Storage::Cuda(ss), Storage::Cuda(ds)) =
             (&self.inner, &dst_dev.inner, &src.storage, &dst.storage)
         {

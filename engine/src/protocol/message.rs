@@ -390,7 +390,9 @@ pub enum Message {
         next: Option<Hop>,
         prev: Option<String>,
     },
-    Telemetry(Telemetry),
+    /// Boxed: the largest payload by far, and the rarest, which would otherwise set the size
+    /// of every message (serde writes a box as what it holds, so the wire is the same).
+    Telemetry(Box<Telemetry>),
     /// Throughput probe: `payload` is padding the receiver counts and drops,
     /// answering with `ProbeAck`.
     Probe {

@@ -419,7 +419,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     prev,
                 }
             }),
-        arb_telemetry().prop_map(Message::Telemetry),
+        arb_telemetry().prop_map(|t| Message::Telemetry(Box::new(t))),
         (any::<u64>(), prop::collection::vec(any::<u8>(), 0..3000))
             .prop_map(|(nonce, payload)| Message::Probe { nonce, payload }),
         (any::<u64>(), any::<u64>()).prop_map(|(nonce, bytes)| Message::ProbeAck { nonce, bytes }),
@@ -667,4 +667,34 @@ fn telemetry_reads_as_the_fields_the_coordinator_weighs() {
     assert_eq!(json["links"]["w2"]["rtt_ms"], 1.5);
     let battery: Battery = serde_json::from_value(serde_json::json!({"level": 0.8})).unwrap();
     assert_eq!(battery.charging, None);
+}
+
+/// `Telemetry` is boxed so that it does not set the size of every message a link or the
+/// coordinator moves; the wire does not see the box: variant 6, then the struct's fields.
+#[test]
+fn a_message_is_small_and_boxed_telemetry_keeps_its_wire_bytes() {
+    assert!(
+        std::mem::size_of::<Message>() <= 160,
+        "{} bytes",
+        std::mem::size_of::<Message>()
+    );
+    let m = Message::Telemetry(Box::new(Telemetry {
+        uptime_ms: 5,
+        queue_depth: 2,
+        backend: Some("cuda".into()),
+        ..Telemetry::default()
+    }));
+    let mut head = vec![6, 5, 2];
+    head.extend([0; 4]); // tokens_per_s
+    head.extend([0, 0]); // memory used and total
+    head.extend([0; 16]); // utilization, kernel_ms
+    head.extend([0; 11]); // forward_ms .. paused
+    head.extend([1, 4, b'c', b'u', b'd', b'a']); // backend
+    head.push(0); // links
+    let mut want = head.clone();
+    want.extend((head.len() as u32).to_le_bytes());
+    let encoded = super::message::encode(&m).unwrap();
+    assert!(encoded.body.is_empty());
+    assert_eq!(encoded.tail, want);
+    assert_eq!(super::message::decode(want).unwrap(), m);
 }

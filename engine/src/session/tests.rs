@@ -252,10 +252,10 @@ fn periodic_probes_follow_the_interval() {
 fn flow_control_blocks_and_resumes() {
     let (mut a, mut b) = linked();
     // An application message of 30 kB: several frames.
-    let data = Message::Telemetry(crate::protocol::Telemetry {
+    let data = Message::Telemetry(Box::new(crate::protocol::Telemetry {
         backend: Some("x".repeat(30_000)),
         ..Default::default()
-    });
+    }));
     a.send(&data).expect("send");
     assert!(!a.takes_messages(), "one message at a time");
     // A transport that holds what it is given until it drains.

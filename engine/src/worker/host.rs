@@ -402,7 +402,7 @@ mod tests {
                 nonce: 1,
                 sent_us: 2,
             },
-            Message::Telemetry(Telemetry::default()),
+            Message::Telemetry(Box::default()),
             Message::Resume,
         ] {
             assert_eq!(host.on_message(chatter), HostAction::Ignore);

@@ -165,10 +165,6 @@ fn cluster_view(shared: &Shared) -> (ClusterView, Option<Active>) {
 }
 
 /// Why the shell woke.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a Message (protocol v4's typed Telemetry) is most of what moves through here; boxing it would allocate on every step"
-)]
 enum Wake {
     Input(Input),
     Timer,

@@ -58,10 +58,6 @@ impl Inbox for VecDeque<Message> {
 }
 
 /// What the application side woke the driver for.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "lives for one wake-up, on the stack; boxing would allocate for every message sent"
-)]
 pub(crate) enum AppWake {
     /// Something to send; `None`: every sender is gone.
     Outgoing(Option<Outgoing>),

@@ -16,10 +16,6 @@ use super::stats::LinkStats;
 pub(crate) type ProbeWaiter = oneshot::Sender<Result<f64, LinkError>>;
 
 /// What the application hands a link to send.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a Message (protocol v4's typed Telemetry) is most of what moves through here; boxing it would allocate on every step"
-)]
 pub(crate) enum Outgoing {
     /// A message, with the share of the send budget it holds until written.
     Message(Message, Option<OwnedSemaphorePermit>),

@@ -237,7 +237,7 @@ async fn serve_link(
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .peer_stats();
-                    let _ = out_tx.send(Message::Telemetry(t));
+                    let _ = out_tx.send(Message::Telemetry(Box::new(t)));
                 }
             }
         }

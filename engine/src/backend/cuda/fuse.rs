@@ -11,9 +11,9 @@
 //! written by one block while another reads it) is refused here, and those ops run as they
 //! are. Pure logic: tested without a GPU.
 
-use super::launch::{Kernel, Launch, MATVEC_MAX_TOKENS, ModuleKey, lane_step};
+use super::launch::{Kernel, Launch, MATVEC_MAX_TOKENS, ModuleKey, lane_step, words};
 use crate::backend::Buffer;
-use crate::kernels::op::row_bytes;
+use crate::kernels::op::{params, row_bytes};
 use crate::kernels::{self, Op};
 use crate::quant::GgmlType;
 
@@ -21,7 +21,32 @@ use crate::quant::GgmlType;
 /// 48 KiB: rows of up to 12,288 floats (Llama-3-70B's are 8,192).
 const MAX_STAGE_BYTES: u64 = 48 * 1024;
 
-/// Bits of the `flags` parameter word (kernels/linear.cu).
+params!(
+    /// What every fused kernel (`linear_fused`, `linear_fused_split`, `linear_glu`,
+    /// `linear_glu_split`: one body in kernels/linear.cu) reads: the products' shapes, which
+    /// parts are fused (`flags`), the norm's epsilon, the rope, and the word offset in the KV
+    /// cache where each product is also written. Unused members are zero.
+    FusedLinearParams {
+        rows0: u32,
+        cols: u32,
+        tokens: u32,
+        row_bytes: u32,
+        rows1: u32,
+        rows2: u32,
+        flags: u32,
+        eps: f32,
+        pos0: u32,
+        freq_base: f32,
+        head_dim: u32,
+        rope_dim: u32,
+        cache0: u32,
+        cache1: u32,
+        cache2: u32,
+        _pad: u32,
+    }
+);
+
+/// Bits of `FusedLinearParams::flags` (kernels/linear.cu).
 const FUSE_NORM: u32 = 1;
 const FUSE_RESID: u32 = 2;
 const FUSE_ROPE: u32 = 4;
@@ -394,24 +419,24 @@ pub(crate) fn plan<'a>(f: &Fused<'a>, max_blocks: u32) -> Launch<'a> {
     let (w0, y0) = product(0);
     let (w1, y1) = product(1);
     let (w2, y2) = product(2);
-    let mut params = [0u32; super::launch::PARAM_WORDS];
-    params[..15].copy_from_slice(&[
-        rows(0),
-        f.cols,
-        f.tokens,
-        row_bytes(f.wtype, f.cols),
-        rows(1),
-        rows(2),
+    let params = FusedLinearParams {
+        rows0: rows(0),
+        cols: f.cols,
+        tokens: f.tokens,
+        row_bytes: row_bytes(f.wtype, f.cols),
+        rows1: rows(1),
+        rows2: rows(2),
         flags,
-        norm.map_or(0.0, |n| n.eps).to_bits(),
-        rope.pos0,
-        rope.freq_base.to_bits(),
-        rope.head_dim,
-        rope.rope_dim,
-        cache_words[0],
-        cache_words[1],
-        cache_words[2],
-    ]);
+        eps: norm.map_or(0.0, |n| n.eps),
+        pos0: rope.pos0,
+        freq_base: rope.freq_base,
+        head_dim: rope.head_dim,
+        rope_dim: rope.rope_dim,
+        cache0: cache_words[0],
+        cache1: cache_words[1],
+        cache2: cache_words[2],
+        _pad: 0,
+    };
     Launch {
         kernel,
         module: ModuleKey::Weights(f.wtype),
@@ -433,7 +458,7 @@ pub(crate) fn plan<'a>(f: &Fused<'a>, max_blocks: u32) -> Launch<'a> {
             aux[1],
             aux[2],
         ],
-        params,
+        params: words(&params),
     }
 }
 
@@ -444,6 +469,24 @@ mod tests {
 
     fn cpu() -> Device {
         Device::new_cpu(crate::device::info::describe_cpu())
+    }
+
+    fn fused_params(l: &Launch) -> FusedLinearParams {
+        let size = std::mem::size_of::<FusedLinearParams>();
+        bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size])
+    }
+
+    /// The fused kernels read the struct at the start of their 16 words, member for member
+    /// as common.cuh declares it (NVRTC compiles that only on a GPU machine).
+    #[test]
+    fn the_fused_params_are_the_cuda_struct_and_fill_a_launch_s_words() {
+        use crate::kernels::op::cuda_declarations::{c_structs, same};
+        let c = c_structs(crate::kernels::op::cuda_declarations::COMMON);
+        assert_eq!(same::<FusedLinearParams>(&c), Ok(()));
+        assert_eq!(
+            std::mem::size_of::<FusedLinearParams>(),
+            super::super::launch::PARAM_WORDS * 4
+        );
     }
 
     struct Bufs {
@@ -616,11 +659,18 @@ mod tests {
         assert_eq!(l.kernel, Kernel::LinearFused, "64 columns: a warp per row");
         assert_eq!(l.grid, [8 + 4 + 4, 1, 1]);
         assert_eq!(l.shared, 64 * 4);
+        let p = fused_params(&l);
         assert_eq!(
-            l.params[6],
+            p.flags,
             FUSE_NORM | FUSE_ROPE | (FUSE_ROPE << 1) | (0b110 * FUSE_CACHE)
         );
-        assert_eq!(l.params[8], 7, "rope position");
+        assert_eq!(
+            (p.rows0, p.rows1, p.rows2, p.cols, p.tokens, p.row_bytes),
+            (64, 32, 32, 64, 1, 40)
+        );
+        assert_eq!((p.pos0, p.head_dim, p.rope_dim), (7, 32, 32), "the rope");
+        assert_eq!((p.eps, p.freq_base), (1e-5, 10000.0));
+        assert_eq!((p.cache0, p.cache1, p.cache2), (0, 7 * 32, 7 * 32));
         let Item::Fused(glu) = &items[3] else {
             unreachable!()
         };
@@ -634,7 +684,7 @@ mod tests {
         let Item::Fused(o) = &items[2] else {
             unreachable!()
         };
-        assert_eq!(plan(o, u32::MAX).params[6], FUSE_RESID);
+        assert_eq!(fused_params(&plan(o, u32::MAX)).flags, FUSE_RESID);
     }
 
     #[test]

@@ -108,6 +108,7 @@ pub(crate) struct Launch<'a> {
 
 /// The parameter words of `p`, zero-padded.
 pub(crate) fn words<P: bytemuck::Pod>(p: &P) -> [u32; PARAM_WORDS] {
+    const { assert!(std::mem::size_of::<P>() <= PARAM_WORDS * 4) };
     let mut w = [0u32; PARAM_WORDS];
     let bytes = bytemuck::bytes_of(p);
     bytemuck::cast_slice_mut::<u32, u8>(&mut w)[..bytes.len()].copy_from_slice(bytes);

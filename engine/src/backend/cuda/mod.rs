@@ -295,6 +295,11 @@ impl CudaBackend {
         self.exec.lock().ok().map(|e| e.stats)
     }
 
+    /// Kernel launches of the latest `run`, after fusion.
+    pub(crate) fn launches_in_last_run(&self) -> Option<usize> {
+        self.stats().map(|s| s.last_launches as usize)
+    }
+
     /// Copies `bytes` from `src` (on `src_dev`) to `dst` on this device.
     pub(crate) fn copy_from_peer(
         &self,
@@ -351,6 +356,13 @@ mod tests {
     use crate::backend::BackendKind;
     use crate::kernels::{Add, BufferCopy};
 
+    fn cuda_backend(dev: &Device) -> Option<&CudaBackend> {
+        match &dev.inner {
+            crate::backend::Inner::Cuda(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// On a machine with a CUDA driver, the first `cuda:N` device runs a kernel, a copy and a
     /// replayed graph; without one, discovery lists no cuda device and says why. The full
     /// kernel suite runs on cuda devices in tests/tests/kernels.rs.
@@ -396,7 +408,7 @@ mod tests {
             let off = 100 * (step % 2) as usize;
             assert_eq!(&got[off..off + 200], &want[..200], "step {step}");
         }
-        let stats = dev.cuda_backend().and_then(|b| b.stats()).expect("stats");
+        let stats = cuda_backend(&dev).and_then(|b| b.stats()).expect("stats");
         assert_eq!(
             (stats.direct_runs, stats.captures, stats.replays),
             (1, 1, 2)

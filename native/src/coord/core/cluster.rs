@@ -40,10 +40,6 @@ pub struct ClusterConfig {
 
 /// What happened, as the shell tells the core.
 #[derive(Debug)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a Message (protocol v4's typed Telemetry) is most of what comes in; boxing it would allocate on every report"
-)]
 pub enum ClusterInput {
     /// A peer is in the room (`worker`: it says it is one).
     PeerJoined {
@@ -89,10 +85,6 @@ pub enum ClusterInput {
 
 /// What the core asks the shell to do.
 #[derive(Debug, PartialEq)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a Message goes out in Send; the few outputs of an input are drained at once"
-)]
 pub enum ClusterOutput {
     /// Set up a link to `peer`.
     Connect(PeerId),
@@ -374,7 +366,7 @@ impl Cluster {
                 if let Some(p) = self.state.peers.get_mut(peer) {
                     let was = p.condition();
                     p.extra = extra;
-                    p.telemetry = Some(t);
+                    p.telemetry = Some(*t);
                     let is = p.condition();
                     replace = after_condition(&was, &is);
                     if replace != Replace::No {

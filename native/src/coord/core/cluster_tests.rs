@@ -788,10 +788,10 @@ fn telemetry_places_again_only_when_the_condition_changes() {
     h.take();
     h.say(
         &holder,
-        Message::Telemetry(Telemetry {
+        Message::Telemetry(Box::new(Telemetry {
             utilization: 0.9,
             ..telemetry()
-        }),
+        })),
     );
     assert_eq!(h.take(), vec![ClusterOutput::Changed]);
     assert_eq!(h.core.poll_timeout(), None);
@@ -799,10 +799,10 @@ fn telemetry_places_again_only_when_the_condition_changes() {
     // The holder turns critical: it is placed around.
     h.say(
         &holder,
-        Message::Telemetry(Telemetry {
+        Message::Telemetry(Box::new(Telemetry {
             pressure: Some("critical".into()),
             ..telemetry()
-        }),
+        })),
     );
     assert_eq!(h.core.poll_timeout(), Some(h.now + DEBOUNCE));
     let loads = h.place_and_load();
@@ -816,14 +816,14 @@ fn telemetry_with_a_nan_battery_does_not_break_placement() {
     h.join("a", WHOLE);
     h.say(
         "a",
-        Message::Telemetry(Telemetry {
+        Message::Telemetry(Box::new(Telemetry {
             battery: Some(Battery {
                 level: f64::NAN,
                 charging: None,
             }),
             utilization: f64::NAN,
             ..telemetry()
-        }),
+        })),
     );
     h.place_and_load();
     assert_eq!(h.epoch(), Some(1));

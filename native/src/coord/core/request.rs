@@ -39,10 +39,6 @@ pub struct RequestConfig {
 
 /// What happens to a request.
 #[derive(Debug)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a Message (protocol v4's typed Telemetry) is most of what moves through here; boxing it would allocate on every step"
-)]
 pub enum Input {
     /// The cluster as it is now (the shell gives one before every other
     /// input, so the rules below always see the present).
@@ -74,10 +70,6 @@ pub enum Count {
 
 /// What the shell must do for a request.
 #[derive(Debug)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a Message (protocol v4's typed Telemetry) is most of what moves through here; boxing it would allocate on every step"
-)]
 pub enum Output {
     /// Send `msg` to `peer` over the link of placement `epoch`.
     Send {

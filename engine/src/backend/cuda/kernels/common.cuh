@@ -1,8 +1,8 @@
 // Shared by every Cairn CUDA module (compiled at run time by NVRTC, so no system headers).
 //
 // Kernel ABI: the first argument points at this launch's 16 parameter words in the device's
-// parameter arena, which an op's kernel reads as the op's parameter struct below (the fused
-// kernels read words); buffers follow as raw pointers. Parameters live in device memory
+// parameter arena, which a kernel reads as its parameter struct below (an op's, or the fused
+// kernels' FusedLinearParams); buffers follow as raw pointers. Parameters live in device memory
 // rather than in kernel arguments so that a captured CUDA graph can be replayed with new
 // positions (decode steps) by rewriting the arena alone.
 
@@ -32,11 +32,15 @@ struct SampleKernelParams {
     u32 _pad;
 };
 struct CopyParams { u32 src_lo; u32 src_hi; u32 dst_lo; u32 dst_hi; u32 n_lo; u32 n_hi; };
+// The fused matrix-vector kernels' (linear.cu), as backend/cuda/fuse.rs writes them.
+struct FusedLinearParams {
+    u32 rows0; u32 cols; u32 tokens; u32 row_bytes; u32 rows1; u32 rows2; u32 flags; float eps;
+    u32 pos0; float freq_base; u32 head_dim; u32 rope_dim; u32 cache0; u32 cache1; u32 cache2;
+    u32 _pad;
+};
 
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
-
-__device__ __forceinline__ float param_f(const u32* P, int i) { return __uint_as_float(P[i]); }
 
 // f16 bits to f32 without cuda_fp16.h (not every NVRTC ships it as a built-in header).
 __device__ __forceinline__ float f16_bits_to_f32(u16 h) {

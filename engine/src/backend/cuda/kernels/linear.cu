@@ -158,11 +158,12 @@ embed(const EmbedParams* __restrict__ p, const u8* __restrict__ table, const u32
 // intermediate buffer included: the norm's output is still written (by the first block of each
 // token), and so are q, k, v, gate and up.
 //
-// P: rows0, cols, tokens, row_bytes, rows1, rows2, flags, eps, pos0, freq_base, head_dim,
-//    rope_dim, then the KV cache offsets (words) of matrices 0, 1 and 2.
+// Parameters: FusedLinearParams (common.cuh): the rows of matrices 0, 1 and 2, cols, tokens,
+// row_bytes, flags, the norm's eps, the rope (pos0, freq_base, head_dim, rope_dim), then the
+// KV cache offsets (words) of matrices 0, 1 and 2.
 // Buffers: x, norm weight, norm output, w0, y0, w1, y1, w2, y2, aux0, aux1, aux2 (unused ones
 // point at x and are never written). FUSE_RESID: out (aux1) = a (aux0) + y0. GLU: aux0 =
-// silu(y0) * y1. FUSE_CACHE << m: aux_m also receives matrix m's output, at word P[12 + m].
+// silu(y0) * y1. FUSE_CACHE << m: aux_m also receives matrix m's output, at word cache_m.
 // Dynamic shared memory: cols floats with FUSE_NORM, else none.
 #define FUSE_NORM 1u
 #define FUSE_RESID 2u
@@ -170,10 +171,10 @@ embed(const EmbedParams* __restrict__ p, const u8* __restrict__ table, const u32
 #define FUSE_CACHE 32u  // << m
 
 #define FUSED_ARGS                                                                              \
-    const u32 *__restrict__ P, const float *x, const float *__restrict__ nw, float *xn,        \
-        const u8 *__restrict__ w0, float *y0, const u8 *__restrict__ w1, float *y1,            \
+    const FusedLinearParams *__restrict__ p, const float *x, const float *__restrict__ nw,      \
+        float *xn, const u8 *__restrict__ w0, float *y0, const u8 *__restrict__ w1, float *y1, \
         const u8 *__restrict__ w2, float *y2, float *aux0, float *aux1, float *aux2
-#define FUSED_PASS P, x, nw, xn, w0, y0, w1, y1, w2, y2, aux0, aux1, aux2
+#define FUSED_PASS p, x, nw, xn, w0, y0, w1, y1, w2, y2, aux0, aux1, aux2
 
 // The activations this block multiplies: row t of x as it is, or normalized into shared memory
 // (same expression order as the rmsnorm kernel) and, by the token's first block, into xn. In
@@ -181,11 +182,12 @@ embed(const EmbedParams* __restrict__ p, const u8* __restrict__ table, const u32
 // 4096 floats; longer rows load theirs again), so a block waits on one round of loads.
 // fuse.rs fuses a norm only when cols is a multiple of 4.
 #define STAGE_REGS 4
-__device__ __forceinline__ const float* fused_x(const u32* P, const float* x, const float* nw,
-                                                float* xn, float* stage, float* red) {
-    const u32 cols = P[1], t = blockIdx.y;
+__device__ __forceinline__ const float* fused_x(const FusedLinearParams* p, const float* x,
+                                                const float* nw, float* xn, float* stage,
+                                                float* red) {
+    const u32 cols = p->cols, t = blockIdx.y;
     const float* xt = x + (size_t)t * cols;
-    if (!(P[6] & FUSE_NORM)) return xt;
+    if (!(p->flags & FUSE_NORM)) return xt;
     const u32 n4 = cols >> 2;
     const float4* x4 = reinterpret_cast<const float4*>(xt);
     const float4* g4 = reinterpret_cast<const float4*>(nw);
@@ -210,7 +212,7 @@ __device__ __forceinline__ const float* fused_x(const u32* P, const float* x, co
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     ss = block_sum(ss, red);
-    const float scale = 1.0f / sqrtf(ss / (float)cols + param_f(P, 7));
+    const float scale = 1.0f / sqrtf(ss / (float)cols + p->eps);
     float4* s4 = reinterpret_cast<float4*>(stage);
     float4* n4out = reinterpret_cast<float4*>(xn + (size_t)t * cols);
     const bool first = blockIdx.x == 0;
@@ -237,10 +239,11 @@ __device__ __forceinline__ const float* fused_x(const u32* P, const float* x, co
 
 // Run by threads 0..7 (lanes of warp 0) together, slot r = threadIdx.x holding its row's sum.
 template <bool GLU>
-__device__ __forceinline__ void fused_epilogue(const u32* P, u32 m, u32 rows, u32 row0, float s,
-                                               float* y0, float* y1, float* y2, float* aux0,
-                                               float* aux1, float* aux2) {
-    const u32 r = threadIdx.x, t = blockIdx.y, flags = P[6];
+__device__ __forceinline__ void fused_epilogue(const FusedLinearParams* p, u32 m, u32 rows,
+                                               u32 row0, float s, float* y0, float* y1,
+                                               float* y2, float* aux0, float* aux1,
+                                               float* aux2) {
+    const u32 r = threadIdx.x, t = blockIdx.y, flags = p->flags;
     if (GLU) {
         // Slots 0..3 are gate rows, 4..7 the same rows of up.
         const float other = __shfl_xor_sync(0xffu, s, 4);
@@ -260,11 +263,11 @@ __device__ __forceinline__ void fused_epilogue(const u32* P, u32 m, u32 rows, u3
         // Adjacent pairs (2i, 2i + 1) of a head: rows row0 + r and row0 + (r ^ 1), as row0 is a
         // multiple of 8 and head_dim is even. Same expression order as the rope kernel.
         const float other = __shfl_xor_sync(0xffu, s, 1);
-        const u32 hd = P[10], rd = P[11];
+        const u32 hd = p->head_dim, rd = p->rope_dim;
         const u32 j = (row0 + r) % hd;
         if (j < rd) {
-            const float pos = (float)(P[8] + t);
-            const float theta = pos * powf(param_f(P, 9), (-2.0f * (float)(j >> 1)) / (float)rd);
+            const float pos = (float)(p->pos0 + t);
+            const float theta = pos * powf(p->freq_base, (-2.0f * (float)(j >> 1)) / (float)rd);
             float sn, cs;
             sincosf(theta, &sn, &cs);
             v = (j & 1) ? other * sn + s * cs : s * cs - other * sn;
@@ -277,7 +280,8 @@ __device__ __forceinline__ void fused_epilogue(const u32* P, u32 m, u32 rows, u3
     y[i] = v;
     if (flags & (FUSE_CACHE << m)) {
         float* c = m == 0 ? aux0 : (m == 1 ? aux1 : aux2);
-        c[P[12 + m] + i] = v;
+        const u32 at = m == 0 ? p->cache0 : (m == 1 ? p->cache1 : p->cache2);
+        c[at + i] = v;
     }
     if (flags & FUSE_RESID) aux1[i] = aux0[i] + v;
 }
@@ -289,27 +293,27 @@ __device__ __forceinline__ void linear_fused_body(FUSED_ARGS) {
     extern __shared__ float stage[];
     __shared__ float part[8][MATVEC_ROWS];
     __shared__ float red[32];
-    const u32 cols = P[1], row_bytes = P[3];
+    const u32 cols = p->cols, row_bytes = p->row_bytes;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float* xs = fused_x(P, x, nw, xn, stage, red);
+    const float* xs = fused_x(p, x, nw, xn, stage, red);
     const u32 steps = cols / SUB;
     const u32 per = GLU ? MATVEC_ROWS / 2 : MATVEC_ROWS;
-    const u32 nb0 = (P[0] + per - 1) / per;
-    const u32 nb1 = GLU ? 0 : (P[4] + MATVEC_ROWS - 1) / MATVEC_ROWS;
-    const u32 nb2 = GLU ? 0 : (P[5] + MATVEC_ROWS - 1) / MATVEC_ROWS;
+    const u32 nb0 = (p->rows0 + per - 1) / per;
+    const u32 nb1 = GLU ? 0 : (p->rows1 + MATVEC_ROWS - 1) / MATVEC_ROWS;
+    const u32 nb2 = GLU ? 0 : (p->rows2 + MATVEC_ROWS - 1) / MATVEC_ROWS;
     for (u32 g = blockIdx.x; g < nb0 + nb1 + nb2; g += gridDim.x) {
         // The group's matrix and first row: matrix 0's groups first.
-        u32 m = 0, rows = P[0], bx = g;
+        u32 m = 0, rows = p->rows0, bx = g;
         const u8* wa = w0;
         if (bx >= nb0 + nb1) {
             m = 2;
             bx -= nb0 + nb1;
-            rows = P[5];
+            rows = p->rows2;
             wa = w2;
         } else if (bx >= nb0) {
             m = 1;
             bx -= nb0;
-            rows = P[4];
+            rows = p->rows1;
             wa = w1;
         }
         const u32 row0 = bx * per;
@@ -361,7 +365,7 @@ __device__ __forceinline__ void linear_fused_body(FUSED_ARGS) {
             } else {
                 s = part[0][threadIdx.x];
             }
-            fused_epilogue<GLU>(P, m, rows, row0, s, y0, y1, y2, aux0, aux1, aux2);
+            fused_epilogue<GLU>(p, m, rows, row0, s, y0, y1, y2, aux0, aux1, aux2);
         }
         __syncthreads();  // the epilogue has read `part` before the next group writes it
     }
