@@ -51,6 +51,18 @@ fn round_trip_error_is_within_one_step() {
     }
 }
 
+/// Every loadable type is readable in place on the GPU backends: a WGSL format (wgpu,
+/// vulkan, the browser) and a CUDA header (backend/cuda/compile.rs matches every type).
+#[test]
+fn every_type_has_a_wgsl_format() {
+    for ty in GgmlType::ALL {
+        assert!(
+            cairn_shaders::FORMATS.iter().any(|(n, _)| *n == ty.name()),
+            "{ty:?} has no shaders/formats entry"
+        );
+    }
+}
+
 #[test]
 fn unknown_types_are_named() {
     assert_eq!(GgmlType::from_id(20), Err("IQ4_NL"));
