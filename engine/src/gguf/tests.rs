@@ -362,7 +362,7 @@ fn k_quant_and_q5_tensors_round_trip() {
     };
     let mut w = GgufWriter::new();
     for (ty, _) in types {
-        w.add_tensor(&format!("t.{}", ty.name()), &[256, 3], ty, data(ty));
+        w.add_tensor(format!("t.{}", ty.name()), &[256, 3], ty, data(ty));
     }
     let bytes = w.finish();
     let g = GgufFile::parse(&bytes).unwrap();
