@@ -178,8 +178,14 @@ fn rand_f32(rng: &mut StdRng, n: usize) -> Vec<f32> {
 }
 
 /// Random quantized blocks with sane scales (random bytes would give NaN or inf scales).
+/// The 32-element formats with their scale first get random bytes with fixed scales; the
+/// others one random row, quantized, repeated (the bytes a product reads are the same).
 fn rand_weights(rng: &mut StdRng, ty: GgmlType, rows: u32, cols: u32) -> Vec<u8> {
     let row_bytes = ty.row_bytes(cols as usize).expect("whole blocks");
+    if !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
+        let row = cairn_engine::quant::quantize_row(ty, &rand_f32(rng, cols as usize));
+        return row.repeat(rows as usize);
+    }
     let mut out = vec![0u8; row_bytes * rows as usize];
     rng.fill(&mut out[..]);
     let d = 0x2400u16.to_le_bytes(); // f16 0.015625
@@ -473,10 +479,21 @@ impl Bench<'_> {
 
     fn matvec(&self, c: &mut Criterion) {
         let mut rng = StdRng::seed_from_u64(11);
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
+        // Q4_K_M files hold Q4_K, Q6_K and Q5_0 (rows of 256s only for the K-quants).
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
             let name = format!("matvec_{}", ty.name().to_ascii_lowercase());
             let mut g = self.group(c, &name);
             for &(rows, cols) in &self.tier.matvec {
+                if ty.row_bytes(cols as usize).is_none() {
+                    continue;
+                }
                 let w = rand_weights(&mut rng, ty, rows, cols);
                 let bytes = w.len() as u64;
                 if bytes > self.dev.max_buffer_bytes() {

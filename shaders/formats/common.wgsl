@@ -15,3 +15,12 @@ fn load_f16_at(byte: u32) -> f32 {
     let bits = select(word & 0xffffu, word >> 16u, (byte & 2u) != 0u);
     return unpack2x16float(bits).x;
 }
+
+fn load_u8_at(byte: u32) -> u32 {
+    return (w[byte >> 2u] >> ((byte & 3u) * 8u)) & 0xffu;
+}
+
+// The four bytes of a word, low byte first.
+fn bytes4(word: u32) -> vec4<u32> {
+    return vec4<u32>(word, word >> 8u, word >> 16u, word >> 24u) & vec4<u32>(0xffu);
+}

@@ -2,7 +2,8 @@
 //!
 //! Kernels that read weights (`linear_*`, `embed`) are written against two functions,
 //! `w_load1` and `w_load4`, that each weight format in `formats/` defines; [`source`] joins a
-//! kernel with its format so one kernel body serves F32, F16, Q8_0, Q4_0 and Q4_1.
+//! kernel with its format so one kernel body serves every weight format (F32, F16, the
+//! 32-element blocks Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and the K-quants Q2_K to Q6_K).
 
 /// A compute kernel: its name and WGSL source. Every kernel's entry point is `main`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,6 +50,13 @@ pub const FORMATS: &[(&str, &str)] = &[
     ("Q8_0", include_str!("../formats/q8_0.wgsl")),
     ("Q4_0", include_str!("../formats/q4_0.wgsl")),
     ("Q4_1", include_str!("../formats/q4_1.wgsl")),
+    ("Q5_0", include_str!("../formats/q5_0.wgsl")),
+    ("Q5_1", include_str!("../formats/q5_1.wgsl")),
+    ("Q2_K", include_str!("../formats/q2_k.wgsl")),
+    ("Q3_K", include_str!("../formats/q3_k.wgsl")),
+    ("Q4_K", include_str!("../formats/q4_k.wgsl")),
+    ("Q5_K", include_str!("../formats/q5_k.wgsl")),
+    ("Q6_K", include_str!("../formats/q6_k.wgsl")),
 ];
 
 const COMMON: &str = include_str!("../formats/common.wgsl");

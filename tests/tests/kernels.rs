@@ -190,6 +190,20 @@ fn linear_every_format_matvec_and_matmat() {
         (GgmlType::Q8_0, 11, 2048),
         (GgmlType::Q4_0, 11, 2048),
         (GgmlType::Q4_1, 21, 2080),
+        // Q5 and the K-quants: odd row counts; 22-, 110- and 210-byte blocks put every other
+        // row (and Q5_0's every other block) at a byte offset of 2 mod 4.
+        (GgmlType::Q5_0, 37, 96),
+        (GgmlType::Q5_1, 37, 160),
+        (GgmlType::Q2_K, 13, 512),
+        (GgmlType::Q3_K, 13, 256),
+        (GgmlType::Q4_K, 37, 256),
+        (GgmlType::Q4_K, 11, 768),
+        (GgmlType::Q5_K, 13, 512),
+        (GgmlType::Q6_K, 37, 256),
+        (GgmlType::Q6_K, 11, 768),
+        (GgmlType::Q5_0, 9, 2080),
+        (GgmlType::Q4_K, 9, 2048),
+        (GgmlType::Q6_K, 9, 2304),
     ];
     for (ty, rows, cols) in cases {
         let wf = rand_vec(&mut rng, rows * cols, 1.0);
@@ -360,6 +374,13 @@ fn embed_every_table_format() {
         (GgmlType::Q8_0, 64),
         (GgmlType::Q4_0, 64),
         (GgmlType::Q4_1, 96),
+        (GgmlType::Q5_0, 64),
+        (GgmlType::Q5_1, 96),
+        (GgmlType::Q2_K, 256),
+        (GgmlType::Q3_K, 256),
+        (GgmlType::Q4_K, 256),
+        (GgmlType::Q5_K, 512),
+        (GgmlType::Q6_K, 256),
     ] {
         let vocab = 50usize;
         let tf = rand_vec(&mut rng, vocab * dim, 1.0);

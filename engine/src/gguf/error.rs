@@ -63,7 +63,8 @@ pub enum GgufError {
     BadAlignment { value: String },
 
     #[error(
-        "tensor `{tensor}` has type {type_name} (GGML id {type_id}), which is not supported; supported types: F32, F16, Q4_0, Q4_1, Q8_0"
+        "tensor `{tensor}` has type {type_name} (GGML id {type_id}), which is not supported; supported types: {}",
+        crate::quant::GgmlType::supported_names()
     )]
     UnsupportedTensorType {
         tensor: String,

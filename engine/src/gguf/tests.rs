@@ -321,7 +321,13 @@ fn huge_counts_and_lengths_are_refused() {
 
 #[test]
 fn unsupported_tensor_type_is_named() {
-    for (id, name) in [(12, "Q4_K"), (14, "Q6_K"), (30, "BF16"), (9999, "unknown")] {
+    for (id, name) in [
+        (16, "IQ2_XXS"),
+        (20, "IQ4_NL"),
+        (15, "Q8_K"),
+        (30, "BF16"),
+        (9999, "unknown"),
+    ] {
         let b = GgufWriter::new()
             .add_tensor_raw("output.weight", &[256, 4], id, vec![0u8; 1024])
             .finish();
@@ -332,7 +338,49 @@ fn unsupported_tensor_type_is_named() {
             "{e:?}"
         );
         assert!(msg.contains(name) && msg.contains("output.weight"), "{msg}");
+        assert!(msg.contains("Q4_K") && msg.contains("Q5_0"), "{msg}");
     }
+}
+
+/// Tensors of the K-quant and Q5 formats parse with their GGML byte sizes, side by side
+/// (Q6_K's 210-byte blocks leave the next tensor to be realigned), and read back unchanged.
+#[test]
+fn k_quant_and_q5_tensors_round_trip() {
+    let types = [
+        (GgmlType::Q5_0, 22 * 8 * 3),
+        (GgmlType::Q5_1, 24 * 8 * 3),
+        (GgmlType::Q2_K, 84 * 3),
+        (GgmlType::Q3_K, 110 * 3),
+        (GgmlType::Q4_K, 144 * 3),
+        (GgmlType::Q5_K, 176 * 3),
+        (GgmlType::Q6_K, 210 * 3),
+    ];
+    let data = |ty| -> Vec<u8> {
+        (0..3)
+            .flat_map(|r| quantize_row(ty, &ramp(256 + r)[r..]))
+            .collect()
+    };
+    let mut w = GgufWriter::new();
+    for (ty, _) in types {
+        w.add_tensor(format!("t.{}", ty.name()), &[256, 3], ty, data(ty));
+    }
+    let bytes = w.finish();
+    let g = GgufFile::parse(&bytes).unwrap();
+    for (ty, n_bytes) in types {
+        let t = g.tensor(&format!("t.{}", ty.name())).unwrap();
+        assert_eq!((t.ty, t.n_elements, t.n_bytes), (ty, 768, n_bytes as u64));
+        assert_eq!(t.row_bytes() * 3, t.n_bytes);
+        assert_eq!(t.offset % 32, 0);
+        let r = g.tensor_range(t);
+        assert_eq!(bytes[r.start as usize..r.end as usize], data(ty));
+    }
+    // Rows of 576 (SmolLM2's width) are not whole K-quant super-blocks.
+    let b = GgufWriter::new()
+        .add_tensor_raw("blk.0.ffn_up.weight", &[576, 2], 12, vec![0u8; 576])
+        .finish();
+    let e = GgufFile::parse(&b).unwrap_err();
+    assert!(matches!(e, GgufError::BadDims { .. }), "{e:?}");
+    assert!(e.to_string().contains("Q4_K block length 256"), "{e}");
 }
 
 #[test]

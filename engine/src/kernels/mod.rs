@@ -74,6 +74,6 @@ mod shader_validation {
 
     #[test]
     fn unknown_formats_have_no_source() {
-        assert!(cairn_shaders::source(cairn_shaders::LINEAR_MATVEC, Some("Q4_K")).is_none());
+        assert!(cairn_shaders::source(cairn_shaders::LINEAR_MATVEC, Some("IQ4_NL")).is_none());
     }
 }

@@ -19,6 +19,23 @@ const F16: &str = include_str!("kernels/f16.cuh");
 const Q8_0: &str = include_str!("kernels/q8_0.cuh");
 const Q4_0: &str = include_str!("kernels/q4_0.cuh");
 const Q4_1: &str = include_str!("kernels/q4_1.cuh");
+// Formats written per element (`kelem`): byte loads first, the shared 8-element step after.
+macro_rules! per_element {
+    ($file:literal) => {
+        concat!(
+            include_str!("kernels/bytes.cuh"),
+            include_str!(concat!("kernels/", $file)),
+            include_str!("kernels/step8.cuh")
+        )
+    };
+}
+const Q5_0: &str = per_element!("q5_0.cuh");
+const Q5_1: &str = per_element!("q5_1.cuh");
+const Q2_K: &str = per_element!("q2_k.cuh");
+const Q3_K: &str = per_element!("q3_k.cuh");
+const Q4_K: &str = per_element!("q4_k.cuh");
+const Q5_K: &str = per_element!("q5_k.cuh");
+const Q6_K: &str = per_element!("q6_k.cuh");
 
 fn format_header(ty: GgmlType) -> &'static str {
     match ty {
@@ -27,6 +44,13 @@ fn format_header(ty: GgmlType) -> &'static str {
         GgmlType::Q8_0 => Q8_0,
         GgmlType::Q4_0 => Q4_0,
         GgmlType::Q4_1 => Q4_1,
+        GgmlType::Q5_0 => Q5_0,
+        GgmlType::Q5_1 => Q5_1,
+        GgmlType::Q2_K => Q2_K,
+        GgmlType::Q3_K => Q3_K,
+        GgmlType::Q4_K => Q4_K,
+        GgmlType::Q5_K => Q5_K,
+        GgmlType::Q6_K => Q6_K,
     }
 }
 

@@ -26,7 +26,17 @@ pub(crate) const SPLIT_MIN_STEPS: u32 = 256;
 pub(crate) fn lane_step(ty: GgmlType) -> u32 {
     match ty {
         GgmlType::F32 | GgmlType::F16 => 1,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => 8,
+        // The formats written per element (kernels/step8.cuh) take 8 too.
+        GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K => 8,
     }
 }
 
