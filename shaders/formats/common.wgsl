@@ -24,3 +24,16 @@ fn load_u8_at(byte: u32) -> u32 {
 fn bytes4(word: u32) -> vec4<u32> {
     return vec4<u32>(word, word >> 8u, word >> 16u, word >> 24u) & vec4<u32>(0xffu);
 }
+
+// Q4_K's and Q5_K's sub-block s: its 6-bit scale and minimum. s < 4: whole in bytes s and
+// s + 4 of the 12 scale bytes; else the nibbles of byte s + 4 with the top bits of bytes s - 4
+// and s.
+fn scale_min_k4(scales: u32, s: u32) -> vec2<f32> {
+    if (s < 4u) {
+        return vec2<f32>(f32(load_u8_at(scales + s) & 63u), f32(load_u8_at(scales + s + 4u) & 63u));
+    }
+    let b = load_u8_at(scales + s + 4u);
+    let sc = (b & 15u) | ((load_u8_at(scales + s - 4u) >> 6u) << 4u);
+    let m = (b >> 4u) | ((load_u8_at(scales + s) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}

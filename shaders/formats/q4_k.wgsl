@@ -1,17 +1,6 @@
 // Q4_K: super-blocks of 256 elements in 144 bytes: f16 d, f16 dmin, 12 bytes of eight 6-bit
 // scales and minimums (one pair per 32 elements), 128 bytes of nibbles. Element 64c + 32h + l
 // is nibble h of byte 32c + l; x = d sc q - dmin m.
-// Sub-block s's 6-bit scale and minimum: s < 4 whole in bytes s and s + 4; else nibbles of
-// byte s + 4 with the top bits of bytes s - 4 and s.
-fn scale_min_k4(scales: u32, s: u32) -> vec2<f32> {
-    if (s < 4u) {
-        return vec2<f32>(f32(load_u8_at(scales + s) & 63u), f32(load_u8_at(scales + s + 4u) & 63u));
-    }
-    let b = load_u8_at(scales + s + 4u);
-    let sc = (b & 15u) | ((load_u8_at(scales + s - 4u) >> 6u) << 4u);
-    let m = (b >> 4u) | ((load_u8_at(scales + s) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(m));
-}
 
 fn w_load4(row: u32, e: u32) -> vec4<f32> {
     let blk = row + (e >> 8u) * 144u;

@@ -1,15 +1,6 @@
 // Q5_K: super-blocks of 256 elements in 176 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales
 // and minimums (as Q4_K), 32 bytes of fifth bits, 128 bytes of nibbles. Element 64c + 32h + l
 // is nibble h of byte 32c + l with fifth bit 2c + h of high byte l; x = d sc q - dmin m.
-fn scale_min_k4(scales: u32, s: u32) -> vec2<f32> {
-    if (s < 4u) {
-        return vec2<f32>(f32(load_u8_at(scales + s) & 63u), f32(load_u8_at(scales + s + 4u) & 63u));
-    }
-    let b = load_u8_at(scales + s + 4u);
-    let sc = (b & 15u) | ((load_u8_at(scales + s - 4u) >> 6u) << 4u);
-    let m = (b >> 4u) | ((load_u8_at(scales + s) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(m));
-}
 
 fn w_load4(row: u32, e: u32) -> vec4<f32> {
     let blk = row + (e >> 8u) * 176u;

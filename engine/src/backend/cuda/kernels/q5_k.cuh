@@ -2,15 +2,6 @@
 // layout plus a fifth bit, bit 2c + h of qh[l] for element 64c + 32h + l; x = d sc q - dmin m.
 #define BLOCK_LEN 256
 #define BLOCK_BYTES 176
-__device__ __forceinline__ void kscale_min(const u8* s, u32 j, u32& sc, u32& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
 __device__ __forceinline__ float kelem(const u8* b, u32 i) {
     const u32 sub = i >> 5, c = sub >> 1, h = sub & 1, l = i & 31;
     u32 sc, m;
