@@ -16,7 +16,7 @@ pub(crate) fn discover(
 }
 
 pub(crate) fn open(
-    _adapter: &wgpu::Adapter,
+    _adapter: Option<&wgpu::Adapter>,
     info: &DeviceInfo,
     _opts: &EngineOptions,
 ) -> Result<Device> {

@@ -196,7 +196,12 @@ impl Discovery {
         let opened = match info.backend {
             BackendKind::Cpu => return Ok(backend::cpu_discover::open(info, opts)),
             BackendKind::Cuda => backend::cuda::open(&info, opts),
-            BackendKind::Vulkan => backend::vulkan::open(self.adapter(&info)?, &info, opts),
+            BackendKind::Vulkan => match self.adapter(&info) {
+                Err(e) if BackendKind::Vulkan.compiled() => return Err(e),
+                // Without the backend compiled in, its stand-in refuses by name, whatever
+                // the id asked for.
+                adapter => backend::vulkan::open(adapter.ok(), &info, opts),
+            },
             BackendKind::Wgpu => WgpuBackend::open(self.adapter(&info)?, &info)
                 .await
                 .map(|b| Device::new_wgpu(info.clone(), b)),

@@ -72,10 +72,13 @@ pub(crate) fn discover(
 
 /// Opens the device behind a `vulkan:N` entry.
 pub(crate) fn open(
-    adapter: &wgpu::Adapter,
+    adapter: Option<&wgpu::Adapter>,
     info: &DeviceInfo,
     opts: &EngineOptions,
 ) -> Result<Device> {
+    let adapter = adapter.ok_or_else(|| {
+        BackendError::Unsupported(format!("{}: no wgpu adapter behind this device", info.id))
+    })?;
     open_backend(adapter, info, &opts.vulkan).map(|b| Device::new_wgpu(info.clone(), b))
 }
 
