@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use cairn_engine::device::{DeviceInfo, Discovery};
-use cairn_engine::protocol::{self, Hello, Message, Visibility, error_code};
+use cairn_engine::protocol::{Hello, Message, Visibility};
 use cairn_engine::worker::{
     Capabilities, HostAction, LoadPlan, PeerKind, PressureRule, ShardSlot, StageServer, WorkerHost,
 };
@@ -769,7 +769,7 @@ impl Worker {
                     self.signal.signal(&link.peer, data);
                 }
             }
-            LinkEvent::Up { session, .. } => {
+            LinkEvent::Up { session } => {
                 if let Some(link) = self.link_for(&session) {
                     self.on_link_up(&link);
                 }

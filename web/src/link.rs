@@ -90,10 +90,9 @@ pub enum LinkEvent {
         session: String,
         candidate: String,
     },
-    /// Both `Hello`s exchanged; `hello` is the peer's.
+    /// Both `Hello`s exchanged (the session checked the peer's).
     Up {
         session: String,
-        hello: Hello,
     },
     /// An application message (the session handles its own).
     Message {
@@ -149,10 +148,9 @@ impl Channel {
     /// end of the link.
     fn report(&mut self, events: &UnboundedSender<LinkEvent>, session: &str) {
         while let Some(event) = self.session.poll_event() {
-            if let SessionEvent::Up { remote, .. } = event {
+            if let SessionEvent::Up { .. } = event {
                 let _ = events.unbounded_send(LinkEvent::Up {
                     session: session.to_owned(),
-                    hello: remote,
                 });
             }
         }
