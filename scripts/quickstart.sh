@@ -9,4 +9,11 @@ scripts/fetch-model.sh
 # The binary carries the browser worker, built for wasm32 as part of building cairn.
 if command -v rustup >/dev/null; then rustup target add wasm32-unknown-unknown; fi
 cargo build --release -p cairn
+# Mesa (the GPU drivers wgpu probes) complains on stderr without a private runtime directory,
+# which containers and root shells often lack.
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -w "${XDG_RUNTIME_DIR}" ]; then
+    XDG_RUNTIME_DIR="$(mktemp -d)"
+    chmod 700 "$XDG_RUNTIME_DIR"
+    export XDG_RUNTIME_DIR
+fi
 exec target/release/cairn run --prompt "$prompt" "$@"
