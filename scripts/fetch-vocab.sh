@@ -16,13 +16,7 @@ if [ -f "$dest/.complete" ]; then
     exit 0
 fi
 
-if ! python3 -m pip --version >/dev/null 2>&1; then
-    echo "installing python3-pip (needed to download the source package)" >&2
-    sudo_cmd=""
-    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq python3-pip >/dev/null
-fi
+"$(dirname "$0")/ensure-pip.sh" "the source package"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
