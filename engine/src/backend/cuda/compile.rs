@@ -25,17 +25,28 @@ macro_rules! per_element {
         concat!(
             include_str!("kernels/bytes.cuh"),
             include_str!(concat!("kernels/", $file)),
+            include_str!("kernels/welem.cuh"),
             include_str!("kernels/step8.cuh")
         )
     };
 }
-const Q5_0: &str = per_element!("q5_0.cuh");
+// Formats whose header also defines its own lane step (SUB, XS, load_x, row_dot).
+macro_rules! own_step {
+    ($file:literal) => {
+        concat!(
+            include_str!("kernels/bytes.cuh"),
+            include_str!(concat!("kernels/", $file)),
+            include_str!("kernels/welem.cuh")
+        )
+    };
+}
+const Q5_0: &str = own_step!("q5_0.cuh");
 const Q5_1: &str = per_element!("q5_1.cuh");
 const Q2_K: &str = per_element!("q2_k.cuh");
 const Q3_K: &str = per_element!("q3_k.cuh");
-const Q4_K: &str = per_element!("q4_k.cuh");
+const Q4_K: &str = own_step!("q4_k.cuh");
 const Q5_K: &str = per_element!("q5_k.cuh");
-const Q6_K: &str = per_element!("q6_k.cuh");
+const Q6_K: &str = own_step!("q6_k.cuh");
 
 fn format_header(ty: GgmlType) -> &'static str {
     match ty {

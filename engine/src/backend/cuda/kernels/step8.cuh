@@ -1,13 +1,10 @@
 // The lane step of the formats that define one element of a block (`kelem(block, i)`,
 // BLOCK_LEN, BLOCK_BYTES): 8 consecutive elements, which always share one (sub-)block scale
-// since sub-blocks are 16 or 32 long. Activations stay in f32. The format header comes
-// first (after bytes.cuh), this file after it.
+// since sub-blocks are 16 or 32 long. Activations stay in f32. The format header and
+// welem.cuh come first, this file after them.
 #define SUB 8
 struct XS { float4 a, c; };
 
-__device__ __forceinline__ float w_elem(const u8* row, u32 c) {
-    return kelem(row + (c / BLOCK_LEN) * BLOCK_BYTES, c % BLOCK_LEN);
-}
 __device__ __forceinline__ XS load_x(const float* x, u32 s) {
     const float4* x4 = reinterpret_cast<const float4*>(x + 8 * s);
     return XS{x4[0], x4[1]};
