@@ -106,9 +106,18 @@ impl ModelConfig {
         let norm_eps = m
             .opt_f32(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5);
-        let context_length = m
+        let mut context_length = m
             .opt_u32(&key("context_length"))?
             .map_or(2048, |v| v as usize);
+        // Mistral-style llama files may name a sliding attention window; within the window
+        // full causal attention is exact, so the context stops there. (llama.cpp ignores
+        // phi3's window, and so does Cairn, to give the same logits.)
+        if family == Family::Llama
+            && let Some(w) = m.opt_u32(&key("attention.sliding_window"))?
+            && w > 0
+        {
+            context_length = context_length.min(w as usize);
+        }
         let embd = file.require_tensor("token_embd.weight")?;
         if embd.dims.len() != 2 || embd.dims[0] as usize != dim {
             return Err(ModelError::BadShape(format!(
@@ -291,6 +300,28 @@ mod tests {
         assert!(e.contains("'llama'") && e.contains("8 experts"), "{e}");
         f.metadata.insert("llama.expert_count", Value::U32(0));
         assert!(ModelConfig::from_gguf(&f).is_ok());
+    }
+
+    #[test]
+    fn a_sliding_window_bounds_a_llama_files_context() {
+        let mut f = tiny("llama");
+        f.metadata
+            .insert("llama.attention.sliding_window", Value::U32(100));
+        let cfg = ModelConfig::from_gguf(&f).expect("config");
+        assert_eq!(cfg.context_length, 100);
+        f.metadata
+            .insert("llama.attention.sliding_window", Value::U32(4096));
+        assert_eq!(
+            ModelConfig::from_gguf(&f).expect("config").context_length,
+            256
+        );
+        let mut p = tiny("phi3");
+        p.metadata
+            .insert("phi3.attention.sliding_window", Value::U32(100));
+        assert_eq!(
+            ModelConfig::from_gguf(&p).expect("config").context_length,
+            256
+        );
     }
 
     #[test]

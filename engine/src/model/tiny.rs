@@ -197,4 +197,35 @@ mod tests {
         assert_ne!(tiny_model("llama", 5), tiny_model("llama", 6));
         assert!(tiny_model("gemma2", 5).is_none());
     }
+
+    /// Partial fetching and weight accounting go by `shard_tensors`: for each family it names
+    /// every tensor of the file, with its shape, and nothing else.
+    #[test]
+    fn shard_tensors_list_each_familys_file_exactly() {
+        use crate::model::weights::shard_tensors;
+        for arch in TINY_FAMILIES {
+            let file = BytesGguf::new(tiny_model(arch, 2).expect("a tiny family")).expect("parses");
+            let cfg = ModelConfig::from_gguf(file.gguf()).expect("config");
+            let mut listed: Vec<(String, u64)> = shard_tensors(&cfg, 0, cfg.n_layers)
+                .into_iter()
+                .map(|(n, r, c)| (n, (r * c) as u64))
+                .collect();
+            let mut held: Vec<(String, u64)> = file
+                .gguf()
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), t.n_elements))
+                .collect();
+            listed.sort();
+            held.sort();
+            assert_eq!(listed, held, "{arch}");
+            // A later shard needs the shared rope factors too.
+            let tail = shard_tensors(&cfg, 1, cfg.n_layers);
+            assert_eq!(
+                tail.iter().any(|(n, _, _)| n == "rope_freqs.weight"),
+                cfg.rope_freqs,
+                "{arch}"
+            );
+        }
+    }
 }
