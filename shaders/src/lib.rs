@@ -33,10 +33,12 @@ kernels! {
     LINEAR_MATVEC_SUBGROUP = "linear_matvec_subgroup", true;
     RMSNORM = "rmsnorm", false;
     ROPE = "rope", false;
+    ROPE_FACTORS = "rope_factors", false;
     SOFTMAX = "softmax", false;
     SILU_MUL = "silu_mul", false;
     ADD = "add", false;
     ADD_INPLACE = "add_inplace", false;
+    ADD_BIAS = "add_bias", false;
     EMBED = "embed", true;
     ATTENTION = "attention", false;
     ARGMAX = "argmax", false;

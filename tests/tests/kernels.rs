@@ -10,7 +10,7 @@
 
 use cairn_engine::backend::BackendKind;
 use cairn_engine::kernels::{
-    self as k, Add, Argmax, Attention, Embed, Linear, MatMul, Op, RmsNorm, Rope, Sample,
+    self as k, Add, AddBias, Argmax, Attention, Embed, Linear, MatMul, Op, RmsNorm, Rope, Sample,
     SampleParams, SiluMul, Softmax,
 };
 use cairn_engine::quant::{GgmlType, dequantize_row, quantize_row};
@@ -333,35 +333,117 @@ fn rmsnorm_softmax_silu_add() {
 }
 
 #[test]
-fn rope_both_variants() {
+fn rope_both_variants_with_and_without_frequency_factors() {
     let mut rng = StdRng::seed_from_u64(4);
     let (heads, head_dim, rope_dim, tokens, pos0) = (3usize, 40usize, 32usize, 4usize, 1000u32);
     let x = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
+    // Llama 3.1-like divisors between 1 and 8.
+    let factors: Vec<f32> = (0..rope_dim / 2)
+        .map(|_| 1.0 + 7.0 * rng.random_range(0.0f32..1.0))
+        .collect();
     for neox in [false, true] {
+        for with_factors in [false, true] {
+            let fs = with_factors.then_some(factors.as_slice());
+            let mut want = x.clone();
+            k::rope::rope(
+                &mut want, heads, head_dim, rope_dim, pos0, 100_000.0, neox, fs,
+            );
+            for d in devices() {
+                let bx = upload_f32(&d, "x", &x);
+                let bf = upload_f32(&d, "factors", &factors);
+                d.run(&[Op::Rope(Rope {
+                    x: &bx,
+                    factors: with_factors.then_some(&bf),
+                    heads: heads as u32,
+                    head_dim: head_dim as u32,
+                    rope_dim: rope_dim as u32,
+                    tokens: tokens as u32,
+                    pos0,
+                    freq_base: 100_000.0,
+                    neox,
+                })])
+                .unwrap();
+                // Angles up to ~1000 rad: f32 argument reduction costs ~1e-4 absolute.
+                assert_close(
+                    &format!("rope neox={neox} factors={with_factors}"),
+                    &d,
+                    &read(&d, &bx, x.len()),
+                    &want,
+                    2e-4,
+                );
+            }
+        }
+    }
+    // The factors change the result: a test of them that cannot fail would pass here too.
+    let (mut plain, mut scaled) = (x.clone(), x.clone());
+    k::rope::rope(
+        &mut plain, heads, head_dim, rope_dim, pos0, 100_000.0, false, None,
+    );
+    k::rope::rope(
+        &mut scaled,
+        heads,
+        head_dim,
+        rope_dim,
+        pos0,
+        100_000.0,
+        false,
+        Some(&factors),
+    );
+    assert!(plain.iter().zip(&scaled).any(|(a, b)| (a - b).abs() > 1e-2));
+}
+
+#[test]
+fn bias_add_on_awkward_rows() {
+    let mut rng = StdRng::seed_from_u64(41);
+    for (cols, tokens) in [(1usize, 1usize), (7, 3), (300, 5), (1000, 1)] {
+        let x = rand_vec(&mut rng, cols * tokens, 2.0);
+        let bias = rand_vec(&mut rng, cols, 1.0);
         let mut want = x.clone();
-        k::rope::rope(&mut want, heads, head_dim, rope_dim, pos0, 100_000.0, neox);
+        k::elementwise::add_bias(&mut want, &bias);
         for d in devices() {
             let bx = upload_f32(&d, "x", &x);
-            d.run(&[Op::Rope(Rope {
+            let bb = upload_f32(&d, "bias", &bias);
+            d.run(&[Op::AddBias(AddBias {
                 x: &bx,
-                heads: heads as u32,
-                head_dim: head_dim as u32,
-                rope_dim: rope_dim as u32,
+                bias: &bb,
+                cols: cols as u32,
                 tokens: tokens as u32,
-                pos0,
-                freq_base: 100_000.0,
-                neox,
             })])
             .unwrap();
-            // Angles up to ~1000 rad: f32 argument reduction costs ~1e-4 absolute.
             assert_close(
-                &format!("rope neox={neox}"),
+                &format!("add_bias {cols}x{tokens}"),
                 &d,
                 &read(&d, &bx, x.len()),
                 &want,
-                2e-4,
+                1e-6,
             );
         }
+    }
+}
+
+#[test]
+fn per_head_rmsnorm_over_head_rows() {
+    // Qwen3's Q/K norm: the model's RmsNorm over rows of head_dim, one row per (token, head).
+    let mut rng = StdRng::seed_from_u64(42);
+    let (heads, head_dim, tokens) = (5usize, 72usize, 3usize);
+    let x = rand_vec(&mut rng, tokens * heads * head_dim, 3.0);
+    let w = rand_vec(&mut rng, head_dim, 1.0);
+    let mut want = vec![0f32; x.len()];
+    k::norm::rms_norm(&x, &w, &mut want, head_dim, 1e-6);
+    for d in devices() {
+        let bx = upload_f32(&d, "x", &x);
+        let bw = upload_f32(&d, "w", &w);
+        let by = d.alloc("y", (x.len() * 4) as u64).unwrap();
+        d.run(&[Op::RmsNorm(RmsNorm {
+            x: &bx,
+            weight: &bw,
+            y: &by,
+            dim: head_dim as u32,
+            tokens: (tokens * heads) as u32,
+            eps: 1e-6,
+        })])
+        .unwrap();
+        assert_close("head rmsnorm", &d, &read(&d, &by, x.len()), &want, 1e-5);
     }
 }
 

@@ -345,3 +345,155 @@ fn bad_input_is_refused_with_clear_errors() {
         .to_string();
     assert!(err.contains("not within the model's 30 blocks"), "{err}");
 }
+
+// Families beyond llama: a tiny random-weight model of each (engine/src/model/tiny.rs)
+// against llama.cpp's logits on the same file (tests/data/<family>-reference.json, made by
+// tools/reference/family_logits.py), on every device, the software vulkan twin included (the
+// models are tiny). The first PREFILL tokens go in one batch (the prefill path), the rest one
+// at a time (decode).
+
+/// The seed of the files the references were made from.
+const TINY_SEED: u64 = 1;
+const PREFILL: usize = 4;
+/// Share of positions whose top-1 must equal llama.cpp's, whatever the margin. Lower than the
+/// real model's 95%: random weights give many near-ties, and with 13 positions one tie is 8%.
+/// Every position whose margin is at least MARGIN must agree all the same.
+const FAMILY_AGREE_PERCENT: usize = 80;
+/// Full logit rows agree within this fraction of the row's largest magnitude (plus one).
+/// llama.cpp's CPU backend multiplies K-quant and Q8_0 weights by activations quantized to
+/// 8 bits, Cairn's by f32 activations, so rows differ by that rounding, not by a few ulps.
+const FAMILY_LOGIT_TOL: f32 = 0.03;
+
+fn family_devices() -> Vec<Arc<Device>> {
+    let found = cairn_engine::device::discover_blocking();
+    found
+        .devices
+        .iter()
+        .filter(|info| info.support != Support::Unsupported && info.api != "gl")
+        .map(|info| {
+            Arc::new(pollster::block_on(found.open_info(info.clone())).expect("open device"))
+        })
+        .collect()
+}
+
+/// Cairn's logits at positions `PREFILL - 1 ..` of `tokens` on `dev`.
+fn tiny_logits(
+    dev: &Arc<Device>,
+    file: &cairn_engine::gguf::BytesGguf,
+    tokens: &[u32],
+) -> Vec<Vec<f32>> {
+    use cairn_engine::gguf::TensorSource;
+    use cairn_engine::model::{ModelConfig, ShardInput, ShardOutput, Want};
+    let n = ModelConfig::from_gguf(file.gguf())
+        .expect("config")
+        .n_layers;
+    let shard = Shard::load(dev.clone(), file, 0, n, 64, &mut |_, _| {}).expect("load tiny model");
+    let mut cache = shard.new_cache(tokens.len()).expect("cache");
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < tokens.len() {
+        let take = if at == 0 { PREFILL } else { 1 };
+        let got = pollster::block_on(shard.forward(
+            &mut cache,
+            ShardInput::Tokens(&tokens[at..at + take]),
+            Want::Logits,
+        ))
+        .expect("forward");
+        let ShardOutput::Logits(l) = got else {
+            panic!("asked for logits");
+        };
+        out.push(l);
+        at += take;
+    }
+    out
+}
+
+fn family_matches_llama_cpp(family: &str) {
+    let path = format!(
+        "{}/data/{family}-reference.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let r: Value = serde_json::from_str(&text).expect("reference json");
+    let bytes = cairn_engine::model::tiny::tiny_model(family, TINY_SEED).expect("a tiny family");
+    let id = cairn_engine::gguf::model_id(&bytes, bytes.len() as u64);
+    assert_eq!(
+        Some(id.as_str()),
+        r["model_id"].as_str(),
+        "the tiny {family} model changed: rerun tools/reference/family_logits.py (see its header)"
+    );
+    let file = cairn_engine::gguf::BytesGguf::new(bytes).expect("parses");
+    let tokens = ids(&r["tokens"]);
+    let positions = r["positions"].as_array().expect("positions");
+    for dev in family_devices() {
+        let what = format!("tiny {family} on {} ({})", dev.info().id, dev.info().name);
+        let rows = tiny_logits(&dev, &file, &tokens);
+        let (mut agree, mut worst) = (0, 0f32);
+        for (i, logits) in rows.iter().enumerate() {
+            let pos = PREFILL - 1 + i;
+            let want = &positions[pos];
+            let top1 = logits
+                .iter()
+                .enumerate()
+                .fold((0, f32::MIN), |b, (j, &v)| if v > b.1 { (j, v) } else { b })
+                .0 as u64;
+            let margin = want["margin"].as_f64().expect("margin");
+            if top1 == want["top1"].as_u64().expect("top1") {
+                agree += 1;
+            } else {
+                assert!(
+                    margin < MARGIN,
+                    "{what}: position {pos}: top-1 {top1}, llama.cpp's {} by a margin of {margin}",
+                    want["top1"]
+                );
+            }
+            if let Some(full) = r["full_rows"][pos.to_string()].as_array() {
+                let full: Vec<f32> = full
+                    .iter()
+                    .map(|v| v.as_f64().expect("logit") as f32)
+                    .collect();
+                let scale = 1.0 + full.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let err = logits
+                    .iter()
+                    .zip(&full)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                worst = worst.max(err / scale);
+                assert!(
+                    err <= FAMILY_LOGIT_TOL * scale,
+                    "{what}: position {pos}: logits differ from llama.cpp's by {err} (allowed {})",
+                    FAMILY_LOGIT_TOL * scale
+                );
+            }
+        }
+        eprintln!(
+            "{what}: top-1 agrees at {agree}/{} positions; worst full-row error {worst:.4} of scale",
+            rows.len()
+        );
+        assert!(
+            agree * 100 >= rows.len() * FAMILY_AGREE_PERCENT,
+            "{what}: top-1 agrees at only {agree} of {} positions",
+            rows.len()
+        );
+    }
+}
+
+#[test]
+fn tiny_llama_with_rope_freqs_matches_llama_cpp() {
+    family_matches_llama_cpp("llama");
+}
+
+#[test]
+fn tiny_qwen2_matches_llama_cpp() {
+    family_matches_llama_cpp("qwen2");
+}
+
+#[test]
+fn tiny_qwen3_matches_llama_cpp() {
+    family_matches_llama_cpp("qwen3");
+}
+
+#[test]
+fn tiny_phi3_matches_llama_cpp() {
+    family_matches_llama_cpp("phi3");
+}

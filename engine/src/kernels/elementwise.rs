@@ -1,6 +1,6 @@
-//! Elementwise kernels: SiLU-gated multiply and residual add.
+//! Elementwise kernels: SiLU-gated multiply, residual add and bias add.
 
-use super::op::{CountParams, OpSpec, Use, f32s};
+use super::op::{CountParams, OpSpec, Use, f32s, params};
 use crate::backend::cpu::access::{f, fm, rd, wr};
 use crate::backend::{self, Buffer};
 
@@ -125,6 +125,70 @@ impl<'a> OpSpec<'a> for Add<'a> {
                 let (a, b, mut o) = (rd(self.a)?, rd(self.b)?, wr(self.out)?);
                 add(&f(&a)[..n], &f(&b)[..n], &mut fm(&mut o)[..n]);
             }
+        }
+        Ok(())
+    }
+}
+
+/// Adds `bias` to every row of `x`; see [`AddBias`].
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_assign(row, bias);
+    }
+}
+
+/// `x[t][i] += bias[i]` in place over `tokens` rows of `cols`: a product's bias (Qwen2's Q,
+/// K and V).
+#[derive(Debug, Clone, Copy)]
+pub struct AddBias<'a> {
+    pub x: &'a Buffer,
+    pub bias: &'a Buffer,
+    pub cols: u32,
+    pub tokens: u32,
+}
+
+params!(BiasParams {
+    cols: u32,
+    tokens: u32,
+    _pad0: u32,
+    _pad1: u32,
+});
+
+impl<'a> OpSpec<'a> for AddBias<'a> {
+    type Params = BiasParams;
+
+    fn name(&self) -> &'static str {
+        "add_bias"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if std::ptr::eq(self.x, self.bias) {
+            return Err("x and bias are the same buffer".into());
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        vec![
+            Use::in_place("x", self.x, f32s(&[self.tokens, self.cols])),
+            Use::read("bias", self.bias, f32s(&[self.cols])),
+        ]
+    }
+
+    fn params(&self) -> BiasParams {
+        BiasParams {
+            cols: self.cols,
+            tokens: self.tokens,
+            _pad0: 0,
+            _pad1: 0,
+        }
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let (b, mut x) = (rd(self.bias)?, wr(self.x)?);
+        let (cols, n) = (self.cols as usize, (self.cols * self.tokens) as usize);
+        if cols > 0 {
+            add_bias(&mut fm(&mut x)[..n], &f(&b)[..cols]);
         }
         Ok(())
     }

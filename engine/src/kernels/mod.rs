@@ -21,7 +21,7 @@ pub mod softmax;
 
 pub use attention::{Attention, AttentionParams};
 pub use copy::{BufferCopy, CopyParams};
-pub use elementwise::{Add, SiluMul};
+pub use elementwise::{Add, AddBias, BiasParams, SiluMul};
 pub use embed::{Embed, EmbedParams};
 pub use matrix::{Linear, LinearParams, MatMul, MatMulParams};
 pub use norm::{RmsNorm, RmsNormParams};

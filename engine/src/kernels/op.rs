@@ -10,8 +10,8 @@
 use crate::backend::{Buffer, Result};
 
 use super::{
-    Add, Argmax, Attention, BufferCopy, Embed, Linear, MatMul, RmsNorm, Rope, Sample, SiluMul,
-    Softmax,
+    Add, AddBias, Argmax, Attention, BufferCopy, Embed, Linear, MatMul, RmsNorm, Rope, Sample,
+    SiluMul, Softmax,
 };
 
 /// How an op touches one of its buffers.
@@ -160,6 +160,7 @@ ops!(
     Softmax(Softmax),
     SiluMul(SiluMul),
     Add(Add),
+    AddBias(AddBias),
     Embed(Embed),
     Attention(Attention),
     Argmax(Argmax),
@@ -271,6 +272,7 @@ pub(crate) mod cuda_declarations {
             same::<RopeParams>(&c),
             same::<SoftmaxParams>(&c),
             same::<CountParams>(&c),
+            same::<BiasParams>(&c),
             same::<AttentionParams>(&c),
             same::<SampleKernelParams>(&c),
             same::<CopyParams>(&c),
@@ -284,7 +286,7 @@ pub(crate) mod cuda_declarations {
             .collect();
         assert_eq!(
             params.len(),
-            10,
+            11,
             "a cuda struct without a rust twin: {params:?}"
         );
     }

@@ -1,7 +1,7 @@
 //! Rotary position embedding.
 
 use super::op::{OpSpec, Use, f32s, params};
-use crate::backend::cpu::access::{fm, wr};
+use crate::backend::cpu::access::{f, fm, rd, wr};
 use crate::backend::{self, Buffer};
 
 /// Rotates `x` (`tokens × heads × head_dim`) in place; see [`Rope`].
@@ -14,13 +14,17 @@ pub fn rope(
     pos0: u32,
     freq_base: f32,
     neox: bool,
+    factors: Option<&[f32]>,
 ) {
     let half = rope_dim / 2;
     for (t, tok) in x.chunks_exact_mut(heads * head_dim).enumerate() {
         let pos = (pos0 as usize + t) as f32;
         for head in tok.chunks_exact_mut(head_dim) {
             for i in 0..half {
-                let theta = pos * freq_base.powf(-2.0 * i as f32 / rope_dim as f32);
+                let mut theta = pos * freq_base.powf(-2.0 * i as f32 / rope_dim as f32);
+                if let Some(fs) = factors {
+                    theta /= fs[i];
+                }
                 let (s, c) = theta.sin_cos();
                 let (a, b) = if neox {
                     (i, i + half)
@@ -38,10 +42,12 @@ pub fn rope(
 /// Rotary position embedding in place on `x` (`tokens × heads × head_dim`), token `t` at
 /// position `pos0 + t`. `neox` rotates pairs `(i, i + rope_dim/2)`; otherwise adjacent pairs
 /// `(2i, 2i+1)`, which is what GGUF llama models use (their Q/K weights are permuted at
-/// conversion).
+/// conversion). `factors` (`rope_dim / 2` values, Llama 3.1's `rope_freqs`) divide each
+/// pair's angle.
 #[derive(Debug, Clone, Copy)]
 pub struct Rope<'a> {
     pub x: &'a Buffer,
+    pub factors: Option<&'a Buffer>,
     pub heads: u32,
     pub head_dim: u32,
     pub rope_dim: u32,
@@ -59,7 +65,7 @@ params!(RopeParams {
     pos0: u32,
     freq_base: f32,
     neox: u32,
-    _pad: u32,
+    factors: u32,
 });
 
 impl<'a> OpSpec<'a> for Rope<'a> {
@@ -81,7 +87,11 @@ impl<'a> OpSpec<'a> for Rope<'a> {
 
     fn buffers(&self) -> Vec<Use<'a>> {
         let n = f32s(&[self.tokens, self.heads, self.head_dim]);
-        vec![Use::in_place("x", self.x, n)]
+        let mut v = vec![Use::in_place("x", self.x, n)];
+        if let Some(fs) = self.factors {
+            v.push(Use::read("factors", fs, f32s(&[self.rope_dim / 2])));
+        }
+        v
     }
 
     fn params(&self) -> RopeParams {
@@ -93,11 +103,15 @@ impl<'a> OpSpec<'a> for Rope<'a> {
             pos0: self.pos0,
             freq_base: self.freq_base,
             neox: u32::from(self.neox),
-            _pad: 0,
+            factors: u32::from(self.factors.is_some()),
         }
     }
 
     fn cpu(&self) -> backend::Result<()> {
+        let factors = match self.factors {
+            Some(b) => Some(f(&rd(b)?)[..(self.rope_dim / 2) as usize].to_vec()),
+            None => None,
+        };
         let mut g = wr(self.x)?;
         let n = (self.tokens * self.heads * self.head_dim) as usize;
         rope(
@@ -108,6 +122,7 @@ impl<'a> OpSpec<'a> for Rope<'a> {
             self.pos0,
             self.freq_base,
             self.neox,
+            factors.as_deref(),
         );
         Ok(())
     }

@@ -1,13 +1,11 @@
-//! A Llama-architecture model's shape, read from GGUF metadata.
+//! A model's shape and family, read from GGUF metadata and its first block's tensors.
 
 use serde::{Deserialize, Serialize};
 
 use super::ModelError;
+use super::family::Family;
 use crate::gguf::GgufFile;
 use crate::quant::GgmlType;
-
-/// Architectures whose tensors and metadata follow llama's layout.
-const LLAMA_LIKE: &[&str] = &["llama", "mistral"];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -25,16 +23,57 @@ pub struct ModelConfig {
     pub vocab_size: usize,
     /// The output head reuses the token embedding (no `output.weight`).
     pub tied_output: bool,
+    #[serde(default)]
+    pub family: Family,
+    /// Rotation pairs `(i, i + rope_dim/2)` instead of `(2i, 2i+1)`.
+    #[serde(default)]
+    pub rope_neox: bool,
+    /// Per-dimension frequency divisors (`rope_freqs.weight`, Llama 3.1's long-context RoPE).
+    #[serde(default)]
+    pub rope_freqs: bool,
+    /// Q, K and V products add a bias (`attn_q.bias`, ..., or `attn_qkv.bias` when fused).
+    #[serde(default)]
+    pub qkv_bias: bool,
+    /// Q and K are RMS-normed per head before the rotation (`attn_q_norm`, `attn_k_norm`).
+    #[serde(default)]
+    pub qk_norm: bool,
+    /// Q, K and V are one tensor (`attn_qkv`), rows in that order; split at load.
+    #[serde(default)]
+    pub fused_qkv: bool,
+    /// Gate and up are one tensor (`ffn_up` with gate rows first); split at load.
+    #[serde(default)]
+    pub fused_gate_up: bool,
 }
 
 impl ModelConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         let arch = file.architecture()?.to_string();
-        if !LLAMA_LIKE.contains(&arch.as_str()) {
-            return Err(ModelError::UnsupportedArchitecture(arch));
-        }
+        let refuse = |why: String| ModelError::UnsupportedArchitecture {
+            arch: arch.clone(),
+            why,
+        };
+        let family = Family::of(&arch).map_err(&refuse)?;
         let m = &file.metadata;
         let key = |k: &str| format!("{arch}.{k}");
+        if let Some(n) = m.opt_u32(&key("expert_count"))?
+            && n > 0
+        {
+            return Err(refuse(format!(
+                "a mixture-of-experts model ({n} experts); Cairn runs dense models only"
+            )));
+        }
+        if let Some(kind) = m.opt_str(&key("rope.scaling.type"))?
+            && !matches!(kind, "none" | "llama3")
+        {
+            return Err(refuse(format!("RoPE scaling '{kind}' is not supported")));
+        }
+        if file.tensor(&block_tensor(0, "rope_factors_long")).is_some()
+            || file.tensor("rope_factors_long.weight").is_some()
+        {
+            return Err(refuse(
+                "LongRoPE factors (rope_factors_long) are not supported".into(),
+            ));
+        }
         let n_layers = m.get_u32(&key("block_count"))? as usize;
         let dim = m.get_u32(&key("embedding_length"))? as usize;
         let ffn_dim = m.get_u32(&key("feed_forward_length"))? as usize;
@@ -42,18 +81,24 @@ impl ModelConfig {
         let n_kv_heads = m
             .opt_u32(&key("attention.head_count_kv"))?
             .map_or(n_heads, |v| v as usize);
+        let key_length = m.opt_u32(&key("attention.key_length"))?;
         if n_heads == 0
             || n_kv_heads == 0
             || !n_heads.is_multiple_of(n_kv_heads)
-            || !dim.is_multiple_of(n_heads)
+            || (key_length.is_none() && !dim.is_multiple_of(n_heads))
         {
             return Err(ModelError::BadShape(format!(
                 "{n_heads} heads, {n_kv_heads} kv heads and width {dim} do not divide evenly"
             )));
         }
-        let head_dim = m
-            .opt_u32(&key("attention.key_length"))?
-            .map_or(dim / n_heads, |v| v as usize);
+        let head_dim = key_length.map_or(dim / n_heads, |v| v as usize);
+        if let Some(v) = m.opt_u32(&key("attention.value_length"))?
+            && v as usize != head_dim
+        {
+            return Err(ModelError::BadShape(format!(
+                "value heads of {v} and key heads of {head_dim} differ"
+            )));
+        }
         let rope_dim = m
             .opt_u32(&key("rope.dimension_count"))?
             .map_or(head_dim, |v| v as usize);
@@ -61,9 +106,18 @@ impl ModelConfig {
         let norm_eps = m
             .opt_f32(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5);
-        let context_length = m
+        let mut context_length = m
             .opt_u32(&key("context_length"))?
             .map_or(2048, |v| v as usize);
+        // Mistral-style llama files may name a sliding attention window; within the window
+        // full causal attention is exact, so the context stops there. (llama.cpp ignores
+        // phi3's window, and so does Cairn, to give the same logits.)
+        if family == Family::Llama
+            && let Some(w) = m.opt_u32(&key("attention.sliding_window"))?
+            && w > 0
+        {
+            context_length = context_length.min(w as usize);
+        }
         let embd = file.require_tensor("token_embd.weight")?;
         if embd.dims.len() != 2 || embd.dims[0] as usize != dim {
             return Err(ModelError::BadShape(format!(
@@ -74,6 +128,13 @@ impl ModelConfig {
         let vocab_size = usize::try_from(embd.dims[1])
             .map_err(|_| ModelError::BadShape("vocabulary too large".into()))?;
         let tied_output = file.tensor("output.weight").is_none();
+        let has = |part: &str| file.tensor(&format!("blk.0.{part}")).is_some();
+        let fused_qkv = has("attn_qkv.weight");
+        let qkv_bias = if fused_qkv {
+            has("attn_qkv.bias")
+        } else {
+            has("attn_q.bias")
+        };
         let cfg = ModelConfig {
             architecture: arch,
             n_layers,
@@ -88,6 +149,13 @@ impl ModelConfig {
             context_length,
             vocab_size,
             tied_output,
+            family,
+            rope_neox: family.neox_rope(),
+            rope_freqs: file.tensor(ROPE_FREQS).is_some(),
+            qkv_bias,
+            qk_norm: has("attn_q_norm.weight"),
+            fused_qkv,
+            fused_gate_up: file.tensor(&block_tensor(0, "ffn_gate")).is_none(),
         };
         cfg.check()?;
         Ok(cfg)
@@ -145,6 +213,13 @@ impl ModelConfig {
             context_length: 8192,
             vocab_size,
             tied_output: true,
+            family: Family::Llama,
+            rope_neox: false,
+            rope_freqs: false,
+            qkv_bias: false,
+            qk_norm: false,
+            fused_qkv: false,
+            fused_gate_up: false,
         };
         match name {
             "smollm2-135m" | "135m" => Some(mk(30, 576, 1536, 9, 3, 49152, 100_000.0)),
@@ -165,6 +240,98 @@ pub(crate) fn block_tensor(layer: usize, part: &str) -> String {
     format!("blk.{layer}.{part}.weight")
 }
 
+/// A block's bias vector for the product `part`.
+pub(crate) fn block_bias(layer: usize, part: &str) -> String {
+    format!("blk.{layer}.{part}.bias")
+}
+
+/// Llama 3.1's RoPE frequency divisors, one per rotated pair, shared by every block.
+pub(crate) const ROPE_FREQS: &str = "rope_freqs.weight";
+
 /// The weight types a synthetic model uses: Q4_1 matrices, a Q8_0 embedding, like the
 /// default model.
 pub const SYNTHETIC_WEIGHT_TYPE: GgmlType = GgmlType::Q4_1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{BytesGguf, TensorSource, Value};
+    use crate::model::tiny::tiny_model;
+
+    fn tiny(arch: &str) -> GgufFile {
+        let bytes = tiny_model(arch, 3).expect("a tiny family");
+        BytesGguf::new(bytes).expect("parses").gguf().clone()
+    }
+
+    fn refusal(file: &GgufFile) -> String {
+        match ModelConfig::from_gguf(file) {
+            Err(e @ ModelError::UnsupportedArchitecture { .. }) => e.to_string(),
+            other => panic!("not refused as an architecture: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unsupported_architectures_are_refused_by_name() {
+        let mut f = tiny("llama");
+        f.metadata
+            .insert("general.architecture", Value::String("qwen3moe".into()));
+        let e = refusal(&f);
+        assert!(
+            e.contains("'qwen3moe'") && e.contains("mixture-of-experts"),
+            "{e}"
+        );
+        f.metadata
+            .insert("general.architecture", Value::String("mamba".into()));
+        assert!(refusal(&f).contains("recurrent"));
+        f.metadata
+            .insert("general.architecture", Value::String("bert".into()));
+        let e = refusal(&f);
+        assert!(
+            e.contains("'bert'") && e.contains("not one Cairn runs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_llama_file_with_experts_is_refused_as_moe() {
+        let mut f = tiny("llama");
+        f.metadata.insert("llama.expert_count", Value::U32(8));
+        let e = refusal(&f);
+        assert!(e.contains("'llama'") && e.contains("8 experts"), "{e}");
+        f.metadata.insert("llama.expert_count", Value::U32(0));
+        assert!(ModelConfig::from_gguf(&f).is_ok());
+    }
+
+    #[test]
+    fn a_sliding_window_bounds_a_llama_files_context() {
+        let mut f = tiny("llama");
+        f.metadata
+            .insert("llama.attention.sliding_window", Value::U32(100));
+        let cfg = ModelConfig::from_gguf(&f).expect("config");
+        assert_eq!(cfg.context_length, 100);
+        f.metadata
+            .insert("llama.attention.sliding_window", Value::U32(4096));
+        assert_eq!(
+            ModelConfig::from_gguf(&f).expect("config").context_length,
+            256
+        );
+        let mut p = tiny("phi3");
+        p.metadata
+            .insert("phi3.attention.sliding_window", Value::U32(100));
+        assert_eq!(
+            ModelConfig::from_gguf(&p).expect("config").context_length,
+            256
+        );
+    }
+
+    #[test]
+    fn rope_scaling_other_than_llama3_is_refused() {
+        let mut f = tiny("qwen2");
+        f.metadata
+            .insert("qwen2.rope.scaling.type", Value::String("yarn".into()));
+        assert!(refusal(&f).contains("yarn"));
+        f.metadata
+            .insert("qwen2.rope.scaling.type", Value::String("none".into()));
+        assert!(ModelConfig::from_gguf(&f).is_ok());
+    }
+}

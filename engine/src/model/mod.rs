@@ -1,11 +1,13 @@
-//! Llama-architecture models over a layer range: config, weights, KV cache, forward pass and
+//! Dense decoder models (the llama, qwen2, qwen3 and phi3 families) over a layer range: config, weights, KV cache, forward pass and
 //! generation.
 
 pub mod cache;
 pub mod config;
+pub mod family;
 pub mod generate;
 pub mod shard;
 pub mod synthetic;
+pub mod tiny;
 pub mod weights;
 
 pub use cache::KvCache;
@@ -24,8 +26,8 @@ pub enum ModelError {
     Backend(#[from] BackendError),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
-    #[error("architecture '{0}' is not supported (Cairn runs llama-architecture models)")]
-    UnsupportedArchitecture(String),
+    #[error("architecture '{arch}' is not supported: {why}")]
+    UnsupportedArchitecture { arch: String, why: String },
     #[error("model shape: {0}")]
     BadShape(String),
     #[error("layer range {start}..{end} is not within the model's {n_layers} blocks")]

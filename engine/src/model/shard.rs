@@ -1,5 +1,6 @@
-//! A model shard: the blocks `[start, end)` of a Llama-architecture model on one device, with
-//! the embedding when it starts at 0 and the output head when it ends at the last block.
+//! A model shard: the blocks `[start, end)` of a dense decoder model (any supported
+//! [`Family`](super::family::Family)) on one device, with the embedding when it starts at 0
+//! and the output head when it ends at the last block.
 
 use futures::lock::Mutex;
 
@@ -10,7 +11,8 @@ use super::weights::{self, Matrix, ShardWeights};
 use crate::backend::{Buffer, Device};
 use crate::gguf::TensorSource;
 use crate::kernels::{
-    Add, Attention, BufferCopy, Embed, Linear, Op, RmsNorm, Rope, Sample, SampleParams, SiluMul,
+    Add, AddBias, Attention, BufferCopy, Embed, Linear, Op, RmsNorm, Rope, Sample, SampleParams,
+    SiluMul,
 };
 
 /// What a shard is fed.
@@ -47,6 +49,8 @@ struct Scratch {
     q: Buffer,
     k: Buffer,
     v: Buffer,
+    /// Q or K before its per-head norm (families with `qk_norm` only).
+    pre_norm: Option<Buffer>,
     att: Buffer,
     o: Buffer,
     g: Buffer,
@@ -283,13 +287,62 @@ impl Shard {
                     tokens: tk,
                     pos0: pos0 as u32,
                     freq_base: c.rope_base,
-                    neox: false,
+                    neox: c.rope_neox,
+                    factors: self.weights.rope_freqs.as_ref(),
                 })
             };
             ops.push(norm(&w.attn_norm));
-            ops.push(lin(&w.wq, &s.xn, &s.q));
-            ops.push(lin(&w.wk, &s.xn, &s.k));
+            match (&w.qk_norm, &s.pre_norm) {
+                (Some([qn, kn]), Some(pre)) => {
+                    // One norm per head (rows of head_dim, a weight every head shares), from
+                    // the product's own buffer: a kernel's input and output are never one.
+                    for (m, out, weight, heads) in [
+                        (&w.wq, &s.q, qn, c.n_heads),
+                        (&w.wk, &s.k, kn, c.n_kv_heads),
+                    ] {
+                        ops.push(lin(m, &s.xn, pre));
+                        if let Some(bias) = qkv_bias_of(w, m) {
+                            ops.push(Op::AddBias(AddBias {
+                                x: pre,
+                                bias,
+                                cols: m.rows as u32,
+                                tokens: tk,
+                            }));
+                        }
+                        ops.push(Op::RmsNorm(RmsNorm {
+                            x: pre,
+                            weight,
+                            y: out,
+                            dim: c.head_dim as u32,
+                            tokens: tk * heads as u32,
+                            eps: c.norm_eps,
+                        }));
+                    }
+                }
+                _ => {
+                    ops.push(lin(&w.wq, &s.xn, &s.q));
+                    ops.push(lin(&w.wk, &s.xn, &s.k));
+                    for (m, x) in [(&w.wq, &s.q), (&w.wk, &s.k)] {
+                        if let Some(bias) = qkv_bias_of(w, m) {
+                            ops.push(Op::AddBias(AddBias {
+                                x,
+                                bias,
+                                cols: m.rows as u32,
+                                tokens: tk,
+                            }));
+                        }
+                    }
+                }
+            }
             ops.push(lin(&w.wv, &s.xn, &s.v));
+            if let Some(bias) = qkv_bias_of(w, &w.wv) {
+                ops.push(Op::AddBias(AddBias {
+                    x: &s.v,
+                    bias,
+                    cols: c.kv_dim() as u32,
+                    tokens: tk,
+                }));
+            }
             ops.push(rope(&s.q, c.n_heads));
             ops.push(rope(&s.k, c.n_kv_heads));
             let off = pos0 as u64 * kv_row;
@@ -400,6 +453,18 @@ impl Shard {
     }
 }
 
+/// The bias of `m`, one of `w`'s Q, K and V products, where the family has biases.
+fn qkv_bias_of<'a>(w: &'a weights::LayerWeights, m: &Matrix) -> Option<&'a Buffer> {
+    let [bq, bk, bv] = w.qkv_bias.as_ref()?;
+    if std::ptr::eq(m, &w.wq) {
+        Some(bq)
+    } else if std::ptr::eq(m, &w.wk) {
+        Some(bk)
+    } else {
+        Some(bv)
+    }
+}
+
 impl Scratch {
     fn new(dev: &Device, c: &ModelConfig, b: usize) -> Result<Scratch, ModelError> {
         let f = |label: &str, n: usize| dev.alloc(label, (n * 4) as u64);
@@ -409,6 +474,11 @@ impl Scratch {
             q: f("q", b * c.q_dim())?,
             k: f("k", b * c.kv_dim())?,
             v: f("v", b * c.kv_dim())?,
+            pre_norm: if c.qk_norm {
+                Some(f("pre_norm", b * c.q_dim().max(c.kv_dim()))?)
+            } else {
+                None
+            },
             att: f("att", b * c.q_dim())?,
             o: f("o", b * c.dim)?,
             g: f("gate", b * c.ffn_dim)?,

@@ -1,7 +1,7 @@
 //! Uploading the tensors of a layer range from a GGUF source to a device.
 
 use super::ModelError;
-use super::config::{ModelConfig, block_tensor};
+use super::config::{ModelConfig, ROPE_FREQS, block_bias, block_tensor};
 use crate::backend::{Buffer, Device};
 use crate::gguf::TensorSource;
 use crate::quant::GgmlType;
@@ -19,6 +19,10 @@ pub struct LayerWeights {
     pub wq: Matrix,
     pub wk: Matrix,
     pub wv: Matrix,
+    /// Q, K and V biases, where the family has them.
+    pub qkv_bias: Option<[Buffer; 3]>,
+    /// Per-head Q and K norm weights (`head_dim` each), where the family has them.
+    pub qk_norm: Option<[Buffer; 2]>,
     pub wo: Matrix,
     pub ffn_norm: Buffer,
     pub w_gate: Matrix,
@@ -29,6 +33,8 @@ pub struct LayerWeights {
 pub struct ShardWeights {
     /// First shard only.
     pub embed: Option<Matrix>,
+    /// RoPE frequency divisors (`rope_dim / 2`), where the model has them.
+    pub rope_freqs: Option<Buffer>,
     pub layers: Vec<LayerWeights>,
     /// Last shard only: the final norm, and the output matrix unless it is `embed` (tied).
     pub head: Option<(Buffer, Option<Matrix>)>,
@@ -42,21 +48,46 @@ impl ShardWeights {
     }
 }
 
-/// The tensors a shard over `[start, end)` needs, with `(name, rows, cols)` as expected.
+/// The tensors a shard over `[start, end)` needs, with `(name, rows, cols)` as expected
+/// (vectors as one row). Fused tensors are listed whole: the loader splits them.
 pub fn shard_tensors(cfg: &ModelConfig, start: usize, end: usize) -> Vec<(String, usize, usize)> {
     let mut v = Vec::new();
     if start == 0 {
         v.push(("token_embd.weight".to_string(), cfg.vocab_size, cfg.dim));
     }
+    if cfg.rope_freqs && start < end {
+        v.push((ROPE_FREQS.to_string(), 1, cfg.rope_dim / 2));
+    }
+    let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
     for l in start..end {
         v.push((block_tensor(l, "attn_norm"), 1, cfg.dim));
-        v.push((block_tensor(l, "attn_q"), cfg.q_dim(), cfg.dim));
-        v.push((block_tensor(l, "attn_k"), cfg.kv_dim(), cfg.dim));
-        v.push((block_tensor(l, "attn_v"), cfg.kv_dim(), cfg.dim));
-        v.push((block_tensor(l, "attn_output"), cfg.dim, cfg.q_dim()));
+        if cfg.fused_qkv {
+            v.push((block_tensor(l, "attn_qkv"), q + 2 * kv, cfg.dim));
+            if cfg.qkv_bias {
+                v.push((block_bias(l, "attn_qkv"), 1, q + 2 * kv));
+            }
+        } else {
+            for (part, rows) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                v.push((block_tensor(l, part), rows, cfg.dim));
+            }
+            if cfg.qkv_bias {
+                for (part, rows) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                    v.push((block_bias(l, part), 1, rows));
+                }
+            }
+        }
+        if cfg.qk_norm {
+            v.push((block_tensor(l, "attn_q_norm"), 1, cfg.head_dim));
+            v.push((block_tensor(l, "attn_k_norm"), 1, cfg.head_dim));
+        }
+        v.push((block_tensor(l, "attn_output"), cfg.dim, q));
         v.push((block_tensor(l, "ffn_norm"), 1, cfg.dim));
-        v.push((block_tensor(l, "ffn_gate"), cfg.ffn_dim, cfg.dim));
-        v.push((block_tensor(l, "ffn_up"), cfg.ffn_dim, cfg.dim));
+        if cfg.fused_gate_up {
+            v.push((block_tensor(l, "ffn_up"), 2 * cfg.ffn_dim, cfg.dim));
+        } else {
+            v.push((block_tensor(l, "ffn_gate"), cfg.ffn_dim, cfg.dim));
+            v.push((block_tensor(l, "ffn_up"), cfg.ffn_dim, cfg.dim));
+        }
         v.push((block_tensor(l, "ffn_down"), cfg.dim, cfg.ffn_dim));
     }
     if end == cfg.n_layers {
@@ -96,50 +127,89 @@ pub(crate) struct Loader<'a> {
 
 impl Loader<'_> {
     pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
-        let info = self.src.gguf().require_tensor(name)?.clone();
-        let dims_ok =
-            info.dims.len() == 2 && info.dims[0] as usize == cols && info.dims[1] as usize == rows;
-        if !dims_ok {
-            return Err(ModelError::BadShape(format!(
-                "{name} has dims {:?}, expected [{cols}, {rows}]",
-                info.dims
-            )));
-        }
-        let buf = self.upload(name)?;
-        Ok(Matrix {
-            buf,
-            ty: info.ty,
-            rows,
-            cols,
-        })
+        Ok(self.matrix_parts(name, cols, &[rows])?.remove(0))
     }
 
-    /// A norm weight vector, always loaded as f32.
-    pub fn vector(&mut self, name: &str, len: usize) -> Result<Buffer, ModelError> {
+    /// Tensor `name` of `cols` columns whose rows are the consecutive parts `rows` (a fused
+    /// tensor), one matrix per part: whole rows are whole blocks, so each part is a plain
+    /// byte range of the tensor.
+    pub fn matrix_parts(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: &[usize],
+    ) -> Result<Vec<Matrix>, ModelError> {
         let info = self.src.gguf().require_tensor(name)?.clone();
-        if info.n_elements as usize != len {
+        let total: usize = rows.iter().sum();
+        let dims_ok =
+            info.dims.len() == 2 && info.dims[0] as usize == cols && info.dims[1] as usize == total;
+        let row_bytes = info.ty.row_bytes(cols);
+        let (true, Some(row_bytes)) = (dims_ok, row_bytes) else {
             return Err(ModelError::BadShape(format!(
-                "{name} has {} elements, expected {len}",
-                info.n_elements
+                "{name} has dims {:?} of {:?}, expected [{cols}, {total}]",
+                info.dims, info.ty
             )));
+        };
+        let data = self.src.tensor_data(name)?;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut at = 0;
+        for &r in rows {
+            let part = data
+                .get(at..at + r * row_bytes)
+                .ok_or_else(|| ModelError::BadShape(format!("{name} is shorter than its dims")))?;
+            at += r * row_bytes;
+            out.push(Matrix {
+                buf: self.dev.upload(name, part)?,
+                ty: info.ty,
+                rows: r,
+                cols,
+            });
         }
-        if info.ty == GgmlType::F32 {
-            return self.upload(name);
+        self.done += data.len() as u64;
+        (self.progress)(self.done, self.total);
+        Ok(out)
+    }
+
+    /// A norm weight or bias vector, always loaded as f32.
+    pub fn vector(&mut self, name: &str, len: usize) -> Result<Buffer, ModelError> {
+        Ok(self.vector_parts(name, &[len])?.remove(0))
+    }
+
+    /// Vector `name` cut into consecutive parts of the lengths `lens` (a fused bias).
+    pub fn vector_parts(&mut self, name: &str, lens: &[usize]) -> Result<Vec<Buffer>, ModelError> {
+        let info = self.src.gguf().require_tensor(name)?.clone();
+        let len: usize = lens.iter().sum();
+        let len_ok = info.n_elements as usize == len && info.ty.row_bytes(len).is_some();
+        if !len_ok {
+            return Err(ModelError::BadShape(format!(
+                "{name} has {} elements of {:?}, expected {len}",
+                info.n_elements, info.ty
+            )));
         }
         let data = self.src.tensor_data(name)?;
         let mut v = vec![0f32; len];
-        crate::quant::dequantize_row(info.ty, data, &mut v);
+        if info.ty == GgmlType::F32 {
+            let src = data
+                .get(..len * 4)
+                .ok_or_else(|| ModelError::BadShape(format!("{name} is shorter than its dims")))?;
+            for (o, c) in v.iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        } else {
+            crate::quant::dequantize_row(info.ty, data, &mut v);
+        }
         self.done += info.n_bytes;
         (self.progress)(self.done, self.total);
-        Ok(self.dev.upload(name, bytemuck::cast_slice(&v))?)
-    }
-
-    fn upload(&mut self, name: &str) -> Result<Buffer, ModelError> {
-        let data = self.src.tensor_data(name)?;
-        let buf = self.dev.upload(name, data)?;
-        self.done += data.len() as u64;
-        (self.progress)(self.done, self.total);
-        Ok(buf)
+        let mut out = Vec::with_capacity(lens.len());
+        let mut at = 0;
+        for &n in lens {
+            out.push(
+                self.dev
+                    .upload(name, bytemuck::cast_slice(&v[at..at + n]))?,
+            );
+            at += n;
+        }
+        Ok(out)
     }
 }
 
@@ -164,20 +234,14 @@ pub(crate) fn load(
     } else {
         None
     };
+    let rope_freqs = if cfg.rope_freqs {
+        Some(ld.vector(ROPE_FREQS, cfg.rope_dim / 2)?)
+    } else {
+        None
+    };
     let mut layers = Vec::with_capacity(end - start);
     for l in start..end {
-        let t = |p: &str| block_tensor(l, p);
-        layers.push(LayerWeights {
-            attn_norm: ld.vector(&t("attn_norm"), cfg.dim)?,
-            wq: ld.matrix(&t("attn_q"), cfg.q_dim(), cfg.dim)?,
-            wk: ld.matrix(&t("attn_k"), cfg.kv_dim(), cfg.dim)?,
-            wv: ld.matrix(&t("attn_v"), cfg.kv_dim(), cfg.dim)?,
-            wo: ld.matrix(&t("attn_output"), cfg.dim, cfg.q_dim())?,
-            ffn_norm: ld.vector(&t("ffn_norm"), cfg.dim)?,
-            w_gate: ld.matrix(&t("ffn_gate"), cfg.ffn_dim, cfg.dim)?,
-            w_up: ld.matrix(&t("ffn_up"), cfg.ffn_dim, cfg.dim)?,
-            w_down: ld.matrix(&t("ffn_down"), cfg.dim, cfg.ffn_dim)?,
-        });
+        layers.push(load_layer(&mut ld, cfg, l)?);
     }
     let head = if end == cfg.n_layers {
         let norm = ld.vector("output_norm.weight", cfg.dim)?;
@@ -194,7 +258,80 @@ pub(crate) fn load(
     };
     Ok(ShardWeights {
         embed,
+        rope_freqs,
         layers,
         head,
     })
+}
+
+fn load_layer(
+    ld: &mut Loader<'_>,
+    cfg: &ModelConfig,
+    l: usize,
+) -> Result<LayerWeights, ModelError> {
+    let t = |p: &str| block_tensor(l, p);
+    let (q, kv, dim) = (cfg.q_dim(), cfg.kv_dim(), cfg.dim);
+    let attn_norm = ld.vector(&t("attn_norm"), dim)?;
+    let [wq, wk, wv] = if cfg.fused_qkv {
+        three(ld.matrix_parts(&t("attn_qkv"), dim, &[q, kv, kv])?)?
+    } else {
+        [
+            ld.matrix(&t("attn_q"), q, dim)?,
+            ld.matrix(&t("attn_k"), kv, dim)?,
+            ld.matrix(&t("attn_v"), kv, dim)?,
+        ]
+    };
+    let qkv_bias = match (cfg.qkv_bias, cfg.fused_qkv) {
+        (false, _) => None,
+        (true, true) => Some(three(
+            ld.vector_parts(&block_bias(l, "attn_qkv"), &[q, kv, kv])?,
+        )?),
+        (true, false) => Some([
+            ld.vector(&block_bias(l, "attn_q"), q)?,
+            ld.vector(&block_bias(l, "attn_k"), kv)?,
+            ld.vector(&block_bias(l, "attn_v"), kv)?,
+        ]),
+    };
+    let qk_norm = if cfg.qk_norm {
+        Some([
+            ld.vector(&t("attn_q_norm"), cfg.head_dim)?,
+            ld.vector(&t("attn_k_norm"), cfg.head_dim)?,
+        ])
+    } else {
+        None
+    };
+    let wo = ld.matrix(&t("attn_output"), dim, q)?;
+    let ffn_norm = ld.vector(&t("ffn_norm"), dim)?;
+    let (w_gate, w_up) = if cfg.fused_gate_up {
+        let mut parts = ld.matrix_parts(&t("ffn_up"), dim, &[cfg.ffn_dim, cfg.ffn_dim])?;
+        let up = parts.pop();
+        let gate = parts.pop();
+        match (gate, up) {
+            (Some(g), Some(u)) => (g, u),
+            _ => return Err(ModelError::BadShape("fused gate/up did not split".into())),
+        }
+    } else {
+        (
+            ld.matrix(&t("ffn_gate"), cfg.ffn_dim, dim)?,
+            ld.matrix(&t("ffn_up"), cfg.ffn_dim, dim)?,
+        )
+    };
+    Ok(LayerWeights {
+        attn_norm,
+        wq,
+        wk,
+        wv,
+        qkv_bias,
+        qk_norm,
+        wo,
+        ffn_norm,
+        w_gate,
+        w_up,
+        w_down: ld.matrix(&t("ffn_down"), dim, cfg.ffn_dim)?,
+    })
+}
+
+fn three<T>(v: Vec<T>) -> Result<[T; 3], ModelError> {
+    v.try_into()
+        .map_err(|_| ModelError::BadShape("a fused tensor did not split in three".into()))
 }

@@ -297,6 +297,7 @@ mod tests {
             "rope",
             "softmax",
             "silu_mul",
+            "add_bias",
             "add",
             "attention",
             "argmax",

@@ -289,6 +289,7 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
                         pos0,
                         freq_base,
                         neox: false,
+                        factors: None,
                     }) => {
                         let Some(p) = products.iter_mut().find(|p| same(p.y, rx)) else {
                             break;
@@ -562,6 +563,7 @@ mod tests {
                 pos0,
                 freq_base: 10000.0,
                 neox: false,
+                factors: None,
             })
         };
         let copy = |src, dst| {
@@ -772,6 +774,7 @@ mod tests {
                 pos0: 0,
                 freq_base: 1e4,
                 neox: false,
+                factors: None,
             }),
         ];
         assert_eq!(shape(&fuse(&ops, true)), ["fused2", "rope"]);

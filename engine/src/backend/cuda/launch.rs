@@ -4,8 +4,8 @@
 
 use crate::backend::{BackendError, Buffer, Result};
 use crate::kernels::{
-    Add, Argmax, Attention, AttentionParams, BufferCopy, Embed, Linear, MatMul, Op, OpSpec,
-    RmsNorm, Rope, Sample, SiluMul, Softmax, with_op,
+    Add, AddBias, Argmax, Attention, AttentionParams, BufferCopy, Embed, Linear, MatMul, Op,
+    OpSpec, RmsNorm, Rope, Sample, SiluMul, Softmax, with_op,
 };
 use crate::quant::GgmlType;
 
@@ -59,6 +59,7 @@ pub(crate) enum Kernel {
     Softmax,
     SiluMul,
     Add,
+    AddBias,
     Attention,
     AttentionSplit,
     Argmax,
@@ -84,6 +85,7 @@ impl Kernel {
             Kernel::Softmax => "softmax",
             Kernel::SiluMul => "silu_mul",
             Kernel::Add => "add",
+            Kernel::AddBias => "add_bias",
             Kernel::Attention => "attention",
             Kernel::AttentionSplit => "attention_split",
             Kernel::Argmax => "argmax",
@@ -234,7 +236,15 @@ impl<'a> CudaOp<'a> for Rope<'a> {
             grid_yz(self.name(), "tokens", self.tokens)?,
             1,
         ];
-        launch(self, (Kernel::Rope, OPS), grid, [256, 1, 1], vec![self.x])
+        // Without factors the kernel's `factors` argument is x, which it then never reads.
+        let factors = self.factors.unwrap_or(self.x);
+        launch(
+            self,
+            (Kernel::Rope, OPS),
+            grid,
+            [256, 1, 1],
+            vec![self.x, factors],
+        )
     }
 }
 
@@ -264,6 +274,15 @@ impl<'a> CudaOp<'a> for Add<'a> {
         let grid = [blocks(self.n.into(), 256), 1, 1];
         let buffers = vec![self.a, self.b, self.out];
         launch(self, (Kernel::Add, OPS), grid, [256, 1, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for AddBias<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let n = u64::from(self.cols) * u64::from(self.tokens);
+        let grid = [blocks(n, 256), 1, 1];
+        let buffers = vec![self.x, self.bias];
+        launch(self, (Kernel::AddBias, OPS), grid, [256, 1, 1], buffers)
     }
 }
 
@@ -508,6 +527,7 @@ mod tests {
             pos0: 0,
             freq_base: 10000.0,
             neox: false,
+            factors: None,
         }))
         .unwrap_err()
         .to_string();

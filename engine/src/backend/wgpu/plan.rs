@@ -5,8 +5,8 @@ use cairn_shaders::{self as shaders, Kernel};
 
 use crate::backend::{BackendError, Buffer, Result};
 use crate::kernels::{
-    Add, Argmax, Attention, BufferCopy, Embed, Linear, MatMul, Op, OpSpec, RmsNorm, Rope, Sample,
-    SiluMul, Softmax, with_op,
+    Add, AddBias, Argmax, Attention, BufferCopy, Embed, Linear, MatMul, Op, OpSpec, RmsNorm, Rope,
+    Sample, SiluMul, Softmax, with_op,
 };
 
 /// One GPU command of a submission.
@@ -133,12 +133,30 @@ impl<'a> WgpuOp<'a> for RmsNorm<'a> {
 }
 
 impl<'a> WgpuOp<'a> for Rope<'a> {
-    const KERNELS: &'static [Kernel] = &[shaders::ROPE];
+    const KERNELS: &'static [Kernel] = &[shaders::ROPE, shaders::ROPE_FACTORS];
 
     fn step(&self, max_dim: u32) -> Result<Step<'a>> {
         let pairs = self.tokens * self.heads * (self.rope_dim / 2);
         let groups = grid(pairs.div_ceil(256), max_dim)?;
-        dispatch(self, shaders::ROPE, None, vec![self.x], groups)
+        match self.factors {
+            Some(fs) => dispatch(self, shaders::ROPE_FACTORS, None, vec![self.x, fs], groups),
+            None => dispatch(self, shaders::ROPE, None, vec![self.x], groups),
+        }
+    }
+}
+
+impl<'a> WgpuOp<'a> for AddBias<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::ADD_BIAS];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let groups = grid((self.cols * self.tokens).div_ceil(256), max_dim)?;
+        dispatch(
+            self,
+            shaders::ADD_BIAS,
+            None,
+            vec![self.x, self.bias],
+            groups,
+        )
     }
 }
 
@@ -315,6 +333,7 @@ mod tests {
             matches::<Softmax>(),
             matches::<SiluMul>(),
             matches::<Add>(),
+            matches::<AddBias>(),
             matches::<Embed>(),
             matches::<Attention>(),
             matches::<Argmax>(),

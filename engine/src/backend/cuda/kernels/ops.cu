@@ -53,8 +53,11 @@ rmsnorm(const RmsNormParams* __restrict__ p, const float* x, const float* __rest
         yr[c] = xr[c] * scale * weight[c];
 }
 
-// In place; one thread per rotated pair: grid (heads * rope_dim / 2 / 256, tokens).
-extern "C" __global__ void __launch_bounds__(256) rope(const RopeParams* __restrict__ p, float* x) {
+// In place; one thread per rotated pair: grid (heads * rope_dim / 2 / 256, tokens). `factors`
+// (rope_dim / 2 divisors of the angle) is read only when p->factors is set; otherwise the
+// launch passes x there.
+extern "C" __global__ void __launch_bounds__(256)
+rope(const RopeParams* __restrict__ p, float* x, const float* factors) {
     const u32 heads = p->heads, head_dim = p->head_dim, rope_dim = p->rope_dim, pos0 = p->pos0;
     const u32 neox = p->neox;
     const float base = p->freq_base;
@@ -64,7 +67,8 @@ extern "C" __global__ void __launch_bounds__(256) rope(const RopeParams* __restr
     const u32 head = idx / half, i = idx % half;
     // Same expression order as the CPU twin: pos * base^(-2i / rope_dim), all f32.
     const float pos = (float)(pos0 + t);
-    const float theta = pos * powf(base, (-2.0f * (float)i) / (float)rope_dim);
+    float theta = pos * powf(base, (-2.0f * (float)i) / (float)rope_dim);
+    if (p->factors) theta = theta / factors[i];
     float s, c;
     sincosf(theta, &s, &c);
     float* h = x + ((size_t)t * heads + head) * head_dim;
@@ -100,6 +104,15 @@ silu_mul(const CountParams* __restrict__ p, const float* __restrict__ gate, cons
     if (i >= p->n) return;
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];
+}
+
+// x[t * cols + i] += bias[i], in place.
+extern "C" __global__ void __launch_bounds__(256)
+add_bias(const BiasParams* __restrict__ p, float* __restrict__ x, const float* __restrict__ bias) {
+    const u32 i = blockIdx.x * 256 + threadIdx.x;
+    const u32 cols = p->cols;
+    if (i >= cols * p->tokens) return;
+    x[i] += bias[i % cols];
 }
 
 // out may be a or b.

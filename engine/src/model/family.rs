@@ -1,0 +1,113 @@
+//! Which GGUF architectures Cairn runs, and why it refuses the others.
+//!
+//! Every supported family is a dense decoder with llama's block (RMS norms, grouped-query
+//! attention with rotary positions, a SiLU-gated FFN); they differ in the rotation's pairing,
+//! optional Q/K/V biases, per-head Q/K norms and fused tensors, which the file's tensors and
+//! [`Family`] tell apart.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// `llama` and `mistral`: adjacent-pair RoPE (their Q/K rows are permuted at conversion).
+    #[default]
+    Llama,
+    /// `qwen2`: Q/K/V biases, NEOX RoPE.
+    Qwen2,
+    /// `qwen3`: per-head Q/K RMS norms, NEOX RoPE, head size from `attention.key_length`.
+    Qwen3,
+    /// `phi3`: fused QKV and gate/up tensors, NEOX RoPE.
+    Phi3,
+}
+
+impl Family {
+    /// The family of GGUF architecture `arch`, or why it is refused.
+    pub fn of(arch: &str) -> Result<Family, String> {
+        match arch {
+            "llama" | "mistral" => Ok(Family::Llama),
+            "qwen2" => Ok(Family::Qwen2),
+            "qwen3" => Ok(Family::Qwen3),
+            "phi3" => Ok(Family::Phi3),
+            _ => Err(refusal(arch).to_string()),
+        }
+    }
+
+    /// Whether the rotation pairs `(i, i + d/2)` (GGML's NEOX mode) rather than `(2i, 2i+1)`.
+    pub fn neox_rope(self) -> bool {
+        !matches!(self, Family::Llama)
+    }
+}
+
+/// Why an architecture Cairn does not run is refused, for the message that names it.
+fn refusal(arch: &str) -> &'static str {
+    const MOE: &[&str] = &[
+        "qwen2moe",
+        "qwen3moe",
+        "deepseek",
+        "deepseek2",
+        "mixtral",
+        "phimoe",
+        "dbrx",
+        "olmoe",
+        "grok",
+        "arctic",
+        "gpt-oss",
+        "granitemoe",
+        "llama4",
+        "bailingmoe",
+        "dots1",
+        "hunyuan-moe",
+        "ernie4_5-moe",
+    ];
+    const RECURRENT: &[&str] = &[
+        "mamba",
+        "mamba2",
+        "rwkv6",
+        "rwkv6qwen2",
+        "rwkv7",
+        "arwkv7",
+        "qwen3next",
+        "jamba",
+        "granitehybrid",
+        "falcon-h1",
+        "lfm2",
+        "plamo2",
+        "nemotron_h",
+    ];
+    if MOE.contains(&arch) {
+        "a mixture-of-experts architecture; Cairn runs dense models only"
+    } else if RECURRENT.contains(&arch) {
+        "a recurrent or hybrid linear-attention architecture; Cairn runs attention-only models"
+    } else {
+        "not one Cairn runs (it runs llama, mistral, qwen2, qwen3 and phi3)"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supported_architectures_map_to_their_family() {
+        assert_eq!(Family::of("mistral"), Ok(Family::Llama));
+        assert_eq!(Family::of("qwen3"), Ok(Family::Qwen3));
+        assert!(!Family::Llama.neox_rope());
+        assert!(Family::Phi3.neox_rope());
+    }
+
+    #[test]
+    fn refusals_say_what_kind_of_model_it_is() {
+        assert!(
+            Family::of("qwen3moe")
+                .unwrap_err()
+                .contains("mixture-of-experts")
+        );
+        assert!(Family::of("rwkv7").unwrap_err().contains("recurrent"));
+        assert!(
+            Family::of("bert")
+                .unwrap_err()
+                .contains("not one Cairn runs")
+        );
+    }
+}
