@@ -1214,10 +1214,7 @@ async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
             (r["placement"]["state"] == "ready").then(|| r["requests"]["in_flight"].as_u64())?
         }
     };
-    {
-        let f = in_flight.clone();
-        wait_for(Duration::from_secs(120), "a placement", move || f());
-    }
+    wait_for(Duration::from_secs(120), "a placement", in_flight.clone());
 
     let browser = Browser::launch(&binary, &format!("{api}/"), false);
     let mut page = browser.page(&api).await;
