@@ -25,6 +25,8 @@ rustup target add wasm32-unknown-unknown >/dev/null
 scripts/fetch-model.sh
 # llama.cpp's tokenizer test data (vocabulary files with expected ids), for engine/tests/vocab.rs.
 scripts/fetch-vocab.sh
+# Ollama's official Python client, for the cluster test of the Ollama routes.
+scripts/fetch-ollama-client.sh
 
 # Mesa warns without a private runtime directory.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
@@ -52,6 +54,8 @@ df -h . | tail -1
 export CAIRN_TEST_REQUIRE_BROWSER=1
 # Nor may the tokenizer tests skip for want of llama.cpp's vocabulary files.
 export CAIRN_TEST_REQUIRE_VOCAB=1
+# Nor may the Ollama route test skip for want of the Python client.
+export CAIRN_TEST_REQUIRE_OLLAMA_CLIENT=1
 # Kernel and model tests must also run on a wgpu adapter (lavapipe here), not only the CPU.
 cargo build -p cairn -p cairn-signal --features "$features"
 CAIRN_TEST_REQUIRE_GPU=1 cargo test --workspace --features "$features"

@@ -22,14 +22,32 @@ pub struct Loaded {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DeviceArgs {
-    /// Backend: wgpu or cpu (automatic when omitted: best GPU, else cpu).
-    #[arg(long)]
+    #[arg(long, help = backend_help())]
     pub backend: Option<String>,
     /// Device id from `cairn devices`.
     #[arg(long)]
     pub device: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// `--backend`'s help names the backends this build has (cuda and vulkan are features).
+fn backend_help() -> String {
+    use cairn_engine::backend::BackendKind;
+    let compiled: Vec<&str> = [
+        BackendKind::Cuda,
+        BackendKind::Vulkan,
+        BackendKind::Wgpu,
+        BackendKind::Cpu,
+    ]
+    .into_iter()
+    .filter(|k| k.compiled())
+    .map(BackendKind::name)
+    .collect();
+    format!(
+        "Backend: {} (automatic when omitted: best GPU, else cpu; `cairn devices` lists them)",
+        compiled.join(", ")
+    )
 }
 
 impl DeviceArgs {

@@ -3,6 +3,8 @@
 mod cmd;
 mod loading;
 mod model_path;
+#[cfg(target_os = "linux")]
+mod runtime_dir;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -14,6 +16,10 @@ use clap::{Parser, Subcommand};
     about = "Pool every GPU at hand into one LLM inference cluster"
 )]
 struct Cli {
+    /// Show what the libraries say too (wgpu's adapter probing, GL fallbacks); RUST_LOG,
+    /// when set, chooses instead.
+    #[arg(long, short, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -34,15 +40,25 @@ enum Command {
     Bench(cmd::bench::Args),
 }
 
+/// What a normal run logs: our own progress, and no library chatter. wgpu warns about every
+/// adapter it probes and fails over (GL without a display, Vulkan ICDs it cannot load), which a
+/// newcomer reads as failures; its errors still show.
+const QUIET: &str =
+    "warn,cairn=info,cairn_native=info,wgpu_hal=off,wgpu_core=error,wgpu=error,naga=error";
+/// `--verbose`: the libraries' warnings and our own details.
+const VERBOSE: &str = "info,cairn=debug,cairn_native=debug,wgpu_hal=warn,wgpu_core=warn,naga=warn";
+
 fn main() -> Result<()> {
+    let cli = Cli::parse();
+    #[cfg(target_os = "linux")]
+    runtime_dir::ensure();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| if cli.verbose { VERBOSE } else { QUIET }.into());
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,cairn=info,cairn_native=info,wgpu_hal::gles=off".into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Devices(a) => cmd::devices::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Score(a) => cmd::score::run(a),

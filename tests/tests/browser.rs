@@ -1153,3 +1153,210 @@ fn check_served_assets(api: &str) {
     std::io::Read::read_exact(&mut wasm.into_reader(), &mut magic).unwrap();
     assert_eq!(&magic, b"\0asm");
 }
+
+/// Polls `expression` in the page until it is true; panics with `what` after `within`.
+async fn wait_true(page: &mut Page, expression: &str, what: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while page.eval(expression).await != json!(true) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The dashboard's chat in headless Chromium against a real `cairn serve --api-key` and a
+/// native worker: without the key the answer fails and the key form opens; with it a prompt
+/// gets a streamed answer (text only: markup in the prompt stays text), Stop ends it and the
+/// cluster drops the request, and a finished answer says its tokens/s and which device served
+/// it. Screenshots of the dashboard and of the join page at 360 px wide are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
+    use cairn_tests::procs::{Proc, Serve, artifacts, bin, get_json, wait_for};
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let dir = artifacts("browser-chat");
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let serve = Serve::embedded(&dir, model, &["--api-key", "sesame"]);
+    let api = serve.api.clone();
+    let mut worker = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "worker",
+            "--signal",
+            &serve.signal,
+            "--token",
+            &serve.worker_token,
+            "--backend",
+            "cpu",
+            "--loopback",
+            "--model",
+            model,
+        ],
+        &dir,
+        "worker",
+    );
+    worker.wait_line("joined room");
+    let in_flight = {
+        let api = api.clone();
+        move || -> Option<u64> {
+            let r = ureq::get(&format!("{api}/api/cluster"))
+                .set("Authorization", "Bearer sesame")
+                .timeout(Duration::from_secs(10))
+                .call()
+                .ok()?
+                .into_json::<Value>()
+                .ok()?;
+            (r["placement"]["state"] == "ready").then(|| r["requests"]["in_flight"].as_u64())?
+        }
+    };
+    wait_for(Duration::from_secs(120), "a placement", in_flight.clone());
+
+    let browser = Browser::launch(&binary, &format!("{api}/"), false);
+    let mut page = browser.page(&api).await;
+    wait_true(
+        &mut page,
+        "!!document.getElementById('chat-form')",
+        "the dashboard loading",
+        WAIT,
+    )
+    .await;
+    let ask = |prompt: &str, max_tokens: u32| {
+        format!(
+            "(function () {{ document.getElementById('chat-temperature').value = '0.8';
+               document.getElementById('chat-max-tokens').value = '{max_tokens}';
+               document.getElementById('chat-prompt').value = {};
+               document.getElementById('chat-send').click(); return true; }})()",
+            json!(prompt)
+        )
+    };
+    let last = "document.querySelector('#chat-log .msg-bot:last-child')";
+
+    // No key yet: the answer fails and the form asks for it.
+    page.eval(&ask("Hello?", 8)).await;
+    wait_true(
+        &mut page,
+        &format!("{last} && {last}.getAttribute('data-done') === 'failed'"),
+        "the unauthorised answer failing",
+        WAIT,
+    )
+    .await;
+    assert_eq!(
+        page.eval("document.getElementById('key-panel').hidden")
+            .await,
+        json!(false),
+        "the key form did not open on a 401"
+    );
+    page.eval(
+        "document.getElementById('key-input').value = 'sesame';
+         document.getElementById('key-save').click(); true",
+    )
+    .await;
+
+    // A long answer, stopped while it streams; the prompt's markup stays text.
+    let injected = "<img src=x onerror=\"window.pwned=1\"> Tell me a long story about a dragon.";
+    page.eval(&ask(injected, 400)).await;
+    wait_true(
+        &mut page,
+        &format!("{last}.querySelector('.answer').textContent.length > 12"),
+        "streamed text arriving",
+        SLOW,
+    )
+    .await;
+    assert_eq!(
+        page.eval(&format!("{last}.getAttribute('data-done')"))
+            .await,
+        Value::Null,
+        "the answer ended before Stop could be pressed"
+    );
+    page.eval("document.getElementById('chat-stop').click(); true")
+        .await;
+    wait_true(
+        &mut page,
+        &format!("{last}.getAttribute('data-done') === 'stopped'"),
+        "the answer stopping",
+        WAIT,
+    )
+    .await;
+    let meta = page
+        .eval(&format!("{last}.querySelector('.msg-meta').textContent"))
+        .await;
+    assert!(
+        meta.as_str().is_some_and(|m| m.contains("stopped")),
+        "{meta}"
+    );
+    assert_eq!(
+        page.eval("document.querySelectorAll('#chat-log img').length + (window.pwned || 0)")
+            .await,
+        json!(0),
+        "markup from the prompt was rendered"
+    );
+    {
+        let f = in_flight.clone();
+        wait_for(
+            Duration::from_secs(30),
+            "the cluster dropping the stopped request",
+            move || (f()? == 0).then_some(()),
+        );
+    }
+
+    // A short answer runs to its end and says how fast and where it ran.
+    page.eval(&ask("Say hi.", 12)).await;
+    wait_true(
+        &mut page,
+        &format!("{last}.getAttribute('data-done') === 'finished'"),
+        "a whole answer",
+        SLOW,
+    )
+    .await;
+    let meta = page
+        .eval(&format!("{last}.querySelector('.msg-meta').textContent"))
+        .await;
+    let meta = meta.as_str().unwrap_or_default().to_owned();
+    assert!(
+        meta.contains("tokens/s") && meta.contains("served by") && meta.contains("(layers 0–"),
+        "the answer's summary lacks speed or devices: {meta}"
+    );
+
+    // Phone-sized screenshots of the dashboard and the join page.
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 360, "height": 780, "deviceScaleFactor": 1, "mobile": true}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    page.screenshot(&dir.join("dashboard-360.png")).await;
+    let wide = page
+        .eval("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        .await;
+    assert_eq!(
+        wide,
+        json!(true),
+        "the dashboard scrolls sideways at 360 px"
+    );
+    let join_url = get_json(&format!("{api}/api/cluster"))
+        .and_then(|c| c["join_url"].as_str().map(str::to_owned))
+        .expect("the cluster lists its join URL");
+    page.call("Page.navigate", json!({ "url": join_url })).await;
+    wait_true(
+        &mut page,
+        "location.pathname === '/join' && !!document.getElementById('consent')",
+        "the join page loading",
+        WAIT,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    page.screenshot(&dir.join("join-360.png")).await;
+    let wide = page
+        .eval("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        .await;
+    assert_eq!(
+        wide,
+        json!(true),
+        "the join page scrolls sideways at 360 px"
+    );
+}

@@ -730,3 +730,227 @@ fn a_step_lost_between_workers_is_carried_through_the_coordinator() {
         .count();
     assert!(lost >= 1, "no worker lost a pass");
 }
+
+/// A normal `cairn run`, in a session without a runtime directory and with the automatic
+/// device choice (which probes every wgpu adapter), prints no line a newcomer would read as
+/// a failure: no Mesa `XDG_RUNTIME_DIR` error, no wgpu probing warnings.
+#[test]
+fn a_normal_run_prints_nothing_alarming() {
+    let out = std::process::Command::new(bin("cairn"))
+        .args(["run", "--prompt", "Hi", "--max-tokens", "2", "--model"])
+        .arg(model_path())
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("cairn run starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "cairn run failed:\n{stderr}");
+    let alarming: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            let l = l.to_lowercase();
+            l.contains("error") || l.contains("xdg") || l.contains("warn")
+        })
+        .collect();
+    assert!(
+        alarming.is_empty(),
+        "cairn run printed alarming lines:\n{}",
+        alarming.join("\n")
+    );
+}
+
+/// `--signal` takes the address the way people paste it: with `/ws?room=...` the room comes
+/// from the URL, and without `--room` or a room in the URL it comes from the token.
+#[test]
+fn the_signal_address_and_the_room_come_as_pasted() {
+    let dir = artifacts("cluster-signal-forms");
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let serve = Serve::embedded(&dir, model, &["--room", "bars"]);
+    let token = &serve.worker_token;
+    let pasted = format!("{}/ws?room=bars", serve.signal);
+    let (_a, a) = cpu_worker(&pasted, token, &dir, "from-url", &["--model", model], &[]);
+    let http = serve.api.clone();
+    let mut b = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "worker",
+            "--signal",
+            &http,
+            "--token",
+            token,
+            "--backend",
+            "cpu",
+            "--loopback",
+            "--model",
+            model,
+        ],
+        &dir,
+        "from-token",
+    );
+    let joined = b.wait_line("joined room");
+    assert!(
+        joined.starts_with("joined room bars as "),
+        "the room did not come from the token: {joined}"
+    );
+    let b = joined.rsplit(' ').next().expect("peer id").to_owned();
+    wait_for(
+        Duration::from_secs(60),
+        "the coordinator to list both",
+        || {
+            let c = get_json(&format!("{}/api/cluster", serve.api))?;
+            let peers = c["peers"].as_array()?;
+            let listed = |id: &str| peers.iter().any(|p| p["peer_id"] == id);
+            (listed(&a) && listed(&b)).then_some(())
+        },
+    );
+}
+
+/// Where scripts/fetch-ollama-client.sh put Ollama's Python client, if it did.
+fn ollama_client() -> Option<std::path::PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    let dir = cache.join("cairn/ollama-client-0.6.3");
+    dir.join("ollama").is_dir().then_some(dir)
+}
+
+/// Drives the Ollama routes with the official client; prints one JSON object of results.
+const OLLAMA_SCRIPT: &str = r#"
+import json, sys, ollama
+c = ollama.Client(host=sys.argv[1])
+r = {}
+r["list"] = [m.model for m in c.list().models]
+name = r["list"][0]
+s = c.show(name)
+r["show"] = {"format": s.details.format, "family": s.details.family,
+             "context": s.modelinfo.get("llama.context_length")}
+opts = {"temperature": 0, "num_predict": 8}
+g = c.generate(model=name, prompt="Name a colour.", options=opts)
+r["generate"] = {"text": g.response, "done": g.done, "eval_count": g.eval_count,
+                 "done_reason": g.done_reason}
+parts = [p.response for p in c.generate(model=name, prompt="Name a colour.", options=opts, stream=True)]
+r["generate_stream"] = parts
+msgs = [{"role": "user", "content": "Name a colour."}]
+ch = c.chat(model=name, messages=msgs, options=opts)
+r["chat"] = {"text": ch.message.content, "role": ch.message.role, "eval_count": ch.eval_count}
+chunks = list(c.chat(model=name, messages=msgs, options=opts, stream=True))
+r["chat_stream"] = [x.message.content for x in chunks]
+r["chat_stream_done"] = [x.done for x in chunks]
+try:
+    c.chat(model="no-such-model", messages=msgs, stream=False)
+    r["bad"] = None
+except ollama.ResponseError as e:
+    r["bad"] = {"status": e.status_code, "error": e.error}
+try:
+    c.generate(model=name, prompt="x", options={"temperature": 7}, stream=False)
+    r["bad_option"] = None
+except ollama.ResponseError as e:
+    r["bad_option"] = {"status": e.status_code, "error": e.error}
+print(json.dumps(r))
+"#;
+
+/// Ollama's official Python client against a real `cairn serve`: the model is listed and
+/// shown, generate and chat answer streamed and whole with the same greedy text as the
+/// OpenAI route, and bad requests come back as Ollama errors with their status.
+#[test]
+fn the_ollama_client_lists_shows_generates_and_chats() {
+    let Some(client) = ollama_client() else {
+        assert!(
+            std::env::var_os("CAIRN_TEST_REQUIRE_OLLAMA_CLIENT").is_none(),
+            "Ollama's Python client is missing: run scripts/fetch-ollama-client.sh"
+        );
+        eprintln!("Ollama's Python client is missing (scripts/fetch-ollama-client.sh); skipped");
+        return;
+    };
+    let dir = artifacts("cluster-ollama");
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let serve = Serve::embedded(&dir, model, &[]);
+    let (_w, _) = cpu_worker(
+        &serve.signal,
+        &serve.worker_token,
+        &dir,
+        "worker",
+        &["--model", model],
+        &[],
+    );
+    wait_for(Duration::from_secs(120), "a placement", || {
+        (!stages(&serve.api).is_empty()).then_some(())
+    });
+    let out = std::process::Command::new("python3")
+        .args(["-c", OLLAMA_SCRIPT, &serve.api])
+        .env("PYTHONPATH", &client)
+        .output()
+        .expect("python3 starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the client script failed:\n{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).expect("the script prints JSON");
+    std::fs::write(dir.join("results.json"), r.to_string()).expect("results saved");
+
+    assert_eq!(r["list"], json!(["SmolLM2-135M-Instruct:latest"]));
+    assert_eq!(r["show"]["format"], "gguf");
+    assert_eq!(r["show"]["family"], "llama");
+    assert_eq!(r["show"]["context"], 8192);
+
+    let g = &r["generate"];
+    let text = g["text"].as_str().expect("generate text");
+    assert!(!text.is_empty() && g["done"] == true, "{g}");
+    assert!(
+        g["eval_count"]
+            .as_u64()
+            .is_some_and(|n| (1..=8).contains(&n)),
+        "{g}"
+    );
+    let streamed: String = r["generate_stream"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(streamed, text, "greedy streamed and whole answers differ");
+    assert!(r["generate_stream"].as_array().is_some_and(|p| p.len() > 2));
+
+    // The same conversation through the OpenAI route: one request path, one answer.
+    let (status, openai) = post_json(
+        &format!("{}/v1/chat/completions", serve.api),
+        &json!({"messages": [{"role": "user", "content": "Name a colour."}],
+                "temperature": 0, "max_tokens": 8}),
+    );
+    assert_eq!(status, 200, "{openai}");
+    let chat = &r["chat"];
+    assert_eq!(chat["role"], "assistant");
+    assert_eq!(chat["text"], openai["choices"][0]["message"]["content"]);
+    assert_eq!(
+        chat["text"].as_str(),
+        Some(text),
+        "generate applies the chat template too"
+    );
+    let chat_streamed: String = r["chat_stream"]
+        .as_array()
+        .expect("chunks")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(chat_streamed, chat["text"].as_str().unwrap_or_default());
+    let done = r["chat_stream_done"].as_array().expect("done flags");
+    assert_eq!(done.last(), Some(&json!(true)));
+    assert!(done[..done.len() - 1].iter().all(|d| d == false));
+
+    assert_eq!(r["bad"]["status"], 404, "{}", r["bad"]);
+    assert!(
+        r["bad"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no-such-model")),
+        "{}",
+        r["bad"]
+    );
+    assert_eq!(r["bad_option"]["status"], 400, "{}", r["bad_option"]);
+    assert!(
+        r["bad_option"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("temperature")),
+        "{}",
+        r["bad_option"]
+    );
+}

@@ -19,6 +19,7 @@ use cairn_signal::{Claims, HealthCheck, MdnsMode, Role, Server, SignalConfig};
 use tower::ServiceExt;
 
 use crate::cmd::ice_args::IceArgs;
+use crate::cmd::signal_args::{parse_signal, resolve_room};
 use crate::loading::{self, DeviceArgs};
 
 #[derive(clap::Args)]
@@ -29,7 +30,8 @@ pub struct Args {
     /// GGUF model (default: $CAIRN_MODEL, then the default model's cache location).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Use this cairn-signal (ws://host:port) instead of an embedded one.
+    /// Use this cairn-signal instead of an embedded one (ws://HOST:PORT as it prints it, with
+    /// or without /ws?room=...; http(s):// works too).
     #[arg(long, requires = "token")]
     signal: Option<String>,
     /// Coordinator token for --signal.
@@ -38,8 +40,9 @@ pub struct Args {
     /// A worker token for the join URL shown to browsers (with --signal).
     #[arg(long)]
     join_token: Option<String>,
-    #[arg(long, default_value = "main")]
-    room: String,
+    /// Room of the cluster (default: the one in --signal's URL, else the token's, else main).
+    #[arg(long)]
+    room: Option<String>,
     /// Run only the coordinator: no worker in this process.
     #[arg(long)]
     no_local_worker: bool,
@@ -128,6 +131,13 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 async fn serve(a: Args) -> Result<()> {
+    let external_signal = a.signal.as_deref().map(parse_signal).transpose()?;
+    let room = resolve_room(
+        a.room.as_deref(),
+        external_signal.as_ref().and_then(|p| p.room.as_deref()),
+        a.token.as_deref().filter(|_| a.signal.is_some()),
+    )?;
+    let external_signal = external_signal.map(|p| p.url);
     let model = crate::model_path::resolve(a.model.clone())?;
     let manual = a.placement.as_deref().map(parse_placement).transpose()?;
     // The router is built once the coordinator exists; the embedded server
@@ -158,7 +168,7 @@ async fn serve(a: Args) -> Result<()> {
             }
         })
     };
-    let (signal_url, token, worker_token, local_addr, _server) = match &a.signal {
+    let (signal_url, token, worker_token, local_addr, _server) = match &external_signal {
         Some(url) => {
             let token = a.token.clone().context("--signal needs --token")?;
             (url.clone(), token, a.join_token.clone(), a.listen, None)
@@ -180,12 +190,10 @@ async fn serve(a: Args) -> Result<()> {
             let ttl = cairn_signal::token::MAX_TTL;
             let coordinator = cairn_signal::token::issue(
                 server.secret(),
-                &Claims::new(&a.room, Role::Coordinator, ttl),
+                &Claims::new(&room, Role::Coordinator, ttl),
             );
-            let worker = cairn_signal::token::issue(
-                server.secret(),
-                &Claims::new(&a.room, Role::Worker, ttl),
-            );
+            let worker =
+                cairn_signal::token::issue(server.secret(), &Claims::new(&room, Role::Worker, ttl));
             let addr = server.local_addr();
             (server.url(), coordinator, Some(worker), addr, Some(server))
         }
@@ -206,7 +214,7 @@ async fn serve(a: Args) -> Result<()> {
         format!(
             "{public_url}/join?signal={}&room={}&token={t}",
             urlencode(&browser_signal),
-            urlencode(&a.room)
+            urlencode(&room)
         )
     });
     let mut link = if ip.is_loopback() {
@@ -218,7 +226,7 @@ async fn serve(a: Args) -> Result<()> {
     let coord = Coordinator::start(CoordinatorOptions {
         model_path: model.clone(),
         signal_url: signal_url.clone(),
-        room: a.room.clone(),
+        room: room.clone(),
         token,
         public_url: public_url.clone(),
         join_url: join_url.clone(),
@@ -252,7 +260,7 @@ async fn serve(a: Args) -> Result<()> {
         let device = loading::open_device(&a.device)?;
         let opts = WorkerOptions {
             signal_url: signal_url.clone(),
-            room: a.room.clone(),
+            room: room.clone(),
             token: wt,
             model: Some(model.clone()),
             cache_dir: None,
@@ -272,7 +280,7 @@ async fn serve(a: Args) -> Result<()> {
     );
     println!("dashboard:   {public_url}/");
     println!("api:         {public_url}/v1/chat/completions");
-    println!("signal:      {signal_url} (room {})", a.room);
+    println!("signal:      {signal_url} (room {room})");
     if let Some(j) = &join_url {
         println!("join:        {j}");
     }

@@ -8,18 +8,21 @@ use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
 
 use crate::cmd::ice_args::IceArgs;
+use crate::cmd::signal_args::{parse_signal, resolve_room};
 use crate::loading::{self, DeviceArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// cairn-signal to join (ws://host:port); found on the LAN through mDNS when omitted.
+    /// cairn-signal to join, as it prints its address (ws://HOST:PORT, with or without
+    /// /ws?room=...; http(s):// works too); found on the LAN through mDNS when omitted.
     #[arg(long)]
     signal: Option<String>,
     /// Worker token for the room.
     #[arg(long, env = "CAIRN_TOKEN")]
     token: String,
-    #[arg(long, default_value = "main")]
-    room: String,
+    /// Room to join (default: the one in --signal's URL, else the token's, else main).
+    #[arg(long)]
+    room: Option<String>,
     /// A local copy of the model: layers load from disk instead of over HTTP.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -45,8 +48,14 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 async fn serve(a: Args) -> Result<()> {
-    let signal = match a.signal.clone() {
-        Some(s) => s,
+    let parsed = a.signal.as_deref().map(parse_signal).transpose()?;
+    let room = resolve_room(
+        a.room.as_deref(),
+        parsed.as_ref().and_then(|p| p.room.as_deref()),
+        Some(&a.token),
+    )?;
+    let signal = match parsed {
+        Some(p) => p.url,
         None => {
             let found = cairn_signal::mdns::discover(Duration::from_secs(3))
                 .await
@@ -68,7 +77,7 @@ async fn serve(a: Args) -> Result<()> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let opts = WorkerOptions {
         signal_url: signal,
-        room: a.room.clone(),
+        room: room.clone(),
         token: a.token.clone(),
         model: a.model.clone(),
         cache_dir,
@@ -85,7 +94,7 @@ async fn serve(a: Args) -> Result<()> {
     };
     let task = tokio::spawn(worker::serve(device, opts, Some(tx)));
     if let Ok(peer) = rx.await {
-        println!("joined room {} as {peer}", a.room);
+        println!("joined room {room} as {peer}");
     }
     task.await.context("the worker task panicked")?
 }

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod error;
+mod ollama;
 mod openai;
 mod web;
 
@@ -27,6 +28,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/chat", post(ollama::chat))
         .route(
             "/api/placement",
             post(cluster::set_placement).delete(cluster::clear_placement),

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use cairn_engine::kernels::SampleParams;
-use cairn_engine::tokenizer::ChatMessage;
+use cairn_engine::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
 use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -22,13 +22,13 @@ use crate::coord::pipeline::{self, FinishReason, GenEvent, GenRequest};
 
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Content {
+pub(super) enum Content {
     Text(String),
     Parts(Vec<Part>),
 }
 
 #[derive(Deserialize)]
-struct Part {
+pub(super) struct Part {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
@@ -36,54 +36,54 @@ struct Part {
 }
 
 #[derive(Deserialize)]
-struct InMessage {
-    role: String,
+pub(super) struct InMessage {
+    pub role: String,
     #[serde(default)]
-    content: Option<Content>,
+    pub content: Option<Content>,
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Stop {
+pub(super) enum Stop {
     One(String),
     Many(Vec<String>),
 }
 
 #[derive(Deserialize, Default)]
-struct StreamOptions {
+pub(super) struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
 }
 
-/// The sampling fields both endpoints share.
-#[derive(Deserialize)]
-struct Common {
+/// The sampling fields both endpoints share; the Ollama routes fill it from their `options`.
+#[derive(Deserialize, Default)]
+pub(super) struct Common {
     #[serde(default)]
-    model: Option<String>,
+    pub model: Option<String>,
     #[serde(default)]
-    max_tokens: Option<i64>,
+    pub max_tokens: Option<i64>,
     #[serde(default)]
-    max_completion_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
     #[serde(default)]
-    temperature: Option<f32>,
+    pub temperature: Option<f32>,
     #[serde(default)]
-    top_p: Option<f32>,
+    pub top_p: Option<f32>,
     #[serde(default)]
-    top_k: Option<i64>,
+    pub top_k: Option<i64>,
     #[serde(default)]
-    seed: Option<u64>,
+    pub seed: Option<u64>,
     #[serde(default)]
-    n: Option<i64>,
+    pub n: Option<i64>,
     #[serde(default)]
-    stream: bool,
+    pub stream: bool,
     #[serde(default)]
-    stream_options: Option<StreamOptions>,
+    pub stream_options: Option<StreamOptions>,
     #[serde(default)]
-    stop: Option<Stop>,
+    pub stop: Option<Stop>,
     /// Keep generating past end-of-generation tokens (as vLLM and llama.cpp's
     /// server offer): for benchmarks that need a fixed length.
     #[serde(default)]
-    ignore_eos: bool,
+    pub ignore_eos: bool,
 }
 
 #[derive(Deserialize)]
@@ -110,7 +110,7 @@ struct CompletionRequest {
     common: Common,
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+pub(super) fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid(
             "the request body is empty; send a JSON object",
@@ -132,17 +132,43 @@ fn completion_id(prefix: &str) -> String {
 }
 
 /// A validated request, ready to run.
-struct Job {
-    prompt: Vec<u32>,
+pub(super) struct Job {
+    pub prompt: Vec<u32>,
     max_tokens: usize,
     sample: SampleParams,
-    stream: bool,
+    pub stream: bool,
     include_usage: bool,
     stops: Vec<String>,
     ignore_eos: bool,
 }
 
-fn validate(shared: &Shared, c: &Common, prompt: Vec<u32>) -> Result<Job, ApiError> {
+/// Starts a validated job on the cluster; its tokens come through the returned generation's
+/// receiver. Dropping the receiver (a client gone) cancels the request.
+pub(super) fn start(
+    shared: &Arc<Shared>,
+    label: String,
+    job: Job,
+) -> (mpsc::Receiver<GenEvent>, TextOut) {
+    let rx = pipeline::start(
+        shared.clone(),
+        GenRequest {
+            label,
+            prompt: job.prompt,
+            max_tokens: job.max_tokens,
+            sample: job.sample,
+            ignore_eos: job.ignore_eos,
+        },
+    );
+    let out = TextOut {
+        text: String::new(),
+        sent: 0,
+        stops: job.stops,
+        stopped: false,
+    };
+    (rx, out)
+}
+
+pub(super) fn validate(shared: &Shared, c: &Common, prompt: Vec<u32>) -> Result<Job, ApiError> {
     if let Some(m) = &c.model
         && !m.is_empty()
         && m != &shared.model.name
@@ -237,14 +263,25 @@ pub async fn chat_completions(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(&body)?;
-    if req.messages.is_empty() {
+    let prompt = encode_chat(&shared, &req.messages)?;
+    let job = validate(&shared, &req.common, prompt)?;
+    respond(shared, job, Kind::Chat).await
+}
+
+/// The conversation through the model's chat template, with the roles and content forms
+/// both chat APIs accept.
+pub(super) fn encode_chat(
+    shared: &Shared,
+    messages_in: &[InMessage],
+) -> Result<Vec<u32>, ApiError> {
+    if messages_in.is_empty() {
         return Err(ApiError::invalid(
             "messages must not be empty",
             Some("messages"),
         ));
     }
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
+    let mut messages = Vec::with_capacity(messages_in.len());
+    for m in messages_in {
         if !matches!(
             m.role.as_str(),
             "system" | "user" | "assistant" | "developer" | "tool"
@@ -278,14 +315,12 @@ pub async fn chat_completions(
         };
         messages.push(ChatMessage::new(role, text));
     }
-    let prompt = shared.model.tokenizer.encode_chat(&messages).map_err(|e| {
+    shared.model.tokenizer.encode_chat(&messages).map_err(|e| {
         ApiError::invalid(
             format!("cannot render the conversation: {e}"),
             Some("messages"),
         )
-    })?;
-    let job = validate(&shared, &req.common, prompt)?;
-    respond(shared, job, Kind::Chat).await
+    })
 }
 
 pub async fn completions(
@@ -333,7 +368,7 @@ enum Kind {
 
 /// Turns token ids into text, holding back what could be the start of a
 /// stop string so a stop is never half-sent.
-struct TextOut {
+pub(super) struct TextOut {
     text: String,
     sent: usize,
     stops: Vec<String>,
@@ -391,7 +426,7 @@ impl TextOut {
     }
 }
 
-fn encode_text(shared: &Shared, text: &str) -> Result<Vec<u32>, ApiError> {
+pub(super) fn encode_text(shared: &Shared, text: &str) -> Result<Vec<u32>, ApiError> {
     shared
         .model
         .tokenizer
@@ -425,16 +460,8 @@ async fn respond(shared: Arc<Shared>, job: Job, kind: Kind) -> Result<Response, 
         Kind::Text => "cmpl",
     });
     let prompt_tokens = job.prompt.len();
-    let rx = pipeline::start(
-        shared.clone(),
-        GenRequest {
-            label: id.clone(),
-            prompt: job.prompt,
-            max_tokens: job.max_tokens,
-            sample: job.sample,
-            ignore_eos: job.ignore_eos,
-        },
-    );
+    let (stream, include_usage) = (job.stream, job.include_usage);
+    let (rx, out) = start(&shared, id.clone(), job);
     let ctx = Ctx {
         shared,
         id,
@@ -442,14 +469,8 @@ async fn respond(shared: Arc<Shared>, job: Job, kind: Kind) -> Result<Response, 
         created: now(),
         prompt_tokens,
     };
-    let out = TextOut {
-        text: String::new(),
-        sent: 0,
-        stops: job.stops,
-        stopped: false,
-    };
-    if job.stream {
-        Ok(Sse::new(stream(ctx, rx, out, job.include_usage))
+    if stream {
+        Ok(Sse::new(sse(ctx, rx, out, include_usage))
             .keep_alive(KeepAlive::default())
             .into_response())
     } else {
@@ -499,7 +520,7 @@ impl Ctx {
     }
 }
 
-fn finish_name(reason: FinishReason, stopped: bool) -> &'static str {
+pub(super) fn finish_name(reason: FinishReason, stopped: bool) -> &'static str {
     if stopped {
         return "stop";
     }
@@ -509,38 +530,17 @@ fn finish_name(reason: FinishReason, stopped: bool) -> &'static str {
     }
 }
 
-async fn whole(
-    ctx: Ctx,
-    mut rx: mpsc::Receiver<GenEvent>,
-    mut out: TextOut,
-) -> Result<Value, ApiError> {
-    let tokenizer = &ctx.shared.model.tokenizer;
-    let mut dec = tokenizer.decoder();
-    let mut ids = Vec::new();
+async fn whole(ctx: Ctx, rx: mpsc::Receiver<GenEvent>, out: TextOut) -> Result<Value, ApiError> {
+    let mut g = Generation::new(&ctx.shared.model.tokenizer, rx, out);
     let mut text = String::new();
-    let (reason, recoveries) = loop {
-        match rx.recv().await {
-            Some(GenEvent::Token(t)) => {
-                ids.push(t);
-                if let Ok(Some(piece)) = dec.push(t) {
-                    text.push_str(&out.push(&piece));
-                }
-                if out.stopped {
-                    break (FinishReason::Stop, 0);
-                }
-            }
-            Some(GenEvent::Done { reason, recoveries }) => break (reason, recoveries),
-            Some(GenEvent::Failed(msg)) => return Err(ApiError::unavailable(msg)),
-            None => return Err(ApiError::internal("the request ended without an answer")),
+    let (finish, recoveries) = loop {
+        match g.next().await {
+            Step::Text(t) => text.push_str(&t),
+            Step::Done { finish, recoveries } => break (finish, recoveries),
+            Step::Failed(e) => return Err(e),
         }
     };
-    if !out.stopped {
-        if let Some(rest) = dec.finish() {
-            text.push_str(&out.push(&rest));
-        }
-        text.push_str(&out.finish());
-    }
-    let finish = finish_name(reason, out.stopped);
+    let ids = g.tokens;
     let choice = match ctx.kind {
         Kind::Chat => {
             json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
@@ -558,67 +558,122 @@ async fn whole(
     }))
 }
 
-fn stream(
+fn sse(
     ctx: Ctx,
-    mut rx: mpsc::Receiver<GenEvent>,
-    mut out: TextOut,
+    rx: mpsc::Receiver<GenEvent>,
+    out: TextOut,
     include_usage: bool,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     async_stream::stream! {
-        let tokenizer = &ctx.shared.model.tokenizer;
-        let mut dec = tokenizer.decoder();
+        let mut g = Generation::new(&ctx.shared.model.tokenizer, rx, out);
         let mut first = true;
-        let mut generated = 0usize;
         if let Kind::Chat = ctx.kind {
             yield Ok(Event::default().data(ctx.chunk(Some(""), true, None).to_string()));
             first = false;
         }
-        let reason = loop {
-            match rx.recv().await {
-                Some(GenEvent::Token(t)) => {
-                    generated += 1;
-                    let piece = match dec.push(t) {
-                        Ok(Some(p)) => out.push(&p),
-                        _ => String::new(),
-                    };
-                    if !piece.is_empty() {
-                        yield Ok(Event::default().data(ctx.chunk(Some(&piece), first, None).to_string()));
-                        first = false;
-                    }
-                    if out.stopped {
-                        break Some(FinishReason::Stop);
-                    }
+        loop {
+            match g.next().await {
+                Step::Text(piece) => {
+                    yield Ok(Event::default().data(ctx.chunk(Some(&piece), first, None).to_string()));
+                    first = false;
                 }
-                Some(GenEvent::Done { reason, .. }) => break Some(reason),
-                Some(GenEvent::Failed(msg)) => {
-                    let e = ApiError::unavailable(msg);
+                Step::Done { finish, .. } => {
+                    yield Ok(Event::default().data(ctx.chunk(None, false, Some(finish)).to_string()));
+                    if include_usage {
+                        let mut u = ctx.chunk(None, false, None);
+                        u["choices"] = json!([]);
+                        u["usage"] = ctx.usage(g.tokens.len());
+                        yield Ok(Event::default().data(u.to_string()));
+                    }
+                    break;
+                }
+                Step::Failed(e) => {
                     yield Ok(Event::default().data(e.body().to_string()));
-                    break None;
+                    break;
                 }
-                None => break None,
-            }
-        };
-        if let Some(reason) = reason {
-            if !out.stopped {
-                let mut rest = String::new();
-                if let Some(r) = dec.finish() {
-                    rest.push_str(&out.push(&r));
-                }
-                rest.push_str(&out.finish());
-                if !rest.is_empty() {
-                    yield Ok(Event::default().data(ctx.chunk(Some(&rest), first, None).to_string()));
-                }
-            }
-            let finish = finish_name(reason, out.stopped);
-            yield Ok(Event::default().data(ctx.chunk(None, false, Some(finish)).to_string()));
-            if include_usage {
-                let mut u = ctx.chunk(None, false, None);
-                u["choices"] = json!([]);
-                u["usage"] = ctx.usage(generated);
-                yield Ok(Event::default().data(u.to_string()));
             }
         }
         yield Ok(Event::default().data("[DONE]"));
+    }
+}
+
+/// What a generation yields next, as text: stop strings held back and cut, pieces never
+/// split inside a character. Both APIs' streamed and whole answers read it.
+pub(super) enum Step {
+    Text(String),
+    Done {
+        finish: &'static str,
+        recoveries: u32,
+    },
+    Failed(ApiError),
+}
+
+pub(super) struct Generation<'t> {
+    rx: mpsc::Receiver<GenEvent>,
+    /// `None` once finished (finishing consumes it).
+    dec: Option<StreamDecoder<'t>>,
+    out: TextOut,
+    /// Every token generated so far, stop strings included.
+    pub tokens: Vec<u32>,
+    pending: Option<Step>,
+}
+
+impl<'t> Generation<'t> {
+    pub fn new(tokenizer: &'t Tokenizer, rx: mpsc::Receiver<GenEvent>, out: TextOut) -> Self {
+        Generation {
+            rx,
+            dec: Some(tokenizer.decoder()),
+            out,
+            tokens: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// The next non-empty text, or the end. Not to be called again after `Done` or `Failed`.
+    pub async fn next(&mut self) -> Step {
+        loop {
+            if let Some(step) = self.pending.take() {
+                return step;
+            }
+            match self.rx.recv().await {
+                Some(GenEvent::Token(t)) => {
+                    self.tokens.push(t);
+                    let piece = match self.dec.as_mut().map(|d| d.push(t)) {
+                        Some(Ok(Some(p))) => self.out.push(&p),
+                        _ => String::new(),
+                    };
+                    if self.out.stopped {
+                        self.pending = Some(Step::Done {
+                            finish: finish_name(FinishReason::Stop, true),
+                            recoveries: 0,
+                        });
+                    }
+                    if !piece.is_empty() {
+                        return Step::Text(piece);
+                    }
+                }
+                Some(GenEvent::Done { reason, recoveries }) => {
+                    let mut rest = String::new();
+                    if !self.out.stopped {
+                        if let Some(r) = self.dec.take().and_then(|d| d.finish()) {
+                            rest.push_str(&self.out.push(&r));
+                        }
+                        rest.push_str(&self.out.finish());
+                    }
+                    self.pending = Some(Step::Done {
+                        finish: finish_name(reason, self.out.stopped),
+                        recoveries,
+                    });
+                    if !rest.is_empty() {
+                        return Step::Text(rest);
+                    }
+                }
+                Some(GenEvent::Failed(msg)) => return Step::Failed(ApiError::unavailable(msg)),
+                None => {
+                    return Step::Failed(ApiError::internal("the request ended without an answer"));
+                }
+            }
+        }
     }
 }
 
