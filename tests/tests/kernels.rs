@@ -125,13 +125,15 @@ fn matmul_f32() {
 /// MATVEC_MAX_TOKENS); more take the tiled kernels, which keep activations in f32.
 const CUDA_MATVEC_MAX_TOKENS: usize = 4;
 /// Rows of this many 8-element lane steps and more take the split matrix-vector kernels
-/// (launch.rs's SPLIT_MIN_STEPS), where the 4-bit formats round activations to int8.
+/// (launch.rs's SPLIT_MIN_STEPS), where the 4-bit formats and Q5_0 round activations to int8.
 const CUDA_SPLIT_MIN_STEPS: usize = 256;
 
 /// What the cuda backend's split 4-bit matrix-vector kernels compute (docs/cuda.md): each lane
 /// step (elements 4q..4q+3 and 4q+16..4q+19 of a block of 32) has its activations rounded to
 /// int8 against the step's largest magnitude; the nibble part of each weight multiplies the
 /// rounded values and the format's offset (Q4_1's minimum, Q4_0's -8 d) the exact ones.
+/// Q5_0's split step puts its -16 into the signed weight bytes, so all of it multiplies the
+/// rounded values.
 fn linear_int8_activations(
     ty: GgmlType,
     wq: &[u8],
@@ -158,11 +160,13 @@ fn linear_int8_activations(
         let row = &wq[r * row_bytes..][..row_bytes];
         dequantize_row(ty, row, &mut w);
         // Each block's offset: the block with its 16 bytes of nibbles zeroed.
-        let mut zeroed = row.to_vec();
-        for block in zeroed.chunks_mut(bb) {
-            block[bb - 16..].fill(0);
+        if ty != GgmlType::Q5_0 {
+            let mut zeroed = row.to_vec();
+            for block in zeroed.chunks_mut(bb) {
+                block[bb - 16..].fill(0);
+            }
+            dequantize_row(ty, &zeroed, &mut offset);
         }
-        dequantize_row(ty, &zeroed, &mut offset);
         for t in 0..tokens {
             let (xt, rt) = (&x[t * cols..][..cols], &xr[t * cols..][..cols]);
             let s: f64 = (0..cols)
@@ -212,7 +216,7 @@ fn linear_every_format_matvec_and_matmat() {
             let x = rand_vec(&mut rng, tokens * cols, 1.0);
             let mut want = vec![0f32; tokens * rows];
             k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
-            let int8 = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1)
+            let int8 = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0)
                 && tokens <= CUDA_MATVEC_MAX_TOKENS
                 && cols / 8 >= CUDA_SPLIT_MIN_STEPS
                 && options().cuda.int8_dot;
