@@ -10,4 +10,5 @@ pub mod model_args;
 pub mod run;
 pub mod score;
 pub mod serve;
+pub mod token;
 pub mod worker;
