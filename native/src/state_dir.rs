@@ -6,19 +6,24 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-/// The state directory for `flag` (created, owner-only on Unix).
+/// The state directory for `flag` (created owner-only on Unix when missing).
 pub fn resolve(flag: Option<PathBuf>) -> std::io::Result<PathBuf> {
     let dir = flag
         .or_else(|| std::env::var_os("CAIRN_STATE_DIR").map(PathBuf::from))
         .or_else(|| std::env::var_os("XDG_STATE_HOME").map(|d| PathBuf::from(d).join("cairn")))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/cairn")))
         .unwrap_or_else(|| PathBuf::from(".cairn-state"));
+    let existed = dir.exists();
     std::fs::create_dir_all(&dir)?;
+    // Only a directory made here is narrowed: `--state-dir` may name one the
+    // user shares on purpose (the files in it are 0600 either way).
     #[cfg(unix)]
-    {
+    if !existed {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
     }
+    #[cfg(not(unix))]
+    let _ = existed;
     Ok(dir)
 }
 
