@@ -6,5 +6,6 @@
 pub mod coord;
 pub mod link;
 pub mod model_fetch;
+pub mod state_dir;
 pub mod web_assets;
 pub mod worker;

@@ -34,6 +34,8 @@ enum Command {
     Score(cmd::score::Args),
     /// Coordinate a cluster: placement, the OpenAI-compatible API, the dashboard.
     Serve(cmd::serve::Args),
+    /// List, issue or revoke a running coordinator's worker join tokens.
+    Token(cmd::token::Args),
     /// Join a cluster and serve the layers the coordinator assigns.
     Worker(cmd::worker::Args),
     /// Prefill and decode tokens/s against the device's copy bandwidth and dispatch cost.
@@ -63,6 +65,7 @@ fn main() -> Result<()> {
         Command::Run(a) => cmd::run::run(a),
         Command::Score(a) => cmd::score::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Token(a) => cmd::token::run(a),
         Command::Worker(a) => cmd::worker::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     }

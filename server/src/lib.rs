@@ -24,7 +24,7 @@ pub mod token;
 pub use config::{HealthCheck, MdnsMode, SignalConfig, TlsMode};
 pub use error::SignalError;
 pub use limits::Limits;
-pub use server::Server;
+pub use server::{Revoker, Server};
 pub use token::{Claims, Role, Secret};
 
 /// Result type of the library.

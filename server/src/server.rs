@@ -48,6 +48,30 @@ pub(crate) struct AppState {
 
 /// A running signaling server. Dropping it stops accepting connections and
 /// closes sessions; [`Server::shutdown`] also waits for them to finish.
+/// Revokes tokens on a running [`Server`] (persisted when it has a
+/// revocations file); cheap to clone.
+#[derive(Clone)]
+pub struct Revoker(Arc<Hub>);
+
+impl Revoker {
+    /// Revokes a token by id and drops its live sessions; how many were.
+    pub fn revoke(&self, token_id: &str) -> usize {
+        let dropped = self.0.revoke(token_id);
+        info!(token_id, dropped, "token revoked");
+        dropped
+    }
+
+    pub fn is_revoked(&self, token_id: &str) -> bool {
+        self.0.is_revoked(token_id)
+    }
+}
+
+impl std::fmt::Debug for Revoker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Revoker")
+    }
+}
+
 pub struct Server {
     local_addr: SocketAddr,
     tls: bool,
@@ -227,6 +251,11 @@ impl Server {
         let dropped = self.state.hub.revoke(token_id);
         info!(token_id, dropped, "token revoked");
         dropped
+    }
+
+    /// A handle that revokes tokens on this server while it runs.
+    pub fn revoker(&self) -> Revoker {
+        Revoker(self.state.hub.clone())
     }
 
     /// Peers currently in rooms.

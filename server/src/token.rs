@@ -96,6 +96,29 @@ impl Secret {
         Self::from_bytes(hex.as_bytes()).map_err(SignalError::from)
     }
 
+    /// A value only holders of the secret can compute, for `label` (64 hex
+    /// characters): an embedder's capability in a URL, stable across
+    /// restarts when the secret is.
+    pub fn derive(&self, label: &str) -> String {
+        let mut mac = self.mac();
+        mac.update(b"cairn-derive:");
+        mac.update(label.as_bytes());
+        mac.finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The secret in `path`, created there (0600) when the file does not exist yet.
+    pub fn load_or_create(path: &Path) -> Result<Self, SignalError> {
+        if path.exists() {
+            Self::read_file(path)
+        } else {
+            Self::create_file(path)
+        }
+    }
+
     fn mac(&self) -> Hmac<Sha256> {
         // HMAC takes keys of any length, so this cannot fail.
         match <Hmac<Sha256> as Mac>::new_from_slice(&self.0) {

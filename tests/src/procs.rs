@@ -198,28 +198,42 @@ impl Signal {
         assert!(status.success(), "cairn-signal secret failed");
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
-        let proc = Proc::spawn(
-            &bin("cairn-signal"),
-            &[
-                "serve",
-                "--listen",
-                &listen,
-                "--no-mdns",
-                "--secret-file",
-                secret.to_str().expect("utf-8 path"),
-            ],
-            dir,
-            "cairn-signal",
-        );
-        let health = format!("http://{listen}/healthz");
-        wait_for(Duration::from_secs(30), "cairn-signal to answer", || {
-            ureq::get(&health).call().ok()
-        });
+        let proc = Self::spawn(dir, &listen, &secret, "cairn-signal");
         Signal {
             proc,
             url: format!("ws://{listen}"),
             secret,
         }
+    }
+
+    fn spawn(dir: &Path, listen: &str, secret: &Path, name: &str) -> Proc {
+        let proc = Proc::spawn(
+            &bin("cairn-signal"),
+            &[
+                "serve",
+                "--listen",
+                listen,
+                "--no-mdns",
+                "--secret-file",
+                secret.to_str().expect("utf-8 path"),
+            ],
+            dir,
+            name,
+        );
+        let health = format!("http://{listen}/healthz");
+        wait_for(Duration::from_secs(30), "cairn-signal to answer", || {
+            ureq::get(&health).call().ok()
+        });
+        proc
+    }
+
+    /// Kills the server (every session ends at once) and starts it again on
+    /// the same address with the same secret, after `down`.
+    pub fn restart(&mut self, dir: &Path, down: Duration) {
+        self.proc.kill();
+        std::thread::sleep(down);
+        let listen = self.url.trim_start_matches("ws://").to_owned();
+        self.proc = Self::spawn(dir, &listen, &self.secret, "cairn-signal-again");
     }
 
     /// A token for `role` (worker, coordinator) in `room`.
@@ -251,10 +265,16 @@ impl Serve {
     pub fn embedded(dir: &Path, model: &str, extra: &[&str]) -> Serve {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
+        // Its own secret, revocations and join tokens, not the user's.
+        let state = dir.join("serve-state");
+        let _ = std::fs::remove_dir_all(&state);
+        let state = state.to_str().expect("utf-8 path").to_owned();
         let mut args = vec![
             "serve",
             "--listen",
             &listen,
+            "--state-dir",
+            &state,
             "--no-local-worker",
             "--model",
             model,

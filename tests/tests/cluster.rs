@@ -504,7 +504,7 @@ fn worker_finds_the_signal_over_mdns() {
     let dir = artifacts("cluster-mdns");
     let model = model_path();
     let model = model.to_str().expect("utf-8 path");
-    let serve = Serve::embedded(&dir, model, &[]);
+    let serve = Serve::embedded(&dir, model, &["--mdns"]);
     let (port, api, token) = (serve.port, &serve.api, &serve.worker_token);
     let mut worker = Proc::spawn(
         &bin("cairn"),
@@ -729,6 +729,343 @@ fn a_step_lost_between_workers_is_carried_through_the_coordinator() {
         })
         .count();
     assert!(lost >= 1, "no worker lost a pass");
+}
+
+/// A request with `Authorization: Bearer KEY` (none when `key` is `None`):
+/// its status and body, whatever the status.
+fn call(method: &str, url: &str, key: Option<&str>, body: Option<(&str, &str)>) -> (u16, String) {
+    let mut r = ureq::request(method, url).timeout(Duration::from_secs(120));
+    if let Some(k) = key {
+        r = r.set("Authorization", &format!("Bearer {k}"));
+    }
+    let resp = match body {
+        Some((ty, b)) => r.set("Content-Type", ty).send_string(b),
+        None => r.call(),
+    };
+    let resp = match resp {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {url}: {e}"),
+    };
+    (resp.status(), resp.into_string().unwrap_or_default())
+}
+
+/// `cairn token ARGS` against `api` with the admin key; its stdout.
+fn cairn_token(api: &str, key: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(bin("cairn"))
+        .args(["token", "--api", api, "--api-key", key])
+        .args(args)
+        .output()
+        .expect("cairn token");
+    assert!(
+        out.status.success(),
+        "cairn token {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `cairn worker` with `token` that must be refused: it exits with an error
+/// within a minute instead of joining.
+fn worker_is_refused(signal: &str, token: &str, dir: &std::path::Path, name: &str) {
+    let mut p = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "worker",
+            "--signal",
+            signal,
+            "--token",
+            token,
+            "--backend",
+            "cpu",
+            "--loopback",
+        ],
+        dir,
+        name,
+    );
+    wait_for(
+        Duration::from_secs(60),
+        "the refused worker to exit",
+        || (!p.is_running()).then_some(()),
+    );
+    let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    assert!(!log.contains("joined room"), "{name} joined: {log}");
+}
+
+/// Issue 21's first attack: with `--api-key`, nobody without it sees the
+/// cluster, the join URL or its QR code, fetches the model, or changes
+/// anything; a read key reads but never sees the join URL; the admin's join
+/// tokens are short-lived and revocable (`cairn token`), and the signaling
+/// secret survives a restart, revocations included. A worker let in with the
+/// admin's token fetches its layers through the capability in `LoadShard`'s
+/// URL and serves.
+#[test]
+fn an_api_key_keeps_strangers_out_and_join_tokens_are_revocable() {
+    let dir = artifacts("cluster-admission");
+    let (ref_tokens, _) = reference();
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let (admin, read) = ("admin-key-for-the-test", "read-key-for-the-test");
+    let flags = [
+        "--no-mdns",
+        "--ctx",
+        "256",
+        "--api-key",
+        admin,
+        "--read-key",
+        read,
+        "--join-ttl",
+        "600",
+        "--allow-origin",
+        "https://ok.example",
+    ];
+    let serve = Serve::embedded(&dir, model, &flags);
+    let (api, signal) = (serve.api.clone(), serve.signal.clone());
+
+    // Strangers: 401 in OpenAI's shape, no data, no join token anywhere.
+    for (method, path) in [
+        ("GET", "/api/cluster"),
+        ("GET", "/api/events"),
+        ("GET", "/metrics"),
+        ("GET", "/api/join-qr.svg"),
+        ("GET", "/api/placement"),
+        ("GET", "/api/tokens"),
+        ("GET", "/v1/models"),
+        ("GET", "/api/model/anything.gguf"),
+        ("DELETE", "/api/placement"),
+        ("GET", "/api/no-such-route"),
+    ] {
+        let (status, body) = call(method, &format!("{api}{path}"), None, None);
+        assert_eq!(status, 401, "{method} {path}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON error");
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{path}");
+    }
+    let (status, _) = call("GET", &format!("{api}/api/cluster"), Some("wrong"), None);
+    assert_eq!(status, 401);
+    for page in ["/", "/join"] {
+        let (_, body) = call("GET", &format!("{api}{page}"), None, None);
+        assert!(
+            !body.contains(&serve.worker_token),
+            "{page} carries the token"
+        );
+    }
+    assert_ne!(call("GET", &format!("{api}/healthz"), None, None).0, 401);
+    // CORS only for the origin allowed: its preflight is answered, another's is not.
+    let preflight = |origin: &str| match ureq::request("OPTIONS", &format!("{api}/api/cluster"))
+        .set("Origin", origin)
+        .set("Access-Control-Request-Method", "GET")
+        .call()
+    {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => (
+            r.status(),
+            r.header("access-control-allow-origin").map(str::to_owned),
+        ),
+        Err(e) => panic!("OPTIONS: {e}"),
+    };
+    assert_eq!(
+        preflight("https://ok.example"),
+        (204, Some("https://ok.example".to_owned()))
+    );
+    let (status, allowed) = preflight("https://evil.example");
+    assert_eq!((status, allowed), (401, None));
+
+    // The read key reads, without the join URL, and changes nothing.
+    let (status, body) = call("GET", &format!("{api}/api/cluster"), Some(read), None);
+    assert_eq!(status, 200, "{body}");
+    let c: Value = serde_json::from_str(&body).expect("cluster JSON");
+    assert!(c["join_url"].is_null() && c["join_qr_svg"].is_null(), "{c}");
+    assert!(!body.contains(&serve.worker_token));
+    assert_eq!(
+        call("GET", &format!("{api}/metrics"), Some(read), None).0,
+        200
+    );
+    for (method, path) in [
+        ("DELETE", "/api/placement"),
+        ("GET", "/api/join-qr.svg"),
+        ("GET", "/api/tokens"),
+    ] {
+        let (status, body) = call(method, &format!("{api}{path}"), Some(read), None);
+        assert_eq!(status, 403, "{method} {path}: {body}");
+    }
+    // The admin sees it; bodies that are not JSON are refused before reading.
+    let (_, body) = call("GET", &format!("{api}/api/cluster"), Some(admin), None);
+    let c: Value = serde_json::from_str(&body).expect("cluster JSON");
+    let join_url = c["join_url"].as_str().expect("the admin sees the join URL");
+    assert!(join_url.contains(&serve.worker_token), "{join_url}");
+    let (status, body) = call(
+        "POST",
+        &format!("{api}/v1/completions"),
+        Some(admin),
+        Some(("text/plain", &request(false).to_string())),
+    );
+    assert_eq!(status, 415, "{body}");
+
+    // A worker with the admin's token fetches its layers over HTTP and serves.
+    let cache = dir.join("worker-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let (mut worker, _) = cpu_worker(
+        &signal,
+        &serve.worker_token,
+        &dir,
+        "worker",
+        &["--cache-dir", cache.to_str().expect("utf-8 path")],
+        &[],
+    );
+    wait_for(
+        Duration::from_secs(300),
+        "a placement on the worker",
+        || {
+            let (_, b) = call("GET", &format!("{api}/api/cluster"), Some(read), None);
+            let c: Value = serde_json::from_str(&b).ok()?;
+            (c["placement"]["state"] == "ready").then_some(())
+        },
+    );
+    let (status, body) = call(
+        "POST",
+        &format!("{api}/v1/completions"),
+        Some(admin),
+        Some(("application/json", &request(false).to_string())),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["cairn"]["tokens"], json!(ref_tokens));
+
+    // Revoking the join URL's token drops its worker and refuses it after.
+    let listed = cairn_token(&api, admin, &["list"]);
+    let id = listed
+        .lines()
+        .find(|l| l.contains("valid"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("one valid token listed")
+        .to_owned();
+    let revoked = cairn_token(&api, admin, &["revoke", &id]);
+    assert!(revoked.contains("dropped 1"), "{revoked}");
+    wait_for(Duration::from_secs(30), "the revoked worker to go", || {
+        let (_, b) = call("GET", &format!("{api}/api/cluster"), Some(admin), None);
+        let c: Value = serde_json::from_str(&b).ok()?;
+        let online = c["peers"]
+            .as_array()?
+            .iter()
+            .any(|p| p["status"] != "offline");
+        (!online).then_some(())
+    });
+    worker.kill();
+    worker_is_refused(&signal, &serve.worker_token, &dir, "revoked-worker");
+    let (_, b) = call("GET", &format!("{api}/api/cluster"), Some(admin), None);
+    let fresh: Value = serde_json::from_str(&b).expect("cluster JSON");
+    assert!(
+        !fresh["join_url"]
+            .as_str()
+            .expect("join URL")
+            .contains(&serve.worker_token),
+        "the revoked token left the join URL"
+    );
+    let issued = cairn_token(&api, admin, &["new", "--ttl", "300"]);
+    let new_token = issued
+        .lines()
+        .find_map(|l| l.strip_prefix("token:"))
+        .expect("a token")
+        .trim()
+        .to_owned();
+
+    // A restart on the same state keeps the secret and the revocation.
+    let port = serve.port.to_string();
+    let revoked_token = serve.worker_token.clone();
+    drop(serve);
+    let state = dir.join("serve-state");
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "serve",
+        "--listen",
+        &listen,
+        "--state-dir",
+        state.to_str().expect("utf-8"),
+        "--no-local-worker",
+        "--model",
+        model,
+    ];
+    args.extend_from_slice(&flags);
+    let mut again = Proc::spawn(&bin("cairn"), &args, &dir, "serve-again");
+    again.wait_line("join:");
+    let (_w, _) = cpu_worker(&signal, &new_token, &dir, "worker-after-restart", &[], &[]);
+    worker_is_refused(&signal, &revoked_token, &dir, "revoked-after-restart");
+}
+
+/// Issue 21: when the signaling server went away, the coordinator stayed out
+/// of its room and a standalone worker exited, so nothing was served until
+/// every process was restarted. Now both join the room again with backoff
+/// once it is back, link again, and the same request gives the same output.
+#[test]
+fn the_cluster_serves_again_after_the_signaling_server_restarts() {
+    let dir = artifacts("cluster-rejoin");
+    let (ref_tokens, _) = reference();
+    let mut signal = Signal::start(&dir);
+    let worker_token = signal.token("main", "worker");
+    let coord_token = signal.token("main", "coordinator");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let api = format!("http://{listen}");
+    let model = model_path();
+    let _coord = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "serve",
+            "--signal",
+            &signal.url,
+            "--token",
+            &coord_token,
+            "--no-local-worker",
+            "--listen",
+            &listen,
+            "--ctx",
+            "256",
+            "--model",
+            model.to_str().expect("utf-8 path"),
+        ],
+        &dir,
+        "coordinator",
+    );
+    let mut workers: Vec<(Proc, String)> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            worker(
+                &signal,
+                &worker_token,
+                &dir,
+                &format!("worker-{n}"),
+                Some(BUDGET),
+            )
+        })
+        .collect();
+    let ready = || {
+        wait_for(Duration::from_secs(240), "a placement that serves", || {
+            (get_text(&format!("{api}/healthz")).0 == 200).then_some(())
+        })
+    };
+    ready();
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
+
+    signal.restart(&dir, Duration::from_secs(2));
+    for (w, _) in &mut workers {
+        assert!(
+            w.is_running(),
+            "{} exited when the signaling server went away",
+            w.name
+        );
+    }
+    ready();
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
+    for (w, _) in &mut workers {
+        assert!(w.is_running(), "{} exited", w.name);
+    }
+    let log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap_or_default();
+    assert!(
+        log.contains("back in the room"),
+        "the coordinator never rejoined"
+    );
 }
 
 /// A normal `cairn run`, in a session without a runtime directory and with the automatic

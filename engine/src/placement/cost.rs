@@ -163,6 +163,60 @@ pub(super) fn prefill_s(
         + link
 }
 
+/// The longest any one timing of a profile may be: a layer, a call or a
+/// round trip slower than this is a broken or lying device, not a slow one.
+pub const MAX_PROFILE_S: f64 = 60.0;
+
+/// Why [`screen`] left a device out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub device: String,
+    pub reason: String,
+}
+
+/// Splits profiles from untrusted devices into those placement can weigh
+/// and those it cannot (NaN, infinite, negative or absurd numbers, a
+/// repeated id), so one bad device is left out instead of failing the whole
+/// placement. What [`check_profiles`] would refuse is always refused here.
+pub fn screen(devices: Vec<DeviceProfile>) -> (Vec<DeviceProfile>, Vec<Refused>) {
+    let mut kept: Vec<DeviceProfile> = Vec::with_capacity(devices.len());
+    let mut refused = Vec::new();
+    for device in devices {
+        let absurd = [
+            ("decode_s_per_layer", device.decode_s_per_layer),
+            (
+                "prefill_s_per_layer_token",
+                device.prefill_s_per_layer_token,
+            ),
+            ("call_overhead_s", device.call_overhead_s),
+            ("head_s", device.head_s),
+            ("link_rtt_s", device.link_rtt_s),
+        ]
+        .into_iter()
+        .find(|(_, v)| v.is_finite() && *v > MAX_PROFILE_S)
+        .map(|(name, v)| {
+            format!("{name} is {v} s, over the {MAX_PROFILE_S} s any device may take")
+        });
+        let reason = if kept.iter().any(|k| k.id == device.id) {
+            Some("the id is used by more than one device".to_owned())
+        } else {
+            match check_profiles(std::slice::from_ref(&device)) {
+                Err(PlacementError::BadProfile { reason, .. }) => Some(reason),
+                Err(other) => Some(other.to_string()),
+                Ok(()) => absurd,
+            }
+        };
+        match reason {
+            Some(reason) => refused.push(Refused {
+                device: device.id,
+                reason,
+            }),
+            None => kept.push(device),
+        }
+    }
+    (kept, refused)
+}
+
 /// Refuses profiles whose numbers would make costs meaningless.
 pub(super) fn check_profiles(devices: &[DeviceProfile]) -> Result<(), PlacementError> {
     for (i, device) in devices.iter().enumerate() {

@@ -17,6 +17,9 @@
 //! - [`evaluate`] checks a (manual) placement and predicts its latency,
 //!   throughput, prefill time and memory per stage.
 //! - [`alternatives`] lists the best other placements, for a preview.
+//! - [`screen`] leaves out the profiles of devices whose numbers cannot be
+//!   believed (NaN, negative, absurd), so one bad worker never fails a
+//!   placement for the others.
 //! - [`slowdown`] turns a device's reported [`DeviceCondition`] into the
 //!   factor its compute time is multiplied by.
 
@@ -30,6 +33,7 @@ mod tests;
 use serde::{Deserialize, Serialize};
 
 pub use condition::{DeviceCondition, slowdown};
+pub use cost::{MAX_PROFILE_S, Refused, screen};
 pub use error::PlacementError;
 pub use solve::{alternatives, evaluate, place, place_with_cost};
 

@@ -691,3 +691,32 @@ fn slowdown_policy() {
         4.0
     );
 }
+
+#[test]
+fn screening_leaves_out_only_the_devices_whose_numbers_cannot_be_believed() {
+    let good = device("good", 1 << 40, 1e-3);
+    let mut nan = device("nan", 1 << 40, f64::NAN);
+    nan.call_overhead_s = 0.0;
+    let negative = device("negative", 1 << 40, -1e-3);
+    let slow = device("absurd", 1 << 40, 1e6);
+    let mut no_link = device("no-link", 1 << 40, 1e-3);
+    no_link.link_bytes_per_s = 0.0;
+    let twin = device("good", 1 << 40, 1e-9);
+    let all = vec![good.clone(), nan, negative, slow, no_link, twin];
+    // Unscreened, one bad device fails the whole placement.
+    assert!(place(&all, &model(30)).is_err());
+
+    let (kept, refused) = screen(all);
+    assert_eq!(kept, vec![good]);
+    let ids: Vec<&str> = refused.iter().map(|r| r.device.as_str()).collect();
+    assert_eq!(ids, ["nan", "negative", "absurd", "no-link", "good"]);
+    assert!(refused[0].reason.contains("NaN"), "{:?}", refused[0]);
+    assert!(refused[2].reason.contains("over the"), "{:?}", refused[2]);
+    assert!(
+        refused[4].reason.contains("more than one"),
+        "{:?}",
+        refused[4]
+    );
+    let placed = place(&kept, &model(30)).expect("the good device serves");
+    assert_eq!(layers_on(&placed, "good"), 30);
+}

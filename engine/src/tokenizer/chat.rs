@@ -27,6 +27,11 @@ impl ChatMessage {
 /// ChatML, used only when a model carries no template but has ChatML's tokens.
 pub(crate) const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/// Steps a template may take (minijinja's fuel: about one per instruction).
+/// Real templates take a few thousand per message; one that loops without
+/// end (a hostile or broken GGUF) stops here instead of hanging the caller.
+pub(crate) const TEMPLATE_FUEL: u64 = 5_000_000;
+
 pub(crate) fn render(
     template: &str,
     messages: &[ChatMessage],
@@ -39,6 +44,7 @@ pub(crate) fn render(
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.add_function("raise_exception", raise_exception);
     env.add_filter("tojson", tojson);
     // No clock on wasm32-unknown-unknown: templates that use it test `strftime_now is
@@ -54,7 +60,17 @@ pub(crate) fn render(
         bos_token => bos_token,
         eos_token => eos_token,
     })
-    .map_err(|e| TokenizerError::Template(describe(&e)))
+    .map_err(|e| {
+        if e.kind() == ErrorKind::OutOfFuel {
+            TokenizerError::Template(format!(
+                "the chat template did not finish within {TEMPLATE_FUEL} steps \
+                 (it may loop without end): {}",
+                describe(&e)
+            ))
+        } else {
+            TokenizerError::Template(describe(&e))
+        }
+    })
 }
 
 /// minijinja's Display leaves out the cause chain and line; both help when a model's
@@ -255,6 +271,22 @@ mod tests {
         let t = "{{ raise_exception('roles must alternate') }}";
         let err = render(t, &user("x"), false, "", "").unwrap_err();
         assert!(err.to_string().contains("roles must alternate"), "{err}");
+    }
+
+    #[test]
+    fn a_template_that_loops_without_end_stops_with_a_clear_error() {
+        let t = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
+        let t0 = std::time::Instant::now();
+        let err = render(t, &user("x"), false, "", "")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("did not finish within"), "{err}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30));
+        // A real template with many messages stays far below the budget.
+        let many: Vec<_> = (0..2000)
+            .map(|i| ChatMessage::new("user", i.to_string()))
+            .collect();
+        assert!(render(CHATML, &many, true, "", "").is_ok());
     }
 
     #[test]

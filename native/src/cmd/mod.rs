@@ -11,4 +11,5 @@ pub mod run;
 pub mod score;
 pub mod serve;
 pub mod signal_args;
+pub mod token;
 pub mod worker;

@@ -12,6 +12,7 @@ use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
 use cairn_engine::placement::Stage;
+use cairn_native::coord::join::JoinTokens;
 use cairn_native::coord::{Coordinator, CoordinatorOptions, api};
 use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
@@ -25,8 +26,14 @@ use crate::loading::{self, DeviceArgs};
 #[derive(clap::Args)]
 pub struct Args {
     /// Address of the HTTP API, dashboard and (when embedded) cairn-signal.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// Loopback unless told otherwise: an address others can reach (or
+    /// --lan) needs an API key, and one is made and printed if none is given.
+    #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// Listen on every interface (port of --listen) and announce the
+    /// embedded cairn-signal over mDNS.
+    #[arg(long)]
+    lan: bool,
     /// GGUF model (default: $CAIRN_MODEL, then the default model's cache location).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -55,9 +62,25 @@ pub struct Args {
     /// Manual placement: PEER:FIRST-LAST,... (inclusive layer numbers).
     #[arg(long)]
     placement: Option<String>,
-    /// Require `Authorization: Bearer KEY` on the API.
+    /// The admin key: `Authorization: Bearer KEY` on the API, placement and
+    /// join tokens.
     #[arg(long, env = "CAIRN_API_KEY")]
     api_key: Option<String>,
+    /// A key that may only read: the cluster's state, events and metrics.
+    #[arg(long, env = "CAIRN_READ_KEY", requires = "api_key")]
+    read_key: Option<String>,
+    /// An origin (`https://app.example`) whose pages may call the API from a
+    /// browser; repeatable. Without it no CORS headers are sent.
+    #[arg(long = "allow-origin")]
+    allow_origins: Vec<String>,
+    /// Seconds a join token (the join URL's) is valid; the URL is renewed
+    /// at half of it.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(60..=30 * 24 * 3600))]
+    join_ttl: u64,
+    /// Where the signaling secret, revoked tokens and join tokens are kept
+    /// (default: $CAIRN_STATE_DIR, $XDG_STATE_HOME/cairn, ~/.local/state/cairn).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// Context positions per request (prompt and completion).
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
@@ -70,9 +93,14 @@ pub struct Args {
     /// This server's base URL as workers and phones reach it (default: from the LAN address).
     #[arg(long)]
     public_url: Option<String>,
-    /// Do not announce the embedded cairn-signal on the LAN.
+    /// Do not announce the embedded cairn-signal on the LAN (it is only
+    /// announced with --lan or --mdns).
     #[arg(long)]
     no_mdns: bool,
+    /// Announce the embedded cairn-signal over mDNS whatever the listen
+    /// address (--lan does so already).
+    #[arg(long, conflicts_with = "no_mdns")]
+    mdns: bool,
     /// STUN and TURN servers for the links.
     #[command(flatten)]
     ice: IceArgs,
@@ -130,7 +158,15 @@ pub fn run(a: Args) -> Result<()> {
     rt.block_on(serve(a))
 }
 
-async fn serve(a: Args) -> Result<()> {
+/// A fresh admin key: 32 random bytes as hex.
+fn generate_key() -> String {
+    use rand::RngCore as _;
+    let mut raw = [0u8; 32];
+    rand::rng().fill_bytes(&mut raw);
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn serve(mut a: Args) -> Result<()> {
     let external_signal = a.signal.as_deref().map(parse_signal).transpose()?;
     let room = resolve_room(
         a.room.as_deref(),
@@ -139,6 +175,20 @@ async fn serve(a: Args) -> Result<()> {
     )?;
     let external_signal = external_signal.map(|p| p.url);
     let model = crate::model_path::resolve(a.model.clone())?;
+    if a.lan {
+        a.listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), a.listen.port());
+    }
+    let exposed = !a.listen.ip().is_loopback();
+    let mut generated_key = None;
+    if exposed && a.api_key.is_none() {
+        let key = generate_key();
+        generated_key = Some(key.clone());
+        a.api_key = Some(key);
+    }
+    let state_dir = cairn_native::state_dir::resolve(a.state_dir.clone())
+        .context("creating the state directory (--state-dir)")?;
+    let secret = cairn_signal::Secret::load_or_create(&state_dir.join("signal.secret"))
+        .context("the signaling secret in the state directory")?;
     let manual = a.placement.as_deref().map(parse_placement).transpose()?;
     // The router is built once the coordinator exists; the embedded server
     // starts first (the coordinator joins through it), so it forwards to a
@@ -168,7 +218,7 @@ async fn serve(a: Args) -> Result<()> {
             }
         })
     };
-    let (signal_url, token, worker_token, local_addr, _server) = match &external_signal {
+    let (signal_url, token, worker_token, local_addr, server) = match &external_signal {
         Some(url) => {
             let token = a.token.clone().context("--signal needs --token")?;
             (url.clone(), token, a.join_token.clone(), a.listen, None)
@@ -176,26 +226,39 @@ async fn serve(a: Args) -> Result<()> {
         None => {
             let server = Server::bind(SignalConfig {
                 listen: a.listen,
-                mdns: if a.no_mdns {
-                    MdnsMode::Off
-                } else {
+                secret: secret.clone(),
+                mdns: if (a.lan || a.mdns) && !a.no_mdns {
                     MdnsMode::Lan
+                } else {
+                    MdnsMode::Off
                 },
+                revocations_file: Some(state_dir.join("revoked")),
                 extra_routes: Some(forward.clone()),
                 health: Some(health),
                 ..SignalConfig::default()
             })
             .await
             .with_context(|| format!("starting cairn-signal on {}", a.listen))?;
+            // Both live in this process and are never shown.
             let ttl = cairn_signal::token::MAX_TTL;
             let coordinator = cairn_signal::token::issue(
                 server.secret(),
                 &Claims::new(&room, Role::Coordinator, ttl),
             );
+            let local_worker = cairn_signal::token::issue(
+                server.secret(),
+                &Claims::new(&room, Role::Worker, ttl),
+            );
             let worker =
                 cairn_signal::token::issue(server.secret(), &Claims::new(&room, Role::Worker, ttl));
             let addr = server.local_addr();
-            (server.url(), coordinator, Some(worker), addr, Some(server))
+            (
+                server.url(),
+                coordinator,
+                Some(local_worker),
+                addr,
+                Some(server),
+            )
         }
     };
     let ip = reachable_ip(&local_addr);
@@ -210,12 +273,26 @@ async fn serve(a: Args) -> Result<()> {
     } else {
         format!("ws://{host}")
     };
-    let join_url = worker_token.as_ref().map(|t| {
-        format!(
-            "{public_url}/join?signal={}&room={}&token={t}",
-            urlencode(&browser_signal),
-            urlencode(&room)
-        )
+    let join_prefix = format!(
+        "{public_url}/join?signal={}&room={}&token=",
+        urlencode(&browser_signal),
+        urlencode(&room)
+    );
+    // With an outside signaling server the join URL carries the token given
+    // for it; the embedded one's are issued here, short-lived.
+    let join_url = match &server {
+        Some(_) => None,
+        None => a.join_token.as_ref().map(|t| format!("{join_prefix}{t}")),
+    };
+    let join_tokens = server.as_ref().map(|s| {
+        Arc::new(JoinTokens::new(
+            secret.clone(),
+            &room,
+            Duration::from_secs(a.join_ttl),
+            s.revoker(),
+            join_prefix.clone(),
+            Some(state_dir.join("tokens.json")),
+        ))
     });
     let mut link = if ip.is_loopback() {
         LinkConfig::loopback()
@@ -230,11 +307,15 @@ async fn serve(a: Args) -> Result<()> {
         token,
         public_url: public_url.clone(),
         join_url: join_url.clone(),
+        join_tokens: join_tokens.clone(),
         link: link.clone(),
         ctx: a.ctx,
         parallel: a.parallel,
         manual,
         api_key: a.api_key.clone(),
+        read_key: a.read_key.clone(),
+        allow_origins: a.allow_origins.clone(),
+        model_cap: Some(secret.derive(&format!("model:{}", model.display()))),
         wait_timeout: Duration::from_secs(a.wait_timeout),
         step_timeout: Duration::from_secs(120),
     })
@@ -281,9 +362,30 @@ async fn serve(a: Args) -> Result<()> {
     println!("dashboard:   {public_url}/");
     println!("api:         {public_url}/v1/chat/completions");
     println!("signal:      {signal_url} (room {room})");
-    if let Some(j) = &join_url {
+    if exposed {
+        println!(
+            "listening:   on {} — reachable from other machines; the API needs the key",
+            a.listen
+        );
+    } else {
+        println!(
+            "listening:   on {} (this machine only; --lan to let other devices in)",
+            a.listen
+        );
+    }
+    if let Some(key) = &generated_key {
+        println!("api key:     {key} (generated for this run; pass --api-key to choose one)");
+    }
+    if let Some(j) = coord.shared.join_url() {
         println!("join:        {j}");
     }
+    if let Some(t) = &join_tokens {
+        println!(
+            "join tokens: valid {} s; `cairn token list|new|revoke` manage them",
+            t.ttl().as_secs()
+        );
+    }
+    let _server = server;
     tokio::signal::ctrl_c().await?;
     Ok(())
 }

@@ -20,6 +20,7 @@
 
 pub mod api;
 mod core;
+pub mod join;
 mod model;
 mod pipeline;
 pub mod state;
@@ -55,16 +56,28 @@ pub struct CoordinatorOptions {
     /// This coordinator's HTTP base URL as workers and browsers reach it
     /// (model downloads, the join page).
     pub public_url: String,
-    /// The URL a browser opens to join (shown on the dashboard).
+    /// The URL a browser opens to join (shown to the admin on the
+    /// dashboard), when it is fixed (an outside signaling server's token).
     pub join_url: Option<String>,
+    /// The embedded signaling server's join tokens; the join URL comes from
+    /// here when set.
+    pub join_tokens: Option<Arc<join::JoinTokens>>,
     pub link: LinkConfig,
     /// Context positions a request may use (prompt and generated).
     pub ctx: usize,
     /// Requests served at once (KV caches are budgeted for this many).
     pub parallel: usize,
     pub manual: Option<Vec<Stage>>,
-    /// Bearer token the API requires, if any.
+    /// The admin key the API requires, if any (`api::auth`).
     pub api_key: Option<String>,
+    /// A key that may only read the cluster's state (dashboards, metrics).
+    pub read_key: Option<String>,
+    /// Lets a worker fetch the model file without a key: put in the URL
+    /// `LoadShard` names.
+    pub model_cap: Option<String>,
+    /// Origins whose pages may call the API from a browser (CORS); none by
+    /// default.
+    pub allow_origins: Vec<String>,
     /// How long a request waits for a placement before it fails.
     pub wait_timeout: Duration,
     /// How long one stage may take to answer one step before it counts as lost.
@@ -104,7 +117,8 @@ struct LinkEntry {
 pub struct Shared {
     pub opts: CoordinatorOptions,
     pub model: ServedModel,
-    pub local_id: PeerId,
+    /// Our id in the room; a new one after each rejoin.
+    local_id: Mutex<PeerId>,
     cluster: Mutex<Cluster>,
     /// The links the core's outputs go over, by peer (its latest link).
     links: Mutex<HashMap<PeerId, LinkEntry>>,
@@ -144,6 +158,23 @@ impl std::ops::DerefMut for StateGuard<'_> {
 }
 
 impl Shared {
+    /// Our id in the room now.
+    pub fn local_id(&self) -> PeerId {
+        self.local_id
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The URL a worker joins with: a fresh short-lived token's when the
+    /// tokens are this coordinator's, else the fixed one, if any.
+    pub fn join_url(&self) -> Option<String> {
+        match &self.opts.join_tokens {
+            Some(t) => Some(t.current_url()),
+            None => self.opts.join_url.clone(),
+        }
+    }
+
     /// The core, with each peer's link measurements copied in.
     fn cluster(&self) -> MutexGuard<'_, Cluster> {
         let mut cluster = self.cluster.lock().unwrap_or_else(PoisonError::into_inner);
@@ -303,7 +334,7 @@ impl Coordinator {
             "version": env!("CARGO_PKG_VERSION"),
         })
         .to_string();
-        let mesh = Mesh::join(&opts.signal_url, &opts.room, &opts.token, link)
+        let mesh = Mesh::join(&opts.signal_url, &opts.room, &opts.token, link.clone())
             .await
             .with_context(|| format!("joining room '{}' at {}", opts.room, opts.signal_url))?;
         let local_id = mesh.local_id().clone();
@@ -312,9 +343,13 @@ impl Coordinator {
             model_config: serde_json::to_string(&model.config).unwrap_or_default(),
             model_id: model.id.clone(),
             source: format!(
-                "{}{}",
+                "{}{}{}",
                 opts.public_url.trim_end_matches('/'),
-                crate::model_fetch::model_route(&model.id)
+                crate::model_fetch::model_route(&model.id),
+                opts.model_cap
+                    .as_ref()
+                    .map(|c| format!("?cap={c}"))
+                    .unwrap_or_default()
             ),
             cost: model.cost.clone(),
         };
@@ -323,7 +358,7 @@ impl Coordinator {
         let shared = Arc::new(Shared {
             opts,
             model,
-            local_id,
+            local_id: Mutex::new(local_id),
             cluster: Mutex::new(cluster),
             links: Mutex::new(HashMap::new()),
             changed: watch::channel(0).0,
@@ -335,7 +370,7 @@ impl Coordinator {
             started: Instant::now(),
             in_room: std::sync::atomic::AtomicBool::new(true),
         });
-        tokio::spawn(event_loop(shared.clone(), mesh));
+        tokio::spawn(event_loop(shared.clone(), mesh, link));
         tokio::spawn(timer(shared.clone(), feedback_rx));
         Ok(Coordinator { shared })
     }
@@ -369,9 +404,45 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
-async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh) {
+/// The first wait before joining the room again after the signaling
+/// session ended; it doubles on each failure up to [`REJOIN_MAX`].
+pub const REJOIN_FIRST: Duration = Duration::from_millis(500);
+pub const REJOIN_MAX: Duration = Duration::from_secs(15);
+
+async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh, link: LinkConfig) {
     let mut link_gen = 0u64;
-    while let Some(event) = mesh.next_event().await {
+    // While out of the room: when to try again, and the wait after that.
+    let mut rejoin: Option<(tokio::time::Instant, Duration)> = None;
+    loop {
+        let event = match rejoin {
+            None => mesh.next_event().await,
+            // The old mesh's links keep serving while we are out of the room.
+            Some((at, wait)) => tokio::select! {
+                e = mesh.next_event() => e,
+                () = tokio::time::sleep_until(at) => {
+                    let o = &shared.opts;
+                    match Mesh::join(&o.signal_url, &o.room, &o.token, link.clone()).await {
+                        Ok(new) => {
+                            info!(peer = %new.local_id(), "back in the room; linking to its workers again");
+                            *shared.local_id.lock().unwrap_or_else(PoisonError::into_inner) =
+                                new.local_id().clone();
+                            // Its links go with it; the new session links to every worker in
+                            // the room (each `PeerJoined`), and the core sees them as new links.
+                            mesh = new;
+                            rejoin = None;
+                            shared.in_room.store(true, Ordering::Relaxed);
+                            shared.touch();
+                        }
+                        Err(e) => {
+                            warn!(error = %e, retry_in = ?wait, "cannot join the room again yet");
+                            rejoin = Some((tokio::time::Instant::now() + wait, (wait * 2).min(REJOIN_MAX)));
+                        }
+                    }
+                    continue;
+                }
+            },
+        };
+        let Some(event) = event else { break };
         match event {
             MeshEvent::PeerJoined(p) => {
                 let joined = ClusterInput::PeerJoined {
@@ -401,9 +472,13 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh) {
                 });
             }
             MeshEvent::SignalClosed => {
-                warn!("the signaling session ended; no new workers can join");
+                warn!(retry_in = ?REJOIN_FIRST, "the signaling session ended; joining the room again");
                 shared.in_room.store(false, Ordering::Relaxed);
                 shared.touch();
+                rejoin = Some((
+                    tokio::time::Instant::now() + REJOIN_FIRST,
+                    (REJOIN_FIRST * 2).min(REJOIN_MAX),
+                ));
             }
         }
     }

@@ -43,6 +43,9 @@ pub struct PeerState {
     pub loading: bool,
     pub online: bool,
     pub joined: Instant,
+    /// When it was lost; a peer offline for the core's `FORGET_AFTER`
+    /// is forgotten (leaves `/api/cluster` and `/metrics`).
+    pub offline_since: Option<Instant>,
 }
 
 impl PeerState {

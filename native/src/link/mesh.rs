@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_signal::client::{SignalClient, SignalSender};
+use cairn_signal::client::{ClientError, SignalClient, SignalSender};
 use cairn_signal::protocol::{ClientMessage, PeerId, PeerInfo, ServerMessage};
 use serde_json::{Map, Value};
 use str0m::change::{SdpAnswer, SdpOffer};
@@ -84,7 +84,12 @@ impl Mesh {
     ) -> Result<Self, LinkError> {
         let client = SignalClient::connect(url, room, token)
             .await
-            .map_err(|e| LinkError::Signal(e.to_string()))?;
+            .map_err(|e| match e {
+                ClientError::Refused {
+                    status: 401 | 403, ..
+                } => LinkError::Refused(e.to_string()),
+                e => LinkError::Signal(e.to_string()),
+            })?;
         Self::with_client(client, config).await
     }
 

@@ -44,6 +44,10 @@ pub use stats::LinkStats;
 pub enum LinkError {
     #[error("signaling: {0}")]
     Signal(String),
+    /// The signaling server refused our token (revoked, expired, forged):
+    /// trying again with it cannot help.
+    #[error("signaling: the server refused our token: {0}")]
+    Refused(String),
     #[error("WebRTC: {0}")]
     Rtc(String),
     #[error("I/O: {0}")]

@@ -49,12 +49,27 @@ pub struct WorkerOptions {
     pub memory_budget: Option<u64>,
 }
 
-/// Joins the room and serves until the signaling session ends.
-/// `joined` receives our peer id once we are in the room.
+/// The first wait before joining the room again after the signaling
+/// session ended; it doubles on each failure up to [`REJOIN_MAX`].
+pub const REJOIN_FIRST: Duration = Duration::from_millis(500);
+pub const REJOIN_MAX: Duration = Duration::from_secs(15);
+
+/// How one stay in the room ended.
+enum Ended {
+    /// The signaling session closed: join again.
+    SignalClosed,
+    /// Joining failed; refused (a revoked or expired token) is for good.
+    Join { error: anyhow::Error, refused: bool },
+}
+
+/// Joins the room and serves; after the signaling session ends (the server
+/// restarted, or dropped us), joins again with backoff and serves on, the
+/// stage thread and the layers it holds kept. A first join that fails, or a
+/// token refused, ends it. `joined` receives our first peer id.
 pub async fn serve(
     device: Arc<Device>,
     opts: WorkerOptions,
-    joined: Option<oneshot::Sender<PeerId>>,
+    mut joined: Option<oneshot::Sender<PeerId>>,
 ) -> Result<()> {
     let local_id = match &opts.model {
         Some(p) => Some(
@@ -76,19 +91,68 @@ pub async fn serve(
     caps.models = local_id.iter().cloned().collect();
     let mut link_config = opts.link.clone();
     link_config.capabilities = caps.to_json();
-    let mut mesh = Mesh::join(&opts.signal_url, &opts.room, &opts.token, link_config)
-        .await
-        .with_context(|| format!("joining room '{}' at {}", opts.room, opts.signal_url))?;
-    info!(peer = %mesh.local_id(), room = %opts.room, device = %info.name, backend = %info.backend, "worker joined");
-    if let Some(tx) = joined {
-        let _ = tx.send(mesh.local_id().clone());
-    }
     let routes: SharedRoutes = Arc::default();
-    let stage = StageThread::spawn(device.clone(), mesh.local_id().to_string(), routes.clone())?;
+    let stage = StageThread::spawn(device.clone(), String::new(), routes.clone())?;
     let source = Arc::new(source::ShardSource {
         local: opts.model.clone().zip(local_id),
         cache_dir: opts.cache_dir.clone(),
     });
+    let mut first = true;
+    let mut wait = REJOIN_FIRST;
+    loop {
+        let ended = stay(&opts, &link_config, &stage, &source, &routes, &mut joined).await;
+        match ended {
+            Ok(()) => return Ok(()),
+            Err(Ended::SignalClosed) => {
+                wait = REJOIN_FIRST;
+                warn!(retry_in = ?wait, "the signaling session ended; joining the room again");
+            }
+            Err(Ended::Join { error, refused }) if first || refused => return Err(error),
+            Err(Ended::Join { error, .. }) => {
+                warn!(error = %format!("{error:#}"), retry_in = ?wait, "cannot join the room again yet");
+            }
+        }
+        first = false;
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(REJOIN_MAX);
+    }
+}
+
+/// One stay in the room: joins, then serves until the session ends.
+async fn stay(
+    opts: &WorkerOptions,
+    link_config: &LinkConfig,
+    stage: &StageThread,
+    source: &Arc<source::ShardSource>,
+    routes: &SharedRoutes,
+    joined: &mut Option<oneshot::Sender<PeerId>>,
+) -> Result<(), Ended> {
+    let mut mesh = match Mesh::join(
+        &opts.signal_url,
+        &opts.room,
+        &opts.token,
+        link_config.clone(),
+    )
+    .await
+    {
+        Ok(m) => m,
+        Err(e) => {
+            let refused = matches!(e, crate::link::LinkError::Refused(_));
+            let error = anyhow::Error::new(e).context(format!(
+                "joining room '{}' at {}",
+                opts.room, opts.signal_url
+            ));
+            return Err(Ended::Join { error, refused });
+        }
+    };
+    info!(peer = %mesh.local_id(), room = %opts.room, "worker joined");
+    if let Some(tx) = joined.take() {
+        let _ = tx.send(mesh.local_id().clone());
+    }
+    routes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .set_local_id(mesh.local_id().to_string());
     let (connect_tx, mut connect_rx) = mpsc::unbounded_channel::<PeerId>();
     let mut coordinators = std::collections::HashSet::new();
     let mut workers = std::collections::HashSet::new();
@@ -147,7 +211,10 @@ pub async fn serve(
                 info!(%peer, %error, "link down");
             }
             MeshEvent::SignalClosed => {
-                anyhow::bail!("the signaling server closed our session");
+                if let Some(c) = current.take() {
+                    c.abort();
+                }
+                return Err(Ended::SignalClosed);
             }
             MeshEvent::Signal { .. } => {}
         }
@@ -253,13 +320,14 @@ async fn serve_worker_link(mut link: Link, stage: StageThread, routes: SharedRou
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .add_peer(peer.clone(), link.sender(), link.stats_watch());
+    let places = std::sync::Arc::new(tokio::sync::Semaphore::new(stage_thread::PEER_QUEUE_PLACES));
     loop {
         match link.recv().await {
             Ok(Message::Close { reason }) => {
                 debug!(%peer, %reason, "a worker closed its link");
                 break;
             }
-            Ok(m) => stage.send(Job::Peer(peer.clone(), m)),
+            Ok(m) => stage.send_from_peer(&places, &peer, m).await,
             Err(e) => {
                 debug!(%peer, error = %e, "a worker link ended");
                 break;

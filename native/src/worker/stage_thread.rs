@@ -7,7 +7,7 @@ use cairn_engine::Device;
 use cairn_engine::gguf::TensorSource;
 use cairn_engine::protocol::{LinkReport, Message, Telemetry};
 use cairn_engine::worker::{LoadPlan, Outgoing, ShardSlot, StageServer};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tracing::debug;
 
 use super::lose_pass::LosePass;
@@ -17,8 +17,9 @@ pub enum Job {
     /// A message from the coordinator.
     Coordinator(Message),
     /// A message from another worker's link: only `Forward`s from the stage
-    /// before ours are served.
-    Peer(String, Message),
+    /// before ours are served. The permit is one of that link's few places
+    /// in the queue, given back once the stage has taken the message.
+    Peer(String, Message, OwnedSemaphorePermit),
     /// A step this stage passed to itself (it is the only stage of a chain).
     Local(Message),
     /// Install what `plan` asks for, loading it from `src` unless the stage
@@ -44,12 +45,19 @@ struct PeerLink {
 /// through on the way costs a thread wake-up.
 #[derive(Default)]
 pub struct Routes {
+    /// Our peer id in the room now (a new one after a rejoin): a pass to it
+    /// goes into our own queue.
+    local_id: String,
     coordinator: Option<LinkSender>,
     peers: HashMap<String, PeerLink>,
     next_generation: u64,
 }
 
 impl Routes {
+    pub fn set_local_id(&mut self, id: String) {
+        self.local_id = id;
+    }
+
     pub fn set_coordinator(&mut self, sender: LinkSender) {
         self.coordinator = Some(sender);
     }
@@ -110,6 +118,12 @@ fn lock(routes: &SharedRoutes) -> std::sync::MutexGuard<'_, Routes> {
     routes.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Messages one other worker's link may have waiting for the stage thread.
+/// The stage before ours has a step or two in flight per request, so this
+/// leaves room for several requests while bounding what a peer can queue
+/// (each message may be up to the wire's frame limit).
+pub const PEER_QUEUE_PLACES: usize = 8;
+
 #[derive(Clone)]
 pub struct StageThread {
     jobs: mpsc::UnboundedSender<Job>,
@@ -118,8 +132,6 @@ pub struct StageThread {
 /// What the stage thread works with besides its server.
 struct Context {
     device: Arc<Device>,
-    /// Our peer id: a pass to it goes into our own queue.
-    local_id: String,
     routes: SharedRoutes,
     jobs: mpsc::UnboundedSender<Job>,
     /// Tests, `dev-hooks` builds: loses a chosen pass to another worker.
@@ -133,9 +145,9 @@ impl StageThread {
         routes: SharedRoutes,
     ) -> std::io::Result<StageThread> {
         let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
+        lock(&routes).set_local_id(local_id);
         let cx = Context {
             device,
-            local_id,
             routes,
             jobs: jobs.clone(),
             lose_pass: LosePass::from_env(),
@@ -148,7 +160,7 @@ impl StageThread {
                 while let Some(job) = rx.blocking_recv() {
                     match job {
                         Job::Coordinator(m) | Job::Local(m) => cx.serve(&mut server, m),
-                        Job::Peer(peer, m) => {
+                        Job::Peer(peer, m, _place) => {
                             if matches!(m, Message::Forward { .. })
                                 && server.serves_forwards_from(&peer)
                             {
@@ -185,6 +197,18 @@ impl StageThread {
         let _ = self.jobs.send(job);
     }
 
+    /// Queues a message from another worker's link once that link has a
+    /// place among its `places` (see [`PEER_QUEUE_PLACES`]): a worker that
+    /// sends faster than the stage serves waits, and its link's reader with
+    /// it, instead of filling this worker's memory.
+    pub async fn send_from_peer(&self, places: &Arc<Semaphore>, peer: &str, m: Message) {
+        // The semaphore is never closed.
+        let Ok(place) = places.clone().acquire_owned().await else {
+            return;
+        };
+        self.send(Job::Peer(peer.to_owned(), m, place));
+    }
+
     /// Sends a job built around a reply channel and waits for the reply.
     pub async fn call<T>(
         &self,
@@ -212,7 +236,8 @@ impl Context {
             Outgoing::Pass(p) => p,
         };
         let note = pass.delivered();
-        if pass.to == self.local_id {
+        let to_self = lock(&self.routes).local_id == pass.to;
+        if to_self {
             let forward = std::mem::replace(&mut pass.forward, Message::Resume);
             let _ = self.jobs.send(Job::Local(forward));
         } else {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -18,11 +19,18 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiError;
+use super::auth::{self, Scope};
 use crate::coord::Shared;
 use crate::coord::core::profiles;
 
-/// The cluster as JSON: peers, links, placement, requests, warnings.
-pub fn cluster_json(shared: &Shared) -> Value {
+/// The cluster as JSON: peers, links, placement, requests, warnings; the
+/// join URL only for the admin (it lets its holder in as a worker).
+pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
+    let join_url = if scope == Scope::Admin {
+        shared.join_url()
+    } else {
+        None
+    };
     let st = shared.state();
     let mut peers = Vec::new();
     let mut links = Vec::new();
@@ -71,7 +79,7 @@ pub fn cluster_json(shared: &Shared) -> Value {
         }));
         if let Some(s) = &p.link {
             links.push(json!({
-                "from": shared.local_id.to_string(),
+                "from": shared.local_id().to_string(),
                 "to": id.to_string(),
                 "rtt_ms": s.rtt_smoothed.or(s.rtt).map(|d| d.as_secs_f64() * 1e3),
                 "bandwidth_mb_s": s.throughput_bytes_per_s.map(|b| b / 1e6),
@@ -153,9 +161,9 @@ pub fn cluster_json(shared: &Shared) -> Value {
             "n_layers": shared.model.config.n_layers,
             "file_bytes": shared.model.file_bytes,
         },
-        "coordinator": shared.local_id.to_string(),
-        "join_url": shared.opts.join_url,
-        "join_qr_svg": shared.opts.join_url.as_ref().map(|_| "/api/join-qr.svg"),
+        "coordinator": shared.local_id().to_string(),
+        "join_qr_svg": join_url.as_ref().map(|_| "/api/join-qr.svg"),
+        "join_url": join_url,
         "peers": peers,
         "links": links,
         "placement": {
@@ -182,18 +190,20 @@ pub fn cluster_json(shared: &Shared) -> Value {
     })
 }
 
-pub async fn cluster(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    Json(cluster_json(&shared))
+pub async fn cluster(State(shared): State<Arc<Shared>>, parts: Parts) -> Json<Value> {
+    Json(cluster_json(&shared, auth::scope(&parts.extensions)))
 }
 
 /// The cluster JSON on every change, at most every 250 ms and at least every second.
 pub async fn events(
     State(shared): State<Arc<Shared>>,
+    parts: Parts,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let scope = auth::scope(&parts.extensions);
     let mut changes = shared.subscribe();
     let stream = async_stream::stream! {
         loop {
-            yield Ok(Event::default().event("cluster").data(cluster_json(&shared).to_string()));
+            yield Ok(Event::default().event("cluster").data(cluster_json(&shared, scope).to_string()));
             tokio::time::sleep(Duration::from_millis(250)).await;
             let _ = tokio::time::timeout(Duration::from_millis(750), changes.changed()).await;
         }
@@ -214,7 +224,7 @@ struct PlacementIn {
 }
 
 pub async fn get_placement(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    let v = cluster_json(&shared);
+    let v = cluster_json(&shared, Scope::Read);
     Json(v["placement"].clone())
 }
 

@@ -2,26 +2,26 @@
 //! placement endpoints, metrics, the dashboard, the join page and the model
 //! file workers fetch their shards from.
 
+pub mod auth;
 mod cluster;
 mod error;
 mod ollama;
 mod openai;
+mod tokens;
 mod web;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::header;
-use axum::middleware::{self, Next};
-use axum::response::Response;
-use axum::routing::{get, post};
+use axum::middleware;
+use axum::routing::{delete, get, post};
 
 use super::Shared;
 pub use cluster::cluster_json;
 pub use error::ApiError;
 
-/// Every route the coordinator serves.
+/// Every route the coordinator serves. [`auth::admit`] stands before all of
+/// them: a route it does not list as open or readable needs the admin key.
 pub fn router(shared: Arc<Shared>) -> Router {
     web::log_source();
     let guarded = Router::new()
@@ -38,7 +38,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
             "/api/placement",
             post(cluster::set_placement).delete(cluster::clear_placement),
         )
-        .layer(middleware::from_fn_with_state(shared.clone(), require_key));
+        .route("/api/tokens", get(tokens::list).post(tokens::issue))
+        .route("/api/tokens/{id}", delete(tokens::revoke));
     let open = Router::new()
         .route("/healthz", get(cluster::health))
         .route("/api/cluster", get(cluster::cluster))
@@ -54,24 +55,6 @@ pub fn router(shared: Arc<Shared>) -> Router {
     guarded
         .merge(open)
         .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .layer(middleware::from_fn_with_state(shared.clone(), auth::admit))
         .with_state(shared)
-}
-
-/// With `--api-key`, the API and placement changes need `Authorization: Bearer KEY`.
-async fn require_key(
-    State(shared): State<Arc<Shared>>,
-    request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    if let Some(key) = &shared.opts.api_key {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given.map(str::trim) != Some(key.as_str()) {
-            return Err(ApiError::unauthorized());
-        }
-    }
-    Ok(next.run(request).await)
 }

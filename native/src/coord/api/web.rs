@@ -122,7 +122,7 @@ where
 }
 
 pub async fn join_qr(State(shared): State<Arc<Shared>>) -> Response {
-    let Some(url) = &shared.opts.join_url else {
+    let Some(url) = shared.join_url() else {
         return ApiError::not_found("no join URL is configured").into_response();
     };
     match qrcode::QrCode::new(url.as_bytes()) {

@@ -17,12 +17,17 @@ use cairn_signal::protocol::PeerId;
 use tracing::{debug, info, warn};
 
 use super::peers::{Replace, after_condition, after_loss};
-use super::placing::{Debounce, Loading};
+use super::placing::{Debounce, Loading, load_timeout};
 use super::plan::{chain_routes, describe, target, unchanged};
 use crate::coord::state::{Active, ActiveStage, PeerState, PlacementStatus, State};
 
 /// How long after a failed placement the cluster is looked at again.
 pub const RETRY: Duration = Duration::from_secs(2);
+/// How long a lost peer stays listed (as offline) before it is forgotten:
+/// long enough to see that it went and for a restart to come back as the
+/// same entry, short enough that peers coming and going cannot grow the
+/// state without end.
+pub const FORGET_AFTER: Duration = Duration::from_secs(300);
 /// Warnings the dashboard keeps.
 const MAX_WARNINGS: usize = 20;
 
@@ -171,13 +176,56 @@ impl Cluster {
             self.debounce.poll_timeout(),
             self.round.as_ref().map(|r| r.loading.poll_timeout()),
             self.retry_at,
+            self.next_forget(),
         ]
         .into_iter()
         .flatten()
         .min()
     }
 
+    /// When the longest-lost peer is to be forgotten.
+    fn next_forget(&self) -> Option<Instant> {
+        self.state
+            .peers
+            .values()
+            .filter_map(|p| p.offline_since)
+            .min()
+            .map(|since| since + FORGET_AFTER)
+    }
+
+    /// Forgets peers lost for [`FORGET_AFTER`] (never one a placement or a
+    /// load still names).
+    fn forget_departed(&mut self, now: Instant) {
+        let named = |peer: &PeerId| {
+            self.state
+                .active
+                .as_ref()
+                .is_some_and(|a| a.stages.iter().any(|s| &s.peer == peer))
+                || self
+                    .round
+                    .as_ref()
+                    .is_some_and(|r| r.workers.iter().any(|(p, _, _)| p == peer))
+        };
+        let gone: Vec<PeerId> = self
+            .state
+            .peers
+            .iter()
+            .filter(|(id, p)| {
+                !p.online && p.offline_since.is_some_and(|t| now >= t + FORGET_AFTER) && !named(id)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for peer in &gone {
+            info!(%peer, "forgetting a peer gone for {} s", FORGET_AFTER.as_secs());
+            self.state.peers.remove(peer);
+        }
+        if !gone.is_empty() {
+            self.out.push_back(ClusterOutput::Changed);
+        }
+    }
+
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.forget_departed(now);
         if let Some(r) = &self.round
             && now >= r.loading.poll_timeout()
         {
@@ -277,10 +325,12 @@ impl Cluster {
                 loading: false,
                 online: true,
                 joined: now,
+                offline_since: None,
             });
         entry.caps = caps;
         entry.link_gen = generation;
         entry.online = true;
+        entry.offline_since = None;
         self.out.push_back(ClusterOutput::Changed);
         self.out.push_back(ClusterOutput::Send {
             peer,
@@ -311,6 +361,7 @@ impl Cluster {
     fn lost(&mut self, peer: &PeerId, why: &str, now: Instant) {
         if let Some(p) = self.state.peers.get_mut(peer) {
             p.online = false;
+            p.offline_since.get_or_insert(now);
         }
         let st = &mut self.state;
         let replace = after_loss(st.active.as_ref().map(Active::view).as_ref(), peer);
@@ -494,7 +545,26 @@ impl Cluster {
                 },
             });
         }
-        let loading = Loading::new(workers.iter().map(|(p, ..)| p.clone()).collect(), now);
+        let cost = &self.cfg.cost;
+        let largest = stages
+            .iter()
+            .map(|s| {
+                let mut bytes = s.layers() as u64 * cost.layer_weight_bytes;
+                if s.start == 0 {
+                    bytes += cost.first_extra_bytes;
+                }
+                if s.end == cost.n_layers {
+                    bytes += cost.last_extra_bytes;
+                }
+                bytes
+            })
+            .max()
+            .unwrap_or(0);
+        let loading = Loading::new(
+            workers.iter().map(|(p, ..)| p.clone()).collect(),
+            now,
+            load_timeout(largest),
+        );
         self.round = Some(Round {
             stages,
             workers,

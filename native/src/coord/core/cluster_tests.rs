@@ -10,8 +10,8 @@ use cairn_engine::protocol::{Battery, Calibration, Hop, LayerRange, Message, Tel
 use cairn_engine::session::SessionStats;
 use cairn_signal::protocol::PeerId;
 
-use super::cluster::RETRY;
-use super::placing::{DEBOUNCE, LOAD_TIMEOUT, URGENT_DEBOUNCE};
+use super::cluster::{FORGET_AFTER, RETRY};
+use super::placing::{DEBOUNCE, URGENT_DEBOUNCE, load_timeout};
 use super::*;
 use crate::coord::state::PlacementStatus;
 
@@ -447,8 +447,12 @@ fn a_load_shard_without_answer_times_out() {
     let loads = h.loads();
     assert_eq!(loads.len(), 1);
     let sent = h.now;
-    assert_eq!(h.core.poll_timeout(), Some(sent + LOAD_TIMEOUT));
-    h.advance(LOAD_TIMEOUT - Duration::from_millis(1));
+    // The whole model on one worker: its 300 MiB of layers at the slowest rate allowed
+    // (2 MB/s) after the base 20 s, well under the 300 s cap.
+    let timeout = load_timeout(LAYERS as u64 * 10 * MB);
+    assert_eq!(timeout, Duration::from_secs(20 + 314_572_800 / 2_000_000));
+    assert_eq!(h.core.poll_timeout(), Some(sent + timeout));
+    h.advance(timeout - Duration::from_millis(1));
     assert_eq!(h.st().status, PlacementStatus::Placing);
     h.advance(Duration::from_millis(1));
     assert_eq!(h.st().status, PlacementStatus::NoFit);
@@ -736,7 +740,7 @@ fn changes_during_a_load_are_placed_once_it_ends() {
     h.join("b", WHOLE);
     assert_eq!(
         h.core.poll_timeout(),
-        Some(h.now + LOAD_TIMEOUT - Duration::from_secs(1)),
+        Some(h.now + load_timeout(LAYERS as u64 * 10 * MB) - Duration::from_secs(1)),
         "nothing is placed while a placement loads"
     );
     h.advance(Duration::from_secs(1));
@@ -828,6 +832,27 @@ fn telemetry_with_a_nan_battery_does_not_break_placement() {
     h.place_and_load();
     assert_eq!(h.epoch(), Some(1));
     assert_eq!(h.active()[0].0, "a");
+}
+
+/// One lying or broken worker is left out; the others are still placed.
+#[test]
+fn a_worker_with_unbelievable_calibration_is_left_out_not_the_placement() {
+    let mut h = Harness::new();
+    h.join("a", WHOLE);
+    for (name, bad) in [("nan", f64::NAN), ("neg", -1.0), ("huge", 1e9)] {
+        h.link(name, "native", WHOLE);
+        h.say(
+            name,
+            Message::Calibration(Calibration {
+                decode_s_per_layer: bad,
+                ..calibration()
+            }),
+        );
+    }
+    h.place_and_load();
+    assert_eq!(h.epoch(), Some(1));
+    let active = h.active();
+    assert!(active.iter().all(|s| s.0 == "a"), "{active:?}");
 }
 
 #[test]
@@ -951,4 +976,26 @@ fn a_worker_that_links_again_is_online_on_its_new_link_and_calibrated_again() {
     let loads = h.place_and_load();
     assert_eq!(loads[0].generation, g, "loaded over the new link");
     assert_eq!(h.epoch(), Some(2));
+}
+
+/// Peers coming and going cannot grow the state without end: a lost one is
+/// listed as offline for a while, then forgotten; one back in time stays.
+#[test]
+fn a_departed_peer_is_forgotten_after_the_grace_period_unless_it_returns() {
+    let mut h = Harness::new();
+    h.join("a", WHOLE);
+    h.join("b", WHOLE);
+    h.place_and_load();
+    for name in ["a", "b"] {
+        h.input(ClusterInput::PeerLeft { peer: peer(name) });
+    }
+    h.advance(FORGET_AFTER / 2);
+    assert_eq!(h.st().peers.len(), 2, "both still listed, offline");
+    assert!(h.st().peers.values().all(|p| !p.online));
+    h.join("b", WHOLE);
+    h.advance(FORGET_AFTER / 2);
+    let left: Vec<String> = h.st().peers.keys().map(ToString::to_string).collect();
+    assert_eq!(left, ["b"], "a is forgotten, b came back");
+    h.advance(FORGET_AFTER * 2);
+    assert_eq!(h.st().peers.len(), 1, "an online peer is never forgotten");
 }

@@ -12,8 +12,23 @@ pub const DEBOUNCE: Duration = Duration::from_millis(200);
 /// worker lost at the same moment (a machine with several), short against
 /// the requests' stall.
 pub const URGENT_DEBOUNCE: Duration = Duration::from_millis(10);
-/// How long loading one placement may take before it counts as failed.
+/// The longest loading one placement may take before it counts as failed.
 pub const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
+/// What any load is given whatever its size (opening, planning, the
+/// answer's way back).
+pub const LOAD_BASE: Duration = Duration::from_secs(20);
+/// The slowest fetch and upload a worker is allowed, in bytes a second: a
+/// phone on Wi-Fi fetching its layers from the coordinator.
+pub const LOAD_MIN_BYTES_PER_S: u64 = 2_000_000;
+
+/// How long a placement whose largest stage holds `bytes` of weights may
+/// take to load: [`LOAD_BASE`] plus those bytes at
+/// [`LOAD_MIN_BYTES_PER_S`], never over [`LOAD_TIMEOUT`]. A worker that
+/// never answers then holds up a small model's placement for seconds, not
+/// minutes.
+pub fn load_timeout(bytes: u64) -> Duration {
+    (LOAD_BASE + Duration::from_secs(bytes / LOAD_MIN_BYTES_PER_S)).min(LOAD_TIMEOUT)
+}
 
 /// When the placer should look at the cluster next.
 #[derive(Debug, Default)]
@@ -55,14 +70,17 @@ pub struct Loading {
     /// Each stage's worker with its answer once it came, in stage order.
     answers: Vec<(PeerId, Option<Result<(), String>>)>,
     deadline: Instant,
+    timeout: Duration,
 }
 
 impl Loading {
-    /// `LoadShard` went to `peers` (in stage order) at `now`.
-    pub fn new(peers: Vec<PeerId>, now: Instant) -> Loading {
+    /// `LoadShard` went to `peers` (in stage order) at `now`; they have
+    /// `timeout` to answer ([`load_timeout`]).
+    pub fn new(peers: Vec<PeerId>, now: Instant, timeout: Duration) -> Loading {
         Loading {
             answers: peers.into_iter().map(|p| (p, None)).collect(),
-            deadline: now + LOAD_TIMEOUT,
+            deadline: now + timeout,
+            timeout,
         }
     }
 
@@ -98,7 +116,7 @@ impl Loading {
             let e = match a {
                 Some(Ok(())) => continue,
                 Some(Err(e)) => e.clone(),
-                None => format!("no answer within {LOAD_TIMEOUT:?}"),
+                None => format!("no answer within {:?}", self.timeout),
             };
             return Some(Err(format!("{peer} could not load its layers: {e}")));
         }

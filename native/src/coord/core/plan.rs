@@ -14,9 +14,12 @@ const NOMINAL_RTT_S: f64 = 1e-3;
 /// The throughput assumed for a link not probed yet.
 const NOMINAL_BYTES_PER_S: f64 = 50e6;
 
-/// The profiles placement sees: calibrated, online workers.
+/// The profiles placement sees: calibrated, online workers whose numbers
+/// can be believed; a worker whose cannot is left out (and the log says
+/// why), never failing the placement for the others.
 pub fn profiles(st: &State) -> Vec<DeviceProfile> {
-    st.peers
+    let offered: Vec<DeviceProfile> = st
+        .peers
         .iter()
         .filter(|(_, p)| p.online)
         .filter_map(|(id, p)| {
@@ -44,7 +47,12 @@ pub fn profiles(st: &State) -> Vec<DeviceProfile> {
                 slowdown: placement::slowdown(&p.condition()),
             })
         })
-        .collect()
+        .collect();
+    let (kept, refused) = placement::screen(offered);
+    for r in refused {
+        tracing::warn!(peer = %r.device, reason = %r.reason, "worker left out of placement");
+    }
+    kept
 }
 
 /// What the cluster should run now: the manual placement while it is

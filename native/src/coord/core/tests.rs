@@ -856,7 +856,7 @@ fn a_loss_that_leaves_requests_unplaced_is_placed_at_once() {
 #[test]
 fn a_load_ends_when_every_worker_loaded_its_layers() {
     let t0 = Instant::now();
-    let mut l = Loading::new(vec![peer("a"), peer("b")], t0);
+    let mut l = Loading::new(vec![peer("a"), peer("b")], t0, LOAD_TIMEOUT);
     assert_eq!(l.outcome(t0), None);
     l.answer(&peer("b"), Ok(()));
     assert_eq!(l.outcome(t0), None, "a still loads");
@@ -868,7 +868,7 @@ fn a_load_ends_when_every_worker_loaded_its_layers() {
 #[test]
 fn a_worker_that_fails_load_shard_fails_the_load_after_the_others_answer() {
     let t0 = Instant::now();
-    let mut l = Loading::new(vec![peer("a"), peer("b"), peer("c")], t0);
+    let mut l = Loading::new(vec![peer("a"), peer("b"), peer("c")], t0, LOAD_TIMEOUT);
     l.answer(&peer("c"), Err("error 5: out of memory".into()));
     assert_eq!(l.outcome(t0), None, "the others are still loading");
     l.answer(&peer("b"), Err("b went away: left the room".into()));
@@ -887,7 +887,7 @@ fn a_worker_that_fails_load_shard_fails_the_load_after_the_others_answer() {
 #[test]
 fn a_load_that_takes_too_long_fails_naming_the_silent_worker() {
     let t0 = Instant::now();
-    let mut l = Loading::new(vec![peer("a"), peer("b")], t0);
+    let mut l = Loading::new(vec![peer("a"), peer("b")], t0, LOAD_TIMEOUT);
     l.answer(&peer("a"), Ok(()));
     assert_eq!(l.poll_timeout(), t0 + LOAD_TIMEOUT);
     assert_eq!(

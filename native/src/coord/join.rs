@@ -1,0 +1,247 @@
+//! Worker join tokens of the embedded signaling server: issued short-lived,
+//! listed, revoked. The join URL the dashboard shows carries the current one
+//! and is renewed before it runs out, so a leaked link stops working within
+//! a token's lifetime, and the operator can end it sooner by revoking it.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use cairn_signal::token::{self, MAX_TTL, unix_now};
+use cairn_signal::{Claims, Revoker, Role, Secret};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+/// A token this coordinator issued, as `cairn token list` shows it (never
+/// the token itself, only its id).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Issued {
+    pub id: String,
+    pub role: Role,
+    /// Seconds since the Unix epoch.
+    pub expires_at: u64,
+    pub revoked: bool,
+}
+
+/// What `JoinTokens` needs to make join URLs and check them.
+pub struct JoinTokens {
+    secret: Secret,
+    room: String,
+    ttl: Duration,
+    revoker: Revoker,
+    /// The join URL up to the token: `.../join?signal=...&room=...&token=`.
+    url_prefix: String,
+    /// Where the list is kept across restarts (`<state dir>/tokens.json`).
+    file: Option<PathBuf>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    issued: Vec<Issued>,
+    /// The token in the join URL shown now, and its id.
+    current: Option<(String, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("no token with id '{0}' was issued here (or it has expired)")]
+    Unknown(String),
+}
+
+impl std::fmt::Debug for JoinTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinTokens")
+            .field("room", &self.room)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JoinTokens {
+    pub fn new(
+        secret: Secret,
+        room: &str,
+        ttl: Duration,
+        revoker: Revoker,
+        url_prefix: String,
+        file: Option<PathBuf>,
+    ) -> Self {
+        let issued = file
+            .as_deref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice::<Vec<Issued>>(&b).ok())
+            .unwrap_or_default();
+        Self {
+            secret,
+            room: room.to_owned(),
+            ttl: ttl.min(MAX_TTL),
+            revoker,
+            url_prefix,
+            file,
+            inner: Mutex::new(Inner {
+                issued,
+                current: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How long a join token lives unless asked otherwise.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// A new worker token for `ttl` (the default when `None`, never over
+    /// the signaling server's maximum); its record and the token.
+    pub fn issue(&self, ttl: Option<Duration>) -> (Issued, String) {
+        let claims = Claims::new(&self.room, Role::Worker, ttl.unwrap_or(self.ttl));
+        let token = token::issue(&self.secret, &claims);
+        let record = Issued {
+            id: claims.jti.clone(),
+            role: Role::Worker,
+            expires_at: claims.exp,
+            revoked: false,
+        };
+        let mut inner = self.lock();
+        inner.issued.push(record.clone());
+        self.save(&inner);
+        info!(token_id = %record.id, expires_at = record.expires_at, "join token issued");
+        (record, token)
+    }
+
+    /// The join URL for a browser or `cairn worker`, with a token that has
+    /// at least half its lifetime left (a new one when not).
+    pub fn current_url(&self) -> String {
+        let now = unix_now();
+        let half = self.ttl.as_secs() / 2;
+        let fresh = {
+            let inner = self.lock();
+            inner.current.as_ref().and_then(|(id, token)| {
+                inner
+                    .issued
+                    .iter()
+                    .find(|i| &i.id == id)
+                    .filter(|i| !i.revoked && i.expires_at > now.saturating_add(half))
+                    .map(|_| token.clone())
+            })
+        };
+        let token = match fresh {
+            Some(t) => t,
+            None => {
+                let (record, token) = self.issue(None);
+                self.lock().current = Some((record.id, token.clone()));
+                token
+            }
+        };
+        format!("{}{token}", self.url_prefix)
+    }
+
+    /// The tokens issued here that have not expired.
+    pub fn list(&self) -> Vec<Issued> {
+        let now = unix_now();
+        let mut inner = self.lock();
+        let before = inner.issued.len();
+        inner.issued.retain(|i| i.expires_at > now);
+        if inner.issued.len() != before {
+            self.save(&inner);
+        }
+        inner.issued.clone()
+    }
+
+    /// Revokes a token issued here: the signaling server refuses it from
+    /// now on (across restarts) and drops its live sessions, how many.
+    pub fn revoke(&self, id: &str) -> Result<usize, JoinError> {
+        let now = unix_now();
+        {
+            let mut inner = self.lock();
+            let Some(record) = inner
+                .issued
+                .iter_mut()
+                .find(|i| i.id == id && i.expires_at > now)
+            else {
+                return Err(JoinError::Unknown(id.to_owned()));
+            };
+            record.revoked = true;
+            if inner.current.as_ref().is_some_and(|(c, _)| c == id) {
+                inner.current = None;
+            }
+            self.save(&inner);
+        }
+        Ok(self.revoker.revoke(id))
+    }
+
+    fn save(&self, inner: &Inner) {
+        let Some(path) = &self.file else { return };
+        let body = serde_json::to_vec_pretty(&inner.issued).unwrap_or_default();
+        if let Err(e) = crate::state_dir::write_private(path, &body) {
+            warn!(error = %e, path = %path.display(), "cannot keep the list of join tokens");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn tokens(dir: &std::path::Path) -> (JoinTokens, cairn_signal::Server) {
+        let secret = Secret::generate();
+        let server = cairn_signal::Server::bind(cairn_signal::SignalConfig {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            secret: secret.clone(),
+            mdns: cairn_signal::MdnsMode::Off,
+            revocations_file: Some(dir.join("revoked")),
+            ..Default::default()
+        })
+        .await
+        .expect("server");
+        let t = JoinTokens::new(
+            secret,
+            "main",
+            Duration::from_secs(3600),
+            server.revoker(),
+            "http://x/join?token=".into(),
+            Some(dir.join("tokens.json")),
+        );
+        (t, server)
+    }
+
+    #[tokio::test]
+    async fn the_join_url_keeps_its_token_until_revoked_and_the_list_survives_a_restart() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (t, server) = tokens(dir.path()).await;
+        let first = t.current_url();
+        assert_eq!(t.current_url(), first, "a fresh token is reused");
+        let token = first.rsplit('=').next().expect("token");
+        let claims = token::verify(server.secret(), token).expect("valid");
+        assert_eq!(claims.role, Role::Worker);
+        let left = claims.exp - unix_now();
+        assert!((3590..=3600).contains(&left), "{left}");
+
+        assert_eq!(t.revoke(&claims.jti).expect("known"), 0);
+        assert!(server.revoker().is_revoked(&claims.jti));
+        assert_ne!(
+            t.current_url(),
+            first,
+            "a revoked token leaves the join URL"
+        );
+        assert!(matches!(t.revoke("nope"), Err(JoinError::Unknown(_))));
+
+        let (again, _server2) = tokens(dir.path()).await;
+        let listed = again.list();
+        assert_eq!(listed.len(), 2);
+        assert!(listed.iter().any(|i| i.id == claims.jti && i.revoked));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(dir.path().join("tokens.json"))
+                .expect("file")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+}
