@@ -34,7 +34,10 @@ pub(crate) fn linear(
     cols: usize,
     tokens: usize,
 ) {
-    let Some((dot, layout)) = isa.dot(wtype).filter(|(_, l)| cols % l.block() == 0) else {
+    let Some((dot, layout)) = isa
+        .dot(wtype)
+        .filter(|(_, l)| cols.is_multiple_of(l.block()))
+    else {
         return reference::linear(wtype, w, x, y, rows, cols, tokens);
     };
     let Some(row_bytes) = wtype.row_bytes(cols) else {
@@ -63,15 +66,29 @@ pub(crate) fn linear(
         return;
     }
 
+    let dot4 = isa.dot4(wtype);
     let per = tokens.div_ceil(threads() * 2).max(1);
     par_chunks(y, per * rows, work, |first, out| {
         let t0 = first / rows;
         for r0 in (0..rows).step_by(TILE_ROWS) {
             let r1 = (r0 + TILE_ROWS).min(rows);
-            for (j, yt) in out.chunks_exact_mut(rows).enumerate() {
-                let x = q8.row(t0 + j);
-                for r in r0..r1 {
-                    yt[r] = dot(wrow(r), x);
+            let n = out.len() / rows;
+            let mut j = 0;
+            if let Some(dot4) = dot4 {
+                while j + 4 <= n {
+                    let xs: [_; 4] = std::array::from_fn(|k| q8.row(t0 + j + k));
+                    for r in r0..r1 {
+                        for (k, v) in dot4(wrow(r), xs).into_iter().enumerate() {
+                            out[(j + k) * rows + r] = v;
+                        }
+                    }
+                    j += 4;
+                }
+            }
+            for (jj, yt) in out.chunks_exact_mut(rows).enumerate().skip(j) {
+                let x = q8.row(t0 + jj);
+                for (r, o) in yt[r0..r1].iter_mut().enumerate() {
+                    *o = dot(wrow(r0 + r), x);
                 }
             }
         }
@@ -94,7 +111,12 @@ fn threads() -> usize {
 
 /// Calls `f(first_index, chunk)` for `chunk`-sized pieces of `out`, on the pool when `work`
 /// pays for it.
-fn par_chunks(out: &mut [f32], chunk: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(super) fn par_chunks(
+    out: &mut [f32],
+    chunk: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
     let chunk = chunk.max(1);
     #[cfg(not(target_arch = "wasm32"))]
     if let Some(pool) = reference::pool().filter(|_| work >= PARALLEL_WORK && out.len() > chunk) {

@@ -8,11 +8,13 @@ use std::sync::{Mutex, RwLock};
 use super::{BackendError, Buffer, Result, Storage};
 use crate::kernels::{Op, OpSpec, with_op};
 
+mod attention;
 mod dot;
 mod linear;
 mod q8;
 #[cfg(test)]
 mod tests;
+mod vecf32;
 
 use access::{bytes, f, fm, rd, wr};
 
@@ -37,6 +39,7 @@ impl CpuStorage {
 
 pub struct CpuBackend {
     isa: dot::Isa,
+    vec: vecf32::VecF32,
     /// The quantized activations of the op running; kept so no op allocates them anew.
     scratch: Mutex<q8::Q8>,
 }
@@ -101,6 +104,7 @@ impl CpuBackend {
     pub fn new() -> Self {
         CpuBackend {
             isa: dot::Isa::detect(),
+            vec: vecf32::VecF32::new(dot::Isa::detect()),
             scratch: Mutex::default(),
         }
     }
@@ -130,9 +134,18 @@ impl CpuBackend {
         for op in ops {
             match op {
                 Op::Linear(l) => self.linear(l)?,
+                Op::Attention(a) => self.attention(a)?,
                 _ => with_op!(op, o => o.cpu())?,
             }
         }
+        Ok(())
+    }
+
+    fn attention(&self, a: &crate::kernels::Attention<'_>) -> Result<()> {
+        let (q, k, v) = (rd(a.q)?, rd(a.k_cache)?, rd(a.v_cache)?);
+        let mut o = wr(a.out)?;
+        let shape = [a.heads, a.kv_heads, a.head_dim, a.tokens, a.pos0].map(|n| n as usize);
+        attention::attention(&self.vec, f(&q), f(&k), f(&v), fm(&mut o), shape, a.scale);
         Ok(())
     }
 

@@ -241,3 +241,102 @@ fn zero_activations_give_zero_and_no_nan() {
         assert!(y.iter().all(|v| *v == 0.0), "{}: {y:?}", ty.name());
     }
 }
+
+#[test]
+fn vectorized_f32_helpers_match_the_scalar_ones() {
+    let mut rng = StdRng::seed_from_u64(24);
+    for isa in Isa::available() {
+        let v = super::vecf32::VecF32::new(isa);
+        for n in [1, 7, 8, 15, 16, 17, 64, 100] {
+            let a: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let b: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            let got = (v.dot)(&a, &b);
+            assert!(
+                (got - want).abs() <= 1e-5 * n as f32,
+                "{} dot n={n}: {got} vs {want}",
+                isa.name()
+            );
+            let mut y = b.clone();
+            (v.axpy)(&mut y, 0.75, &a);
+            for i in 0..n {
+                assert!(
+                    (y[i] - (b[i] + 0.75 * a[i])).abs() <= 1e-6,
+                    "{} axpy n={n} at {i}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+/// Decode and causal prefill, grouped heads, head sizes off the vector width, against the
+/// reference attention.
+#[test]
+fn attention_matches_the_reference() {
+    crate::kernels::linear::start_pool(Some(3));
+    let mut rng = StdRng::seed_from_u64(25);
+    let v = super::vecf32::VecF32::new(Isa::detect());
+    for (heads, kv_heads, head_dim, tokens, pos0) in [
+        (9, 3, 64, 1, 40),
+        (4, 4, 12, 7, 0),
+        (6, 2, 33, 5, 3),
+        (9, 3, 64, 33, 100),
+    ] {
+        let cap = pos0 + tokens;
+        let mut r =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let q = r(tokens * heads * head_dim);
+        let kc = r(cap * kv_heads * head_dim);
+        let vc = r(cap * kv_heads * head_dim);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut want = vec![0f32; q.len()];
+        crate::kernels::attention::attention(
+            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale,
+        );
+        let mut got = vec![f32::NAN; q.len()];
+        super::attention::attention(
+            &v,
+            &q,
+            &kc,
+            &vc,
+            &mut got,
+            [heads, kv_heads, head_dim, tokens, pos0],
+            scale,
+        );
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5,
+                "shape {heads}/{kv_heads}/{head_dim} t{tokens} p{pos0} at {i}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+/// The four-token kernels give each token what the one-token kernel gives it.
+#[test]
+fn four_token_kernels_match_the_one_token_kernels() {
+    let mut rng = StdRng::seed_from_u64(26);
+    for isa in Isa::available() {
+        for ty in QUANTIZED {
+            let Some(dot4) = isa.dot4(ty) else { continue };
+            let (dot, layout) = isa.dot(ty).expect("quantized");
+            for cols in col_counts(ty) {
+                let w = random_rows(&mut rng, ty, 1, cols);
+                let x = activations(&mut rng, 4 * cols, layout.block());
+                let mut q8 = Q8::default();
+                q8.quantize(layout, &x, cols, 4);
+                let got = dot4(&w, std::array::from_fn(|k| q8.row(k)));
+                for (k, g) in got.into_iter().enumerate() {
+                    let want = dot(&w, q8.row(k));
+                    assert!(
+                        (g - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                        "{} {} cols {cols} token {k}: {g} vs {want}",
+                        isa.name(),
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}

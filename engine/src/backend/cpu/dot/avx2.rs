@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::DotFn;
+use super::{Dot4Fn, DotFn};
 use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
 use crate::quant::GgmlType;
 use crate::quant::kquants::scale_min_k4;
@@ -143,6 +143,88 @@ fn blocks32(
         }
     }
     hsum(acc) + mins
+}
+
+/// The four-token kernel for `ty`: each block unpacked once for four tokens' activations,
+/// with four independent accumulators. `None` as for [`dot`].
+pub(super) fn dot4(ty: GgmlType) -> Option<Dot4Fn> {
+    dot(ty)?;
+    // SAFETY (every closure below): `dot` returned a kernel, so the features were detected.
+    Some(match ty {
+        GgmlType::Q4_0 => |w, x| unsafe {
+            blocks32_4(w, x, 18, false, |b| {
+                (
+                    _mm256_sub_epi8(nibbles32(&b[2..18]), _mm256_set1_epi8(8)),
+                    true,
+                )
+            })
+        },
+        GgmlType::Q4_1 => {
+            |w, x| unsafe { blocks32_4(w, x, 20, true, |b| (nibbles32(&b[4..20]), false)) }
+        }
+        GgmlType::Q5_0 => |w, x| unsafe {
+            blocks32_4(w, x, 22, false, |b| {
+                let high = _mm256_andnot_si256(bits32(&b[2..6]), _mm256_set1_epi8(0xf0_u8 as i8));
+                (_mm256_or_si256(nibbles32(&b[6..22]), high), true)
+            })
+        },
+        GgmlType::Q5_1 => |w, x| unsafe {
+            blocks32_4(w, x, 24, true, |b| {
+                let high = _mm256_and_si256(bits32(&b[4..8]), _mm256_set1_epi8(0x10));
+                (_mm256_or_si256(nibbles32(&b[8..24]), high), false)
+            })
+        },
+        GgmlType::Q8_0 => {
+            |w, x| unsafe { blocks32_4(w, x, 34, false, |b| (load256(&b[2..34]), true)) }
+        }
+        _ => return None,
+    })
+}
+
+/// [`blocks32`] for four tokens at once.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn blocks32_4(
+    w: &[u8],
+    x: [Q8Row<'_>; 4],
+    bytes: usize,
+    has_min: bool,
+    quants: impl Fn(&[u8]) -> (__m256i, bool),
+) -> [f32; 4] {
+    let nb = w.len() / bytes;
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb && (!has_min || r.sum.len() >= nb));
+    }
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut mins = [0f32; 4];
+    let ones = _mm256_set1_epi16(1);
+    for (i, b) in w.chunks_exact(bytes).enumerate() {
+        let (q, signed) = quants(b);
+        // Signed quants: |q| once, q's sign moved onto each token's activations.
+        let qa = if signed { _mm256_sign_epi8(q, q) } else { q };
+        let dw = f16_at(b, 0);
+        let mw = if has_min { f16_at(b, 2) } else { 0.0 };
+        for k in 0..4 {
+            let mut xv = load256i(&x[k].qs[i * QK..]);
+            if signed {
+                xv = _mm256_sign_epi8(xv, q);
+            }
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xv), ones);
+            acc[k] = _mm256_fmadd_ps(
+                _mm256_set1_ps(dw * x[k].d[i]),
+                _mm256_cvtepi32_ps(p),
+                acc[k],
+            );
+            if has_min {
+                mins[k] += mw * x[k].sum[i];
+            }
+        }
+    }
+    [
+        hsum(acc[0]) + mins[0],
+        hsum(acc[1]) + mins[1],
+        hsum(acc[2]) + mins[2],
+        hsum(acc[3]) + mins[3],
+    ]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -13,6 +13,9 @@ pub(crate) mod scalar;
 /// A weight row's bytes (whole blocks) against the activations of as many elements.
 pub(crate) type DotFn = fn(&[u8], Q8Row<'_>) -> f32;
 
+/// One weight row against four tokens' activations.
+pub(crate) type Dot4Fn = fn(&[u8], [Q8Row<'_>; 4]) -> [f32; 4];
+
 /// Which code the dot products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Isa {
@@ -71,6 +74,21 @@ impl Isa {
             Isa::Avx2 => avx2::dot(ty).or_else(|| scalar_dot(ty))?,
         };
         Some((f, layout))
+    }
+}
+
+impl Isa {
+    /// The four-token kernel for `ty`, where this instruction set has one (prefill runs four
+    /// tokens against each weight block while it is in registers).
+    pub(crate) fn dot4(self, ty: GgmlType) -> Option<Dot4Fn> {
+        match self {
+            Isa::Scalar => {
+                let _ = ty;
+                None
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::dot4(ty),
+        }
     }
 }
 

@@ -110,10 +110,10 @@ impl Unpacked {
         let bsums = &x.bsums[i * (QK_K / GROUP)..][..QK_K / GROUP];
         let mut main = 0i32;
         let mut mins = 0i32;
-        for g in 0..QK_K / GROUP {
+        for (g, &bsum) in bsums.iter().enumerate() {
             let s = g * GROUP;
             main += self.sc[g] * idot(&self.q[s..s + GROUP], &qs[s..s + GROUP]);
-            mins += self.m[g] * i32::from(bsums[g]);
+            mins += self.m[g] * i32::from(bsum);
         }
         x.d[i] * (self.d * main as f32 - self.dmin * mins as f32)
     }
@@ -134,9 +134,9 @@ pub(crate) fn q2_k(w: &[u8], x: Q8Row<'_>) -> f32 {
     kquant(w, x, 84, |b, u| {
         let (scales, qs) = (&b[..16], &b[16..80]);
         (u.d, u.dmin) = (f16_at(b, 80), f16_at(b, 82));
-        for g in 0..16 {
-            u.sc[g] = i32::from(scales[g] & 0x0f);
-            u.m[g] = i32::from(scales[g] >> 4);
+        for (g, &s) in scales.iter().enumerate() {
+            u.sc[g] = i32::from(s & 0x0f);
+            u.m[g] = i32::from(s >> 4);
         }
         for (i, v) in u.q.iter_mut().enumerate() {
             let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
@@ -150,10 +150,8 @@ pub(crate) fn q3_k(w: &[u8], x: Q8Row<'_>) -> f32 {
         let (hmask, qs) = (&b[..32], &b[32..96]);
         let scales = q3_k_scales(&b[96..108]);
         (u.d, u.dmin) = (f16_at(b, 108), 0.0);
-        for g in 0..16 {
-            u.sc[g] = i32::from(scales[g]);
-            u.m[g] = 0;
-        }
+        u.sc = scales.map(i32::from);
+        u.m = [0; 16];
         for (i, v) in u.q.iter_mut().enumerate() {
             let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
             let low = i32::from((qs[32 * h + l] >> (2 * j)) & 3);
@@ -198,10 +196,8 @@ pub(crate) fn q6_k(w: &[u8], x: Q8Row<'_>) -> f32 {
     kquant(w, x, 210, |b, u| {
         let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
         (u.d, u.dmin) = (f16_at(b, 208), 0.0);
-        for g in 0..16 {
-            u.sc[g] = i32::from(scales[g] as i8);
-            u.m[g] = 0;
-        }
+        u.sc = std::array::from_fn(|g| i32::from(scales[g] as i8));
+        u.m = [0; 16];
         for (i, v) in u.q.iter_mut().enumerate() {
             let (n, k, l) = (i / 128, (i / 32) % 4, i % 32);
             let low = (ql[64 * n + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0x0f;
