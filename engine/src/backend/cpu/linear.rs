@@ -17,6 +17,7 @@ const TILE_ROWS: usize = 16;
 /// At or below this many tokens an op is split by output rows.
 const DECODE_TOKENS: usize = 4;
 /// Below this much work (multiply-adds) the pool costs more than it saves.
+#[cfg(not(target_arch = "wasm32"))]
 const PARALLEL_WORK: usize = 1 << 16;
 
 /// `y[t, r] = Σ_c w[r, c] · x[t, c]`, as [`reference::linear`] computes it but with the
