@@ -128,6 +128,40 @@ const CUDA_MATVEC_MAX_TOKENS: usize = 4;
 /// (launch.rs's SPLIT_MIN_STEPS), where the 4-bit formats and Q5_0 round activations to int8.
 const CUDA_SPLIT_MIN_STEPS: usize = 256;
 
+/// What the cpu backend's quantized `Linear` computes: each token's activations rounded to
+/// int8 per block (32 elements, 256 for the K-quants) with step `amax / 127`, against the
+/// dequantized weights, summed exactly.
+fn linear_q8_activations(
+    ty: GgmlType,
+    wq: &[u8],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+) -> Vec<f32> {
+    let block = ty.block_len();
+    let mut xr = x.to_vec();
+    if block > 1 {
+        for b in xr.chunks_mut(block) {
+            let d = b.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            b.iter_mut().for_each(|v| *v = (*v * id).round() * d);
+        }
+    }
+    let row_bytes = ty.row_bytes(cols).expect("row bytes");
+    let mut w = vec![0f32; cols];
+    let mut y = vec![0f32; tokens * rows];
+    for r in 0..rows {
+        dequantize_row(ty, &wq[r * row_bytes..][..row_bytes], &mut w);
+        for t in 0..tokens {
+            let xt = &xr[t * cols..][..cols];
+            let s: f64 = w.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum();
+            y[t * rows + r] = s as f32;
+        }
+    }
+    y
+}
+
 /// What the cuda backend's split 4-bit matrix-vector kernels compute (docs/cuda.md): each lane
 /// step (elements 4q..4q+3 and 4q+16..4q+19 of a block of 32) has its activations rounded to
 /// int8 against the step's largest magnitude; the nibble part of each weight multiplies the
@@ -221,6 +255,7 @@ fn linear_every_format_matvec_and_matmat() {
                 && cols / 8 >= CUDA_SPLIT_MIN_STEPS
                 && options().cuda.int8_dot;
             let want_int8 = int8.then(|| linear_int8_activations(ty, &wq, &x, rows, cols, tokens));
+            let want_cpu = linear_q8_activations(ty, &wq, &x, rows, cols, tokens);
             for d in devices() {
                 let bw = d.upload("w", &wq).unwrap();
                 let bx = upload_f32(&d, "x", &x);
@@ -240,6 +275,7 @@ fn linear_every_format_matvec_and_matmat() {
                 // row, relative to the largest output.
                 let reference = match &want_int8 {
                     Some(w8) if d.kind() == BackendKind::Cuda => w8,
+                    _ if d.kind() == BackendKind::Cpu => &want_cpu,
                     _ => &want,
                 };
                 assert_close(

@@ -48,7 +48,11 @@ pub(crate) fn describe() -> DeviceInfo {
         backend: BackendKind::Cpu,
         api: "cpu".into(),
         device_type: "cpu".into(),
-        driver: format!("cairn cpu backend ({})", std::env::consts::ARCH),
+        driver: format!(
+            "cairn cpu backend ({}, {})",
+            std::env::consts::ARCH,
+            crate::backend::cpu::isa_name()
+        ),
         memory_bytes,
         memory_exact,
         memory_budget_bytes: None,

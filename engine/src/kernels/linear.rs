@@ -125,7 +125,7 @@ pub(crate) fn start_pool(threads: Option<usize>) {
 
 /// `None` when there is one thread.
 #[cfg(not(target_arch = "wasm32"))]
-fn pool() -> Option<&'static rayon::ThreadPool> {
+pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
     POOL.get_or_init(|| make_pool(None)).as_ref()
 }
 

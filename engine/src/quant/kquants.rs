@@ -29,7 +29,7 @@ pub(super) const QK_K: usize = 256;
 /// Scale and minimum `j` (0..8) of the 12 packed bytes of Q4_K and Q5_K: 6 bits each, the
 /// first four whole in bytes 0..8, the last four as nibbles in bytes 8..12 with their top two
 /// bits in the spare top bits of bytes 0..8.
-pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -41,7 +41,7 @@ pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 }
 
 /// The sixteen 6-bit scales of Q3_K, unbiased (-32..=31).
-fn q3_k_scales(s: &[u8]) -> [i8; 16] {
+pub(crate) fn q3_k_scales(s: &[u8]) -> [i8; 16] {
     std::array::from_fn(|i| {
         let low = (s[i % 8] >> (4 * (i / 8))) & 0x0f;
         let high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;

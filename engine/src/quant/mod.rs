@@ -4,7 +4,7 @@
 //! memory-mapped natively, range-fetched in a browser and uploaded unchanged.
 
 mod blocks32;
-mod kquants;
+pub(crate) mod kquants;
 
 use half::f16;
 use serde::{Deserialize, Serialize};

@@ -1,10 +1,22 @@
-//! The CPU backend: runs each op's reference function. It is both a real backend (the
-//! fallback where there is no usable GPU) and the oracle every GPU test compares against.
+//! The CPU backend: a real backend (the fallback where there is no usable GPU) and the
+//! oracle every GPU test compares against. Quantized `Linear` ops run integer dot products
+//! against int8 activations with SIMD chosen at run time (`linear`, `dot`, `q8`); every
+//! other op runs its reference function in `kernels`.
 
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 use super::{BackendError, Buffer, Result, Storage};
 use crate::kernels::{Op, OpSpec, with_op};
+
+mod attention;
+mod dot;
+mod linear;
+mod q8;
+#[cfg(test)]
+mod tests;
+mod vecf32;
+
+use access::{bytes, f, fm, rd, wr};
 
 /// Host memory for one buffer; words keep f32 views aligned.
 pub struct CpuStorage {
@@ -25,8 +37,12 @@ impl CpuStorage {
     }
 }
 
-#[derive(Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    isa: dot::Isa,
+    vec: vecf32::VecF32,
+    /// The quantized activations of the op running; kept so no op allocates them anew.
+    scratch: Mutex<q8::Q8>,
+}
 
 fn storage(b: &Buffer) -> Result<&CpuStorage> {
     match &b.storage {
@@ -73,9 +89,24 @@ pub(crate) mod access {
     }
 }
 
+/// The instruction set the quantized dot products run here, for the device description.
+pub(crate) fn isa_name() -> &'static str {
+    dot::Isa::detect().name()
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl CpuBackend {
     pub fn new() -> Self {
-        CpuBackend
+        CpuBackend {
+            isa: dot::Isa::detect(),
+            vec: vecf32::VecF32::new(dot::Isa::detect()),
+            scratch: Mutex::default(),
+        }
     }
 
     pub(crate) fn alloc(&self, label: &str, bytes: u64) -> Result<CpuStorage> {
@@ -101,8 +132,38 @@ impl CpuBackend {
 
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
         for op in ops {
-            with_op!(op, o => o.cpu())?;
+            match op {
+                Op::Linear(l) => self.linear(l)?,
+                Op::Attention(a) => self.attention(a)?,
+                _ => with_op!(op, o => o.cpu())?,
+            }
         }
+        Ok(())
+    }
+
+    fn attention(&self, a: &crate::kernels::Attention<'_>) -> Result<()> {
+        let (q, k, v) = (rd(a.q)?, rd(a.k_cache)?, rd(a.v_cache)?);
+        let mut o = wr(a.out)?;
+        let shape = [a.heads, a.kv_heads, a.head_dim, a.tokens, a.pos0].map(|n| n as usize);
+        attention::attention(&self.vec, f(&q), f(&k), f(&v), fm(&mut o), shape, a.scale);
+        Ok(())
+    }
+
+    fn linear(&self, l: &crate::kernels::Linear<'_>) -> Result<()> {
+        let (w, x, mut y) = (rd(l.w)?, rd(l.x)?, wr(l.y)?);
+        let (rows, cols, tokens) = (l.rows as usize, l.cols as usize, l.tokens as usize);
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        linear::linear(
+            self.isa,
+            &mut scratch,
+            l.wtype,
+            bytes(&w),
+            &f(&x)[..tokens * cols],
+            &mut fm(&mut y)[..tokens * rows],
+            rows,
+            cols,
+            tokens,
+        );
         Ok(())
     }
 }

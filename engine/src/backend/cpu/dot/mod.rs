@@ -1,0 +1,109 @@
+//! Integer dot products of one weight row (GGUF blocks, read in place) against one token's
+//! int8 activations, per format, with the instruction set chosen once at run time.
+
+use std::sync::OnceLock;
+
+use super::q8::{Layout, Q8Row};
+use crate::quant::GgmlType;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub(crate) mod scalar;
+
+/// A weight row's bytes (whole blocks) against the activations of as many elements.
+pub(crate) type DotFn = fn(&[u8], Q8Row<'_>) -> f32;
+
+/// One weight row against four tokens' activations.
+pub(crate) type Dot4Fn = fn(&[u8], [Q8Row<'_>; 4]) -> [f32; 4];
+
+/// Which code the dot products run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    /// The best this processor runs.
+    pub(crate) fn detect() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx2;
+            }
+            Isa::Scalar
+        })
+    }
+
+    /// Every instruction set this processor runs, the scalar reference first.
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        let mut all = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() == Isa::Avx2 {
+            all.push(Isa::Avx2);
+        }
+        all
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "avx2",
+        }
+    }
+
+    /// The dot product for `ty` and the activation layout it takes, or `None` for the float
+    /// formats (those keep the f32 path).
+    pub(crate) fn dot(self, ty: GgmlType) -> Option<(DotFn, Layout)> {
+        let layout = match ty {
+            GgmlType::F32 | GgmlType::F16 => return None,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+                Layout::Blocks32
+            }
+            _ => Layout::Super256,
+        };
+        let f: DotFn = match self {
+            Isa::Scalar => scalar_dot(ty)?,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::dot(ty).or_else(|| scalar_dot(ty))?,
+        };
+        Some((f, layout))
+    }
+}
+
+impl Isa {
+    /// The four-token kernel for `ty`, where this instruction set has one (prefill runs four
+    /// tokens against each weight block while it is in registers).
+    pub(crate) fn dot4(self, ty: GgmlType) -> Option<Dot4Fn> {
+        match self {
+            Isa::Scalar => {
+                let _ = ty;
+                None
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::dot4(ty),
+        }
+    }
+}
+
+fn scalar_dot(ty: GgmlType) -> Option<DotFn> {
+    Some(match ty {
+        GgmlType::F32 | GgmlType::F16 => return None,
+        GgmlType::Q4_0 => scalar::q4_0,
+        GgmlType::Q4_1 => scalar::q4_1,
+        GgmlType::Q5_0 => scalar::q5_0,
+        GgmlType::Q5_1 => scalar::q5_1,
+        GgmlType::Q8_0 => scalar::q8_0,
+        GgmlType::Q2_K => scalar::q2_k,
+        GgmlType::Q3_K => scalar::q3_k,
+        GgmlType::Q4_K => scalar::q4_k,
+        GgmlType::Q5_K => scalar::q5_k,
+        GgmlType::Q6_K => scalar::q6_k,
+    })
+}

@@ -1,0 +1,342 @@
+//! The cpu backend's integer paths against the scalar reference and the f32 reference, for
+//! every quantized format, on awkward shapes: one block, many blocks, row counts that are
+//! no multiple of a tile, one token and many.
+
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::dot::Isa;
+use super::linear::linear;
+use super::q8::{Layout, Q8};
+use crate::kernels::linear as reference;
+use crate::quant::{GgmlType, dequantize_row, quantize_row};
+
+const QUANTIZED: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Byte offsets of each block's f16 scales.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    }
+}
+
+/// Activations in [-1, 1] with a few large outliers, and one all-zero block when there are
+/// several (a block whose step is 0).
+fn activations(rng: &mut StdRng, n: usize, block: usize) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    for _ in 0..n / 64 {
+        let i = rng.random_range(0..n);
+        x[i] *= 20.0;
+    }
+    if n >= 2 * block {
+        x[block..2 * block].fill(0.0);
+    }
+    x
+}
+
+/// Every bit pattern the format can hold: random bytes, with the f16 scales made finite.
+fn random_rows(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+    let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| rng.random()).collect();
+    for b in w.chunks_exact_mut(ty.block_bytes()) {
+        for &at in f16_fields(ty) {
+            let v = f16::from_f32(rng.random_range(-0.05..0.05));
+            b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    w
+}
+
+/// Weights as the quantizers make them from a smooth-ish f32 matrix.
+fn quantized_rows(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    (0..rows)
+        .flat_map(|_| {
+            let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-0.5..0.5)).collect();
+            quantize_row(ty, &x)
+        })
+        .collect()
+}
+
+fn layout(ty: GgmlType) -> Layout {
+    Isa::Scalar.dot(ty).expect("a quantized format").1
+}
+
+/// `Σ |w_i x_i|` with the weights dequantized: the scale float rounding is measured against.
+fn magnitude(w: &[f32], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(a, b)| f64::from((a * b).abs())).sum()
+}
+
+/// The bound int8 activations put on a dot product (see `q8`).
+fn rounding_bound(w: &[f32], x: &[f32], block: usize) -> f64 {
+    w.chunks(block)
+        .zip(x.chunks(block))
+        .map(|(wb, xb)| {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            f64::from(amax) / 254.0 * wb.iter().map(|v| f64::from(v.abs())).sum::<f64>()
+        })
+        .sum()
+}
+
+fn col_counts(ty: GgmlType) -> [usize; 3] {
+    let b = ty.block_len();
+    [b, 3 * b, if b == 32 { 4096 } else { 2048 }]
+}
+
+#[test]
+fn every_isa_matches_the_scalar_reference_on_every_format() {
+    let mut rng = StdRng::seed_from_u64(20);
+    let isas = Isa::available();
+    eprintln!(
+        "instruction sets here: {:?}",
+        isas.iter().map(|i| i.name()).collect::<Vec<_>>()
+    );
+    for ty in QUANTIZED {
+        for cols in col_counts(ty) {
+            let rows = 5;
+            let w = random_rows(&mut rng, ty, rows, cols);
+            let x = activations(&mut rng, cols, layout(ty).block());
+            let mut q8 = Q8::default();
+            q8.quantize(layout(ty), &x, cols, 1);
+            let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+            let mut deq = vec![0f32; cols];
+            for r in 0..rows {
+                let wr = &w[r * row_bytes..][..row_bytes];
+                dequantize_row(ty, wr, &mut deq);
+                let scale = magnitude(&deq, &x) * 1.5 + 1e-3;
+                let want = (Isa::Scalar.dot(ty).expect("quantized").0)(wr, q8.row(0));
+                for &isa in &isas {
+                    let got = (isa.dot(ty).expect("quantized").0)(wr, q8.row(0));
+                    let err = f64::from((got - want).abs());
+                    assert!(
+                        err <= 1e-5 * scale,
+                        "{} {} cols {cols} row {r}: {got} vs scalar {want}",
+                        isa.name(),
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_activations_stay_within_their_rounding_bound_of_f32() {
+    let mut rng = StdRng::seed_from_u64(21);
+    for ty in QUANTIZED {
+        for cols in col_counts(ty) {
+            let w = quantized_rows(&mut rng, ty, 3, cols);
+            let block = layout(ty).block();
+            let x = activations(&mut rng, cols, block);
+            let mut q8 = Q8::default();
+            q8.quantize(layout(ty), &x, cols, 1);
+            let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+            let mut deq = vec![0f32; cols];
+            for (r, wr) in w.chunks_exact(row_bytes).enumerate() {
+                dequantize_row(ty, wr, &mut deq);
+                let exact: f64 = deq
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let bound = rounding_bound(&deq, &x, block) + 1e-5 * magnitude(&deq, &x) + 1e-6;
+                let got = (Isa::detect().dot(ty).expect("quantized").0)(wr, q8.row(0));
+                let err = (f64::from(got) - exact).abs();
+                assert!(
+                    err <= bound,
+                    "{} cols {cols} row {r}: {got} vs f32 {exact}: error {err} over bound {bound}",
+                    ty.name()
+                );
+            }
+        }
+    }
+}
+
+/// The threaded, tiled op (decode and prefill splits) gives each output exactly what the
+/// dot product gives alone, and stays within the rounding bound of the f32 reference.
+#[test]
+fn linear_tiles_and_threads_agree_with_the_reference() {
+    crate::kernels::linear::start_pool(Some(3));
+    let mut rng = StdRng::seed_from_u64(22);
+    let mut scratch = Q8::default();
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q3_K,
+        GgmlType::F16,
+    ] {
+        let cols = if ty.block_len() == 1 {
+            96
+        } else {
+            2 * ty.block_len()
+        };
+        for (rows, tokens) in [(1, 1), (37, 1), (300, 1), (37, 3), (53, 9), (300, 17)] {
+            let w = quantized_rows(&mut rng, ty, rows, cols);
+            let x = activations(&mut rng, tokens * cols, 32);
+            let mut y = vec![f32::NAN; rows * tokens];
+            linear(
+                Isa::detect(),
+                &mut scratch,
+                ty,
+                &w,
+                &x,
+                &mut y,
+                rows,
+                cols,
+                tokens,
+            );
+            let mut want = vec![0f32; rows * tokens];
+            reference::linear(ty, &w, &x, &mut want, rows, cols, tokens);
+            let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+            let mut deq = vec![0f32; cols];
+            for r in 0..rows {
+                dequantize_row(ty, &w[r * row_bytes..][..row_bytes], &mut deq);
+                for t in 0..tokens {
+                    let xt = &x[t * cols..][..cols];
+                    let block = Isa::Scalar.dot(ty).map_or(1, |(_, l)| l.block());
+                    let bound = if ty.block_len() == 1 {
+                        0.0
+                    } else {
+                        rounding_bound(&deq, xt, block)
+                    } + 1e-5 * magnitude(&deq, xt)
+                        + 1e-6;
+                    let (got, exp) = (y[t * rows + r], want[t * rows + r]);
+                    assert!(
+                        f64::from((got - exp).abs()) <= bound,
+                        "{} rows {rows} tokens {tokens} at ({t}, {r}): {got} vs {exp}",
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_activations_give_zero_and_no_nan() {
+    let mut scratch = Q8::default();
+    for ty in QUANTIZED {
+        let cols = ty.block_len();
+        let w = quantized_rows(&mut StdRng::seed_from_u64(23), ty, 4, cols);
+        let x = vec![0f32; cols];
+        let mut y = vec![f32::NAN; 4];
+        linear(Isa::detect(), &mut scratch, ty, &w, &x, &mut y, 4, cols, 1);
+        assert!(y.iter().all(|v| *v == 0.0), "{}: {y:?}", ty.name());
+    }
+}
+
+#[test]
+fn vectorized_f32_helpers_match_the_scalar_ones() {
+    let mut rng = StdRng::seed_from_u64(24);
+    for isa in Isa::available() {
+        let v = super::vecf32::VecF32::new(isa);
+        for n in [1, 7, 8, 15, 16, 17, 64, 100] {
+            let a: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let b: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            let got = (v.dot)(&a, &b);
+            assert!(
+                (got - want).abs() <= 1e-5 * n as f32,
+                "{} dot n={n}: {got} vs {want}",
+                isa.name()
+            );
+            let mut y = b.clone();
+            (v.axpy)(&mut y, 0.75, &a);
+            for i in 0..n {
+                assert!(
+                    (y[i] - (b[i] + 0.75 * a[i])).abs() <= 1e-6,
+                    "{} axpy n={n} at {i}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+/// Decode and causal prefill, grouped heads, head sizes off the vector width, against the
+/// reference attention.
+#[test]
+fn attention_matches_the_reference() {
+    crate::kernels::linear::start_pool(Some(3));
+    let mut rng = StdRng::seed_from_u64(25);
+    let v = super::vecf32::VecF32::new(Isa::detect());
+    for (heads, kv_heads, head_dim, tokens, pos0) in [
+        (9, 3, 64, 1, 40),
+        (4, 4, 12, 7, 0),
+        (6, 2, 33, 5, 3),
+        (9, 3, 64, 33, 100),
+    ] {
+        let cap = pos0 + tokens;
+        let mut r =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let q = r(tokens * heads * head_dim);
+        let kc = r(cap * kv_heads * head_dim);
+        let vc = r(cap * kv_heads * head_dim);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut want = vec![0f32; q.len()];
+        crate::kernels::attention::attention(
+            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale,
+        );
+        let mut got = vec![f32::NAN; q.len()];
+        super::attention::attention(
+            &v,
+            &q,
+            &kc,
+            &vc,
+            &mut got,
+            [heads, kv_heads, head_dim, tokens, pos0],
+            scale,
+        );
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5,
+                "shape {heads}/{kv_heads}/{head_dim} t{tokens} p{pos0} at {i}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+/// The four-token kernels give each token what the one-token kernel gives it.
+#[test]
+fn four_token_kernels_match_the_one_token_kernels() {
+    let mut rng = StdRng::seed_from_u64(26);
+    for isa in Isa::available() {
+        for ty in QUANTIZED {
+            let Some(dot4) = isa.dot4(ty) else { continue };
+            let (dot, layout) = isa.dot(ty).expect("quantized");
+            for cols in col_counts(ty) {
+                let w = random_rows(&mut rng, ty, 1, cols);
+                let x = activations(&mut rng, 4 * cols, layout.block());
+                let mut q8 = Q8::default();
+                q8.quantize(layout, &x, cols, 4);
+                let got = dot4(&w, std::array::from_fn(|k| q8.row(k)));
+                for (k, g) in got.into_iter().enumerate() {
+                    let want = dot(&w, q8.row(k));
+                    assert!(
+                        (g - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                        "{} {} cols {cols} token {k}: {g} vs {want}",
+                        isa.name(),
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}
