@@ -245,11 +245,7 @@ async fn serve(mut a: Args) -> Result<()> {
                 server.secret(),
                 &Claims::new(&room, Role::Coordinator, ttl),
             );
-            let local_worker = cairn_signal::token::issue(
-                server.secret(),
-                &Claims::new(&room, Role::Worker, ttl),
-            );
-            let worker =
+            let local_worker =
                 cairn_signal::token::issue(server.secret(), &Claims::new(&room, Role::Worker, ttl));
             let addr = server.local_addr();
             (
