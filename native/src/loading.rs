@@ -12,9 +12,12 @@ use cairn_engine::tokenizer::Tokenizer;
 use cairn_engine::{Device, Selection};
 
 use crate::cmd::engine_args::EngineArgs;
+use crate::cmd::formats::ModelFormats;
 
 pub struct Loaded {
     pub device: Arc<Device>,
+    /// The file's architecture and weight formats.
+    pub formats: ModelFormats,
     pub shard: Shard,
     pub tokenizer: Tokenizer,
     pub load_s: f64,
@@ -96,8 +99,16 @@ pub fn load(path: &Path, args: &DeviceArgs) -> Result<Loaded> {
     // Weights are queued; wait so load time covers the upload.
     device.sync_blocking()?;
     bar.finish_and_clear();
+    let formats = ModelFormats::of(&file.file);
+    tracing::info!(
+        architecture = %formats.architecture,
+        formats = %formats.formats_line(),
+        load_s = format!("{:.2}", t0.elapsed().as_secs_f64()),
+        "model loaded"
+    );
     Ok(Loaded {
         device,
+        formats,
         shard,
         tokenizer,
         load_s: t0.elapsed().as_secs_f64(),

@@ -32,6 +32,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Teacher-forced top-1 predictions and logits for a given continuation.
     Score(cmd::score::Args),
+    /// Write a GGUF file in another weight format (Q4_K_M, Q5_K_M, Q6_K, Q8_0, ...).
+    Quantize(cmd::quantize::Args),
     /// Coordinate a cluster: placement, the OpenAI-compatible API, the dashboard.
     Serve(cmd::serve::Args),
     /// List, issue or revoke a running coordinator's worker join tokens.
@@ -64,6 +66,7 @@ fn main() -> Result<()> {
         Command::Devices(a) => cmd::devices::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Score(a) => cmd::score::run(a),
+        Command::Quantize(a) => cmd::quantize::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Token(a) => cmd::token::run(a),
         Command::Worker(a) => cmd::worker::run(a),

@@ -234,6 +234,89 @@ impl Shard {
         })
     }
 
+    /// Runs the whole model over `tokens` at the cache's next positions and returns the
+    /// logits at every position from `from` on, `(tokens.len() - from) × vocab` row-major:
+    /// teacher-forced scoring as one batched pass (the tiled matrix kernels, the output head a
+    /// matrix product over those positions) instead of one decode step per position.
+    pub async fn forward_logits_from(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        from: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        if !(self.is_first() && self.is_last()) {
+            return Err(ModelError::WrongInput(
+                "logits at every position need a shard holding the whole model",
+            ));
+        }
+        let n = tokens.len();
+        if from >= n {
+            return Err(ModelError::WrongInput("no positions to return logits at"));
+        }
+        if let Some(bad) = tokens
+            .iter()
+            .find(|&&id| id as usize >= self.cfg.vocab_size)
+        {
+            return Err(ModelError::BadToken {
+                id: *bad,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        if cache.len() + n > cache.capacity() {
+            return Err(ModelError::ContextFull {
+                needed: cache.len() + n,
+                capacity: cache.capacity(),
+            });
+        }
+        let (dim, vocab) = (self.cfg.dim, self.cfg.vocab_size);
+        let rows = self.max_batch.min(n - from);
+        let f = |label: &str, n: usize| self.dev.alloc(label, (n * 4) as u64);
+        let head = HeadRows {
+            h: f("head_h", rows * dim)?,
+            norm: f("head_norm", rows * dim)?,
+            logits: f("head_logits", rows * vocab)?,
+        };
+        let s = self.scratch.lock().await;
+        let mut out = Vec::with_capacity((n - from) * vocab);
+        let mut done = 0;
+        while done < n {
+            let t = (n - done).min(self.max_batch);
+            self.dev
+                .write(&s.ids, 0, bytemuck::cast_slice(&tokens[done..done + t]))?;
+            let mut ops = Vec::with_capacity(16 * (self.end - self.start) + 4);
+            self.encode_blocks(&s, cache, cache.len(), t, &mut ops);
+            // Rows of this chunk at or after `from`, as [first, t).
+            let first = from.saturating_sub(done).min(t);
+            let k = t - first;
+            if k > 0 {
+                let row = (dim * 4) as u64;
+                ops.push(Op::Copy(BufferCopy {
+                    src: &s.h,
+                    src_offset: first as u64 * row,
+                    dst: &head.h,
+                    dst_offset: 0,
+                    bytes: k as u64 * row,
+                }));
+                self.encode_logits(&head.h, &head.norm, &head.logits, k, &mut ops)?;
+            }
+            self.dev.run(&ops)?;
+            cache.advance(t);
+            if k > 0 {
+                let bytes = self
+                    .dev
+                    .read(&head.logits, 0, (k * vocab * 4) as u64)
+                    .await?;
+                out.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+            done += t;
+        }
+        Ok(out)
+    }
+
     fn encode_blocks<'a>(
         &'a self,
         s: &'a Scratch,
@@ -406,6 +489,36 @@ impl Shard {
         want: Want,
         ops: &mut Vec<Op<'a>>,
     ) -> Result<(), ModelError> {
+        let row = (self.cfg.dim * 4) as u64;
+        ops.push(Op::Copy(BufferCopy {
+            src: &s.h,
+            src_offset: (t as u64 - 1) * row,
+            dst: &s.last,
+            dst_offset: 0,
+            bytes: row,
+        }));
+        self.encode_logits(&s.last, &s.last_norm, &s.logits, 1, ops)?;
+        if let Want::Sample(params) = want {
+            ops.push(Op::Sample(Sample {
+                logits: &s.logits,
+                n: self.cfg.vocab_size as u32,
+                out: &s.token,
+                params,
+            }));
+        }
+        Ok(())
+    }
+
+    /// The final norm and the output head over `rows` hidden rows in `x` (`xn` holds the
+    /// normed rows), logits into `y`: shared by sampling, last-token logits and scoring.
+    fn encode_logits<'a>(
+        &'a self,
+        x: &'a Buffer,
+        xn: &'a Buffer,
+        y: &'a Buffer,
+        rows: usize,
+        ops: &mut Vec<Op<'a>>,
+    ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let (norm, _) = self
             .weights
@@ -416,39 +529,23 @@ impl Shard {
             .weights
             .output()
             .ok_or(ModelError::WrongInput("no output head"))?;
-        let row = (c.dim * 4) as u64;
-        ops.push(Op::Copy(BufferCopy {
-            src: &s.h,
-            src_offset: (t as u64 - 1) * row,
-            dst: &s.last,
-            dst_offset: 0,
-            bytes: row,
-        }));
         ops.push(Op::RmsNorm(RmsNorm {
-            x: &s.last,
+            x,
             weight: norm,
-            y: &s.last_norm,
+            y: xn,
             dim: c.dim as u32,
-            tokens: 1,
+            tokens: rows as u32,
             eps: c.norm_eps,
         }));
         ops.push(Op::Linear(Linear {
             w: &out.buf,
             wtype: out.ty,
-            x: &s.last_norm,
-            y: &s.logits,
+            x: xn,
+            y,
             rows: out.rows as u32,
             cols: out.cols as u32,
-            tokens: 1,
+            tokens: rows as u32,
         }));
-        if let Want::Sample(params) = want {
-            ops.push(Op::Sample(Sample {
-                logits: &s.logits,
-                n: out.rows as u32,
-                out: &s.token,
-                params,
-            }));
-        }
         Ok(())
     }
 }
@@ -463,6 +560,13 @@ fn qkv_bias_of<'a>(w: &'a weights::LayerWeights, m: &Matrix) -> Option<&'a Buffe
     } else {
         Some(bv)
     }
+}
+
+/// Device buffers for the output head over several positions at once.
+struct HeadRows {
+    h: Buffer,
+    norm: Buffer,
+    logits: Buffer,
 }
 
 impl Scratch {

@@ -5,6 +5,13 @@
 
 mod blocks32;
 pub(crate) mod kquants;
+mod quantize;
+mod quantize_mix;
+mod quantize_model;
+
+pub use quantize::quantize_row_best;
+pub use quantize_mix::{FileType, ModelShape, tensor_type};
+pub use quantize_model::{Progress, QuantizeError, QuantizeOptions, plan, quantize_model};
 
 use half::f16;
 use serde::{Deserialize, Serialize};

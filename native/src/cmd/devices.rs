@@ -1,20 +1,41 @@
 //! `cairn devices`: what the engine sees, as a table or JSON.
 
-use anyhow::Result;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
 use cairn_engine::device::discover_blocking;
+use cairn_engine::gguf::MappedGguf;
+
+use super::formats::ModelFormats;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Print a JSON array instead of a table.
+    /// Print a JSON array instead of a table (with --model, an object of `devices` and `model`).
     #[arg(long)]
     json: bool,
+    /// Also name a model file's architecture and weight formats.
+    #[arg(long)]
+    model: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let model = match &args.model {
+        Some(path) => {
+            let file =
+                MappedGguf::open(path).with_context(|| format!("opening {}", path.display()))?;
+            Some((path.clone(), ModelFormats::of(&file.file)))
+        }
+        None => None,
+    };
     let found = discover_blocking();
     tracing::debug!(elapsed_ms = found.elapsed.as_secs_f64() * 1e3, "discovery");
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&found.devices)?);
+        let devices = serde_json::to_value(&found.devices)?;
+        let out = match &model {
+            Some((_, m)) => serde_json::json!({ "devices": devices, "model": m.json() }),
+            None => devices,
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!(
@@ -47,6 +68,9 @@ pub fn run(args: Args) -> Result<()> {
         found.elapsed.as_secs_f64() * 1e3,
         auto.unwrap_or_else(|e| e.to_string())
     );
+    if let Some((path, m)) = model {
+        println!("model {}: {m}", path.display());
+    }
     Ok(())
 }
 

@@ -113,6 +113,7 @@ pub fn run(a: Args) -> Result<()> {
             "backend": m.device.kind().name(),
             "device": info.id,
             "device_name": info.name,
+            "model": m.formats.json(),
             "load_s": m.load_s,
             "prefill_tokens_per_s": stats.prefill_tokens_per_s(),
             "decode_tokens_per_s": stats.decode_tokens_per_s(),
