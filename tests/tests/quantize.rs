@@ -54,10 +54,10 @@ fn requantizing_needs_the_flag_and_q8_0_writes_a_close_file() {
         allow_requantize: false,
         threads: 2,
     };
-    let err = quantize_model(&src, &opts, &mut |_| {})
-        .err()
-        .expect("the default model is Q4_1: requantizing must be refused without the flag")
-        .to_string();
+    let Err(err) = quantize_model(&src, &opts, &mut |_| {}) else {
+        panic!("the default model is Q4_1: requantizing must be refused without the flag");
+    };
+    let err = err.to_string();
     assert!(
         err.contains("--allow-requantize") && err.contains("Q4_1"),
         "{err}"

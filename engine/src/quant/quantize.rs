@@ -256,7 +256,11 @@ mod tests {
                 s ^= s << 17;
                 let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
                 let base = u * 0.1 + if (i / 32) % 7 == 3 { 0.05 } else { 0.0 };
-                if s.is_multiple_of(61) { base * 12.0 } else { base }
+                if s.is_multiple_of(61) {
+                    base * 12.0
+                } else {
+                    base
+                }
             })
             .collect()
     }
