@@ -13,6 +13,10 @@ pub struct EngineOptions {
     /// Threads of the cpu backend (one pool per process, started by the first cpu device
     /// opened); `None`: one per core.
     pub cpu_threads: Option<usize>,
+    /// The cpu backend's quantized `Linear` keeps activations in f32 (the scalar reference of
+    /// `kernels::linear`) instead of rounding them to int8 for integer dot products: for tests
+    /// that hold other devices to the exact reference.
+    pub cpu_f32_linear: bool,
     /// The wgpu backends to enumerate adapters on; `None`: what `WGPU_BACKEND` names (wgpu's
     /// own variable), else all of them.
     pub wgpu_backends: Option<wgpu::Backends>,

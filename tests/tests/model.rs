@@ -297,8 +297,14 @@ fn synthetic_logits_match(shape: &str, inputs: &[Vec<u32>]) {
         }
         out
     };
+    // The reference keeps activations in f32: the cpu backend's own quantized products round
+    // them to int8 (docs/performance.md), which the other devices do not do.
+    let reference = cairn_engine::EngineOptions {
+        cpu_f32_linear: true,
+        ..Default::default()
+    };
     let cpu = Arc::new(
-        cairn_engine::device::discover_blocking()
+        cairn_engine::device::discover_blocking_with(reference)
             .open_blocking(&cairn_engine::Selection {
                 backend: Some("cpu".into()),
                 device: None,

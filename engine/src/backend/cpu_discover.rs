@@ -10,7 +10,10 @@ use crate::options::EngineOptions;
 /// `cpu_threads` (a later device with another count shares the pool already running).
 pub(crate) fn open(info: DeviceInfo, opts: &EngineOptions) -> Device {
     crate::kernels::linear::start_pool(opts.cpu_threads);
-    Device::new_cpu(info)
+    Device::new_cpu_with(
+        info,
+        crate::backend::cpu::CpuBackend::with_f32_linear(opts.cpu_f32_linear),
+    )
 }
 
 /// Total system memory, and whether the OS reported it.

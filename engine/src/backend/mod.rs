@@ -194,8 +194,12 @@ pub struct Device {
 
 impl Device {
     pub(crate) fn new_cpu(info: DeviceInfo) -> Device {
+        Self::new_cpu_with(info, cpu::CpuBackend::new())
+    }
+
+    pub(crate) fn new_cpu_with(info: DeviceInfo, backend: cpu::CpuBackend) -> Device {
         Device {
-            inner: Inner::Cpu(cpu::CpuBackend::new()),
+            inner: Inner::Cpu(backend),
             info,
             accounting: Default::default(),
         }

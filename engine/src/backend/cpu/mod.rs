@@ -42,6 +42,8 @@ pub struct CpuBackend {
     vec: vecf32::VecF32,
     /// The quantized activations of the op running; kept so no op allocates them anew.
     scratch: Mutex<q8::Q8>,
+    /// `Linear` runs the f32 reference (`EngineOptions::cpu_f32_linear`).
+    f32_linear: bool,
 }
 
 fn storage(b: &Buffer) -> Result<&CpuStorage> {
@@ -106,6 +108,15 @@ impl CpuBackend {
             isa: dot::Isa::detect(),
             vec: vecf32::VecF32::new(dot::Isa::detect()),
             scratch: Mutex::default(),
+            f32_linear: false,
+        }
+    }
+
+    /// A backend whose `Linear` keeps activations in f32 when `f32_linear` is set.
+    pub fn with_f32_linear(f32_linear: bool) -> Self {
+        CpuBackend {
+            f32_linear,
+            ..Self::new()
         }
     }
 
@@ -133,7 +144,7 @@ impl CpuBackend {
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
         for op in ops {
             match op {
-                Op::Linear(l) => self.linear(l)?,
+                Op::Linear(l) if !self.f32_linear => self.linear(l)?,
                 Op::Attention(a) => self.attention(a)?,
                 _ => with_op!(op, o => o.cpu())?,
             }
