@@ -193,6 +193,8 @@ pub struct Device {
 }
 
 impl Device {
+    /// A cpu device with the default backend, for unit tests.
+    #[cfg(test)]
     pub(crate) fn new_cpu(info: DeviceInfo) -> Device {
         Self::new_cpu_with(info, cpu::CpuBackend::new())
     }
