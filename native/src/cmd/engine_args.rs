@@ -51,6 +51,8 @@ impl EngineArgs {
     pub fn options(&self) -> EngineOptions {
         EngineOptions {
             cpu_threads: self.cpu_threads,
+            // The int8 products are the cpu backend's measured best; the f32 path is for tests.
+            cpu_f32_linear: false,
             // wgpu reads its own variables (WGPU_BACKEND).
             wgpu_backends: None,
             cuda: CudaOptions {
