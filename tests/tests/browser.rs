@@ -1173,7 +1173,7 @@ async fn wait_true(page: &mut Page, expression: &str, what: &str, within: Durati
 /// it. Screenshots of the dashboard and of the join page at 360 px wide are kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
-    use cairn_tests::procs::{Proc, Serve, artifacts, bin, get_json, wait_for};
+    use cairn_tests::procs::{Proc, Serve, artifacts, bin, wait_for};
     let Some(binary) = chromium_or_skip() else {
         return;
     };
@@ -1338,9 +1338,15 @@ async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
         json!(true),
         "the dashboard scrolls sideways at 360 px"
     );
-    let join_url = get_json(&format!("{api}/api/cluster"))
+    // Only the admin key sees the join URL (docs/security.md).
+    let join_url = ureq::get(&format!("{api}/api/cluster"))
+        .set("Authorization", "Bearer sesame")
+        .timeout(Duration::from_secs(10))
+        .call()
+        .ok()
+        .and_then(|r| r.into_json::<Value>().ok())
         .and_then(|c| c["join_url"].as_str().map(str::to_owned))
-        .expect("the cluster lists its join URL");
+        .expect("the cluster lists its join URL to the admin");
     page.call("Page.navigate", json!({ "url": join_url })).await;
     wait_true(
         &mut page,
