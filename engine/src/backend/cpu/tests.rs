@@ -12,18 +12,10 @@ use super::q8::{Layout, Q8};
 use crate::kernels::linear as reference;
 use crate::quant::{GgmlType, dequantize_row, quantize_row};
 
-const QUANTIZED: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+/// Every block-quantized format (all but F32 and F16).
+fn quantized() -> impl Iterator<Item = GgmlType> {
+    GgmlType::ALL.into_iter().filter(|t| t.block_len() > 1)
+}
 
 /// Byte offsets of each block's f16 scales.
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
@@ -106,7 +98,7 @@ fn every_isa_matches_the_scalar_reference_on_every_format() {
         "instruction sets here: {:?}",
         isas.iter().map(|i| i.name()).collect::<Vec<_>>()
     );
-    for ty in QUANTIZED {
+    for ty in quantized() {
         for cols in col_counts(ty) {
             let rows = 5;
             let w = random_rows(&mut rng, ty, rows, cols);
@@ -138,7 +130,7 @@ fn every_isa_matches_the_scalar_reference_on_every_format() {
 #[test]
 fn int8_activations_stay_within_their_rounding_bound_of_f32() {
     let mut rng = StdRng::seed_from_u64(21);
-    for ty in QUANTIZED {
+    for ty in quantized() {
         for cols in col_counts(ty) {
             let w = quantized_rows(&mut rng, ty, 3, cols);
             let block = layout(ty).block();
@@ -232,7 +224,7 @@ fn linear_tiles_and_threads_agree_with_the_reference() {
 #[test]
 fn zero_activations_give_zero_and_no_nan() {
     let mut scratch = Q8::default();
-    for ty in QUANTIZED {
+    for ty in quantized() {
         let cols = ty.block_len();
         let w = quantized_rows(&mut StdRng::seed_from_u64(23), ty, 4, cols);
         let x = vec![0f32; cols];
@@ -318,7 +310,7 @@ fn attention_matches_the_reference() {
 fn four_token_kernels_match_the_one_token_kernels() {
     let mut rng = StdRng::seed_from_u64(26);
     for isa in Isa::available() {
-        for ty in QUANTIZED {
+        for ty in quantized() {
             let Some(dot4) = isa.dot4(ty) else { continue };
             let (dot, layout) = isa.dot(ty).expect("quantized");
             for cols in col_counts(ty) {
