@@ -8,7 +8,7 @@ struct Params {
     pos0: u32,
     freq_base: f32,
     neox: u32,
-    factors: u32,
+    flags: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -386,7 +386,7 @@ fn rope_both_variants_with_and_without_frequency_factors() {
             let fs = with_factors.then_some(factors.as_slice());
             let mut want = x.clone();
             k::rope::rope(
-                &mut want, heads, head_dim, rope_dim, pos0, 100_000.0, neox, fs,
+                &mut want, heads, head_dim, rope_dim, pos0, None, 100_000.0, neox, fs,
             );
             for d in devices() {
                 let bx = upload_f32(&d, "x", &x);
@@ -394,6 +394,7 @@ fn rope_both_variants_with_and_without_frequency_factors() {
                 d.run(&[Op::Rope(Rope {
                     x: &bx,
                     factors: with_factors.then_some(&bf),
+                    positions: None,
                     heads: heads as u32,
                     head_dim: head_dim as u32,
                     rope_dim: rope_dim as u32,

@@ -15,6 +15,7 @@ pub mod linear;
 pub mod matrix;
 pub mod norm;
 pub mod op;
+pub mod paged;
 pub mod rope;
 pub mod sample;
 pub mod softmax;
@@ -27,7 +28,8 @@ pub use matrix::{Linear, LinearParams, MatMul, MatMulParams};
 pub use norm::{RmsNorm, RmsNormParams};
 pub(crate) use op::with_op;
 pub use op::{Access, CountParams, Op, OpSpec, Use};
-pub use rope::{Rope, RopeParams};
+pub use paged::{KvStore, KvStoreParams, PagedAttention, PagedAttentionParams};
+pub use rope::{ROPE_FACTORS, ROPE_POSITIONS, Rope, RopeParams};
 pub use sample::{Argmax, Sample, SampleKernelParams, SampleParams};
 pub use softmax::{Softmax, SoftmaxParams};
 

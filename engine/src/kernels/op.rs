@@ -10,8 +10,8 @@
 use crate::backend::{Buffer, Result};
 
 use super::{
-    Add, AddBias, Argmax, Attention, BufferCopy, Embed, Linear, MatMul, RmsNorm, Rope, Sample,
-    SiluMul, Softmax,
+    Add, AddBias, Argmax, Attention, BufferCopy, Embed, KvStore, Linear, MatMul, PagedAttention,
+    RmsNorm, Rope, Sample, SiluMul, Softmax,
 };
 
 /// How an op touches one of its buffers.
@@ -163,6 +163,8 @@ ops!(
     AddBias(AddBias),
     Embed(Embed),
     Attention(Attention),
+    KvStore(KvStore),
+    PagedAttention(PagedAttention),
     Argmax(Argmax),
     Sample(Sample),
     Copy(BufferCopy),

@@ -4,7 +4,8 @@ use super::op::{OpSpec, Use, f32s, params};
 use crate::backend::cpu::access::{f, fm, rd, wr};
 use crate::backend::{self, Buffer};
 
-/// Rotates `x` (`tokens × heads × head_dim`) in place; see [`Rope`].
+/// Rotates `x` (`tokens × heads × head_dim`) in place; see [`Rope`]. Token `t` is at
+/// `positions[t]` when given, else at `pos0 + t`.
 #[allow(clippy::too_many_arguments)]
 pub fn rope(
     x: &mut [f32],
@@ -12,13 +13,17 @@ pub fn rope(
     head_dim: usize,
     rope_dim: usize,
     pos0: u32,
+    positions: Option<&[u32]>,
     freq_base: f32,
     neox: bool,
     factors: Option<&[f32]>,
 ) {
     let half = rope_dim / 2;
     for (t, tok) in x.chunks_exact_mut(heads * head_dim).enumerate() {
-        let pos = (pos0 as usize + t) as f32;
+        let pos = match positions {
+            Some(p) => p[t] as f32,
+            None => (pos0 as usize + t) as f32,
+        };
         for head in tok.chunks_exact_mut(head_dim) {
             for i in 0..half {
                 let mut theta = pos * freq_base.powf(-2.0 * i as f32 / rope_dim as f32);
@@ -43,11 +48,13 @@ pub fn rope(
 /// position `pos0 + t`. `neox` rotates pairs `(i, i + rope_dim/2)`; otherwise adjacent pairs
 /// `(2i, 2i+1)`, which is what GGUF llama models use (their Q/K weights are permuted at
 /// conversion). `factors` (`rope_dim / 2` values, Llama 3.1's `rope_freqs`) divide each
-/// pair's angle.
+/// pair's angle. `positions` (`tokens` u32 values), when given, places each token on its own
+/// (a batch of several sequences' tokens) and `pos0` is ignored.
 #[derive(Debug, Clone, Copy)]
 pub struct Rope<'a> {
     pub x: &'a Buffer,
     pub factors: Option<&'a Buffer>,
+    pub positions: Option<&'a Buffer>,
     pub heads: u32,
     pub head_dim: u32,
     pub rope_dim: u32,
@@ -65,8 +72,15 @@ params!(RopeParams {
     pos0: u32,
     freq_base: f32,
     neox: u32,
-    factors: u32,
+    // ROPE_FACTORS when a factors buffer is bound, ROPE_POSITIONS when a positions buffer
+    // gives each token's position (kernels bind them in that order, after `x`).
+    flags: u32,
 });
+
+/// [`RopeParams::flags`]: frequency factors are bound.
+pub const ROPE_FACTORS: u32 = 1;
+/// [`RopeParams::flags`]: each token's position comes from a buffer.
+pub const ROPE_POSITIONS: u32 = 2;
 
 impl<'a> OpSpec<'a> for Rope<'a> {
     type Params = RopeParams;
@@ -91,6 +105,9 @@ impl<'a> OpSpec<'a> for Rope<'a> {
         if let Some(fs) = self.factors {
             v.push(Use::read("factors", fs, f32s(&[self.rope_dim / 2])));
         }
+        if let Some(p) = self.positions {
+            v.push(Use::read("positions", p, f32s(&[self.tokens])));
+        }
         v
     }
 
@@ -103,13 +120,25 @@ impl<'a> OpSpec<'a> for Rope<'a> {
             pos0: self.pos0,
             freq_base: self.freq_base,
             neox: u32::from(self.neox),
-            factors: u32::from(self.factors.is_some()),
+            flags: if self.factors.is_some() {
+                ROPE_FACTORS
+            } else {
+                0
+            } | if self.positions.is_some() {
+                ROPE_POSITIONS
+            } else {
+                0
+            },
         }
     }
 
     fn cpu(&self) -> backend::Result<()> {
         let factors = match self.factors {
             Some(b) => Some(f(&rd(b)?)[..(self.rope_dim / 2) as usize].to_vec()),
+            None => None,
+        };
+        let positions = match self.positions {
+            Some(b) => Some(rd(b)?[..self.tokens as usize].to_vec()),
             None => None,
         };
         let mut g = wr(self.x)?;
@@ -120,6 +149,7 @@ impl<'a> OpSpec<'a> for Rope<'a> {
             self.head_dim as usize,
             self.rope_dim as usize,
             self.pos0,
+            positions.as_deref(),
             self.freq_base,
             self.neox,
             factors.as_deref(),

@@ -372,6 +372,7 @@ impl Shard {
                     freq_base: c.rope_base,
                     neox: c.rope_neox,
                     factors: self.weights.rope_freqs.as_ref(),
+                    positions: None,
                 })
             };
             ops.push(norm(&w.attn_norm));

@@ -290,6 +290,7 @@ fn fuse_at<'a>(ops: &[Op<'a>], norms: bool) -> Option<Fused<'a>> {
                         freq_base,
                         neox: false,
                         factors: None,
+                        positions: None,
                     }) => {
                         let Some(p) = products.iter_mut().find(|p| same(p.y, rx)) else {
                             break;
@@ -564,6 +565,7 @@ mod tests {
                 freq_base: 10000.0,
                 neox: false,
                 factors: None,
+                positions: None,
             })
         };
         let copy = |src, dst| {
@@ -775,6 +777,7 @@ mod tests {
                 freq_base: 1e4,
                 neox: false,
                 factors: None,
+                positions: None,
             }),
         ];
         assert_eq!(shape(&fuse(&ops, true)), ["fused2", "rope"]);

@@ -4,8 +4,8 @@
 
 use crate::backend::{BackendError, Buffer, Result};
 use crate::kernels::{
-    Add, AddBias, Argmax, Attention, AttentionParams, BufferCopy, Embed, Linear, MatMul, Op,
-    OpSpec, RmsNorm, Rope, Sample, SiluMul, Softmax, with_op,
+    Add, AddBias, Argmax, Attention, AttentionParams, BufferCopy, Embed, KvStore, Linear, MatMul,
+    Op, OpSpec, PagedAttention, RmsNorm, Rope, Sample, SiluMul, Softmax, with_op,
 };
 use crate::quant::GgmlType;
 
@@ -236,14 +236,15 @@ impl<'a> CudaOp<'a> for Rope<'a> {
             grid_yz(self.name(), "tokens", self.tokens)?,
             1,
         ];
-        // Without factors the kernel's `factors` argument is x, which it then never reads.
+        // Without factors or positions the kernel's argument is x, which it then never reads.
         let factors = self.factors.unwrap_or(self.x);
+        let positions = self.positions.unwrap_or(self.x);
         launch(
             self,
             (Kernel::Rope, OPS),
             grid,
             [256, 1, 1],
-            vec![self.x, factors],
+            vec![self.x, factors, positions],
         )
     }
 }
@@ -291,6 +292,23 @@ impl<'a> CudaOp<'a> for Attention<'a> {
         let grid = [self.heads, grid_yz(self.name(), "tokens", self.tokens)?, 1];
         let buffers = vec![self.q, self.k_cache, self.v_cache, self.out];
         launch(self, (Kernel::Attention, OPS), grid, [256, 1, 1], buffers)
+    }
+}
+
+// PENDING(kernels helper): CUDA kernels for the paged pool's ops.
+impl<'a> CudaOp<'a> for KvStore<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        Err(BackendError::Unsupported(
+            "kv_store has no CUDA kernel yet".into(),
+        ))
+    }
+}
+
+impl<'a> CudaOp<'a> for PagedAttention<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        Err(BackendError::Unsupported(
+            "paged_attention has no CUDA kernel yet".into(),
+        ))
     }
 }
 
@@ -528,6 +546,7 @@ mod tests {
             freq_base: 10000.0,
             neox: false,
             factors: None,
+            positions: None,
         }))
         .unwrap_err()
         .to_string();

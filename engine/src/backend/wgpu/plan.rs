@@ -5,8 +5,8 @@ use cairn_shaders::{self as shaders, Kernel};
 
 use crate::backend::{BackendError, Buffer, Result};
 use crate::kernels::{
-    Add, AddBias, Argmax, Attention, BufferCopy, Embed, Linear, MatMul, Op, OpSpec, RmsNorm, Rope,
-    Sample, SiluMul, Softmax, with_op,
+    Add, AddBias, Argmax, Attention, BufferCopy, Embed, KvStore, Linear, MatMul, Op, OpSpec,
+    PagedAttention, RmsNorm, Rope, Sample, SiluMul, Softmax, with_op,
 };
 
 /// One GPU command of a submission.
@@ -377,5 +377,26 @@ mod tests {
             0,
         ];
         assert_eq!(params, want);
+    }
+}
+
+// PENDING(kernels helper): WGSL kernels for the paged pool's ops.
+impl<'a> WgpuOp<'a> for KvStore<'a> {
+    const KERNELS: &'static [Kernel] = &[];
+
+    fn step(&self, _: u32) -> Result<Step<'a>> {
+        Err(BackendError::Unsupported(
+            "kv_store has no WGSL kernel yet".into(),
+        ))
+    }
+}
+
+impl<'a> WgpuOp<'a> for PagedAttention<'a> {
+    const KERNELS: &'static [Kernel] = &[];
+
+    fn step(&self, _: u32) -> Result<Step<'a>> {
+        Err(BackendError::Unsupported(
+            "paged_attention has no WGSL kernel yet".into(),
+        ))
     }
 }

@@ -19,7 +19,7 @@ struct EmbedParams { u32 dim; u32 vocab; u32 tokens; u32 row_bytes; };
 struct RmsNormParams { u32 dim; u32 tokens; float eps; u32 _pad; };
 struct RopeParams {
     u32 heads; u32 head_dim; u32 rope_dim; u32 tokens; u32 pos0; float freq_base; u32 neox;
-    u32 factors;
+    u32 flags;
 };
 struct SoftmaxParams { u32 rows; u32 cols; u32 _pad0; u32 _pad1; };
 struct CountParams { u32 n; u32 _pad0; u32 _pad1; u32 _pad2; };

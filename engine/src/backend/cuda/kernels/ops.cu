@@ -54,10 +54,12 @@ rmsnorm(const RmsNormParams* __restrict__ p, const float* x, const float* __rest
 }
 
 // In place; one thread per rotated pair: grid (heads * rope_dim / 2 / 256, tokens). `factors`
-// (rope_dim / 2 divisors of the angle) is read only when p->factors is set; otherwise the
-// launch passes x there.
+// (rope_dim / 2 divisors of the angle) is read only when p->flags has ROPE_FACTORS, and
+// `positions` (one per token) only with ROPE_POSITIONS; otherwise the launch passes x there.
+#define ROPE_FACTORS 1u
+#define ROPE_POSITIONS 2u
 extern "C" __global__ void __launch_bounds__(256)
-rope(const RopeParams* __restrict__ p, float* x, const float* factors) {
+rope(const RopeParams* __restrict__ p, float* x, const float* factors, const u32* positions) {
     const u32 heads = p->heads, head_dim = p->head_dim, rope_dim = p->rope_dim, pos0 = p->pos0;
     const u32 neox = p->neox;
     const float base = p->freq_base;
@@ -66,9 +68,9 @@ rope(const RopeParams* __restrict__ p, float* x, const float* factors) {
     if (idx >= heads * half) return;
     const u32 head = idx / half, i = idx % half;
     // Same expression order as the CPU twin: pos * base^(-2i / rope_dim), all f32.
-    const float pos = (float)(pos0 + t);
+    const float pos = (float)((p->flags & ROPE_POSITIONS) ? positions[t] : pos0 + t);
     float theta = pos * powf(base, (-2.0f * (float)i) / (float)rope_dim);
-    if (p->factors) theta = theta / factors[i];
+    if (p->flags & ROPE_FACTORS) theta = theta / factors[i];
     float s, c;
     sincosf(theta, &s, &c);
     float* h = x + ((size_t)t * heads + head) * head_dim;
