@@ -418,7 +418,7 @@ fn rope_both_variants_with_and_without_frequency_factors() {
     // The factors change the result: a test of them that cannot fail would pass here too.
     let (mut plain, mut scaled) = (x.clone(), x.clone());
     k::rope::rope(
-        &mut plain, heads, head_dim, rope_dim, pos0, 100_000.0, false, None,
+        &mut plain, heads, head_dim, rope_dim, pos0, None, 100_000.0, false, None,
     );
     k::rope::rope(
         &mut scaled,
@@ -426,6 +426,7 @@ fn rope_both_variants_with_and_without_frequency_factors() {
         head_dim,
         rope_dim,
         pos0,
+        None,
         100_000.0,
         false,
         Some(&factors),

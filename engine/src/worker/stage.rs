@@ -51,6 +51,15 @@ struct Ready {
     input: Input,
 }
 
+/// What a `Forward` is once checked.
+enum Prepared {
+    Ready(Ready),
+    /// A step of a run older than its request's cache.
+    Dropped,
+    /// It cannot run: the reply that says why.
+    Refused(Message),
+}
+
 enum Input {
     Tokens(Vec<u32>),
     Hidden(Vec<f32>),
@@ -424,9 +433,9 @@ impl StageServer {
         let mut ready = Vec::with_capacity(msgs.len());
         for m in msgs {
             match self.prepare(m) {
-                Ok(Some(r)) => ready.push(r),
-                Ok(None) => {}
-                Err(o) => outs.push(o),
+                Prepared::Ready(r) => ready.push(r),
+                Prepared::Dropped => {}
+                Prepared::Refused(reply) => outs.push(Outgoing::Reply(reply)),
             }
         }
         if ready.is_empty() {
@@ -528,7 +537,7 @@ impl StageServer {
     /// Checks a `Forward` against this stage and its request's cache, and decodes its
     /// input: `Ok(None)` for a step of an older run (dropped), `Err` with the reply for one
     /// that cannot run.
-    fn prepare(&mut self, m: Message) -> Result<Option<Ready>, Outgoing> {
+    fn prepare(&mut self, m: Message) -> Prepared {
         let Message::Forward {
             request,
             seq,
@@ -540,46 +549,48 @@ impl StageServer {
             tensor,
         } = m
         else {
-            return Ok(None);
+            return Prepared::Dropped;
         };
         if self.caches.get(&request).is_some_and(|e| seq < e.seq) {
-            return Ok(None);
+            return Prepared::Dropped;
         }
         let fail =
-            |code: u16, text: String| Outgoing::Reply(request_error(request, seq, code, text));
+            |code: u16, text: String| Prepared::Refused(request_error(request, seq, code, text));
         let bad = |text: String| fail(error_code::BAD_REQUEST, text);
         let Some(shard) = self.shard.as_ref() else {
-            return Err(fail(error_code::UNSUPPORTED, "no shard is loaded".into()));
+            return fail(error_code::UNSUPPORTED, "no shard is loaded".into());
         };
         let (start, end) = shard.range();
         if (layers.start as usize, layers.end as usize) != (start, end) {
             // Not the request's fault: the placement moved; the coordinator retries.
-            return Err(fail(
+            return fail(
                 error_code::UNSUPPORTED,
                 format!(
                     "this peer holds layers {start}..{end}, not {}..{}",
                     layers.start, layers.end
                 ),
-            ));
+            );
         }
         let cfg = shard.config();
         let context = cfg.context_length.max(1);
         let input = match tensor.dtype() {
-            DType::U32 if shard.is_first() => {
-                Input::Tokens(tensor.to_values::<u32>().map_err(|e| bad(e.to_string()))?)
-            }
-            DType::F32 if !shard.is_first() => {
-                Input::Hidden(tensor.to_f32().map_err(|e| bad(e.to_string()))?)
-            }
+            DType::U32 if shard.is_first() => match tensor.to_values::<u32>() {
+                Ok(v) => Input::Tokens(v),
+                Err(e) => return bad(e.to_string()),
+            },
+            DType::F32 if !shard.is_first() => match tensor.to_f32() {
+                Ok(v) => Input::Hidden(v),
+                Err(e) => return bad(e.to_string()),
+            },
             other => {
-                return Err(bad(format!(
+                return bad(format!(
                     "a shard of layers {start}..{end} takes {}, not {other:?}",
                     if shard.is_first() {
                         "U32 token ids"
                     } else {
                         "F32 hidden states"
                     }
-                )));
+                ));
             }
         };
         let pos0 = pos0 as usize;
@@ -594,10 +605,10 @@ impl StageServer {
                     * (MAX_REQUESTS * cfg.context_length.max(1)) as u64;
                 ((free as f64 * KV_SHARE_OF_FREE) as u64).min(most)
             });
-            let pool = shard
-                .new_pool(budget)
-                .map_err(|e| fail(error_code::OVERLOADED, e.to_string()))?;
-            self.pool = Some(pool);
+            match shard.new_pool(budget) {
+                Ok(pool) => self.pool = Some(pool),
+                Err(e) => return fail(error_code::OVERLOADED, e.to_string()),
+            }
         }
         if pos0 == 0 {
             self.end(request);
@@ -606,29 +617,29 @@ impl StageServer {
             && e.seq != seq
         {
             // A newer run must start at position 0; not the request's fault.
-            return Err(fail(
+            return fail(
                 error_code::UNSUPPORTED,
                 format!(
                     "request {request} holds run {} here; run {seq} must start at position 0, not {pos0}",
                     e.seq
                 ),
-            ));
+            );
         }
         if !self.caches.contains_key(&request) {
             if pos0 != 0 {
                 // Its cache went (a new placement, an end): the coordinator rebuilds it.
-                return Err(fail(
+                return fail(
                     error_code::UNSUPPORTED,
                     format!(
                         "request {request} is unknown here and starts at position {pos0}, not 0"
                     ),
-                ));
+                );
             }
             if self.caches.len() >= MAX_REQUESTS {
-                return Err(fail(
+                return fail(
                     error_code::OVERLOADED,
                     format!("{MAX_REQUESTS} requests already hold a KV cache here"),
-                ));
+                );
             }
             let limit = (max_len as usize).clamp(1, context);
             self.caches.insert(
@@ -640,16 +651,16 @@ impl StageServer {
             );
         }
         let Some(Entry { kv, .. }) = self.caches.get_mut(&request) else {
-            return Err(fail(error_code::INTERNAL, "cache vanished".into()));
+            return fail(error_code::INTERNAL, "cache vanished".into());
         };
         if pos0 > kv.len() {
-            return Err(bad(format!(
+            return bad(format!(
                 "position {pos0} skips past the {} positions request {request} holds",
                 kv.len()
-            )));
+            ));
         }
         kv.truncate(pos0);
-        Ok(Some(Ready {
+        Prepared::Ready(Ready {
             step: Step {
                 request,
                 seq,
@@ -659,7 +670,7 @@ impl StageServer {
                 chain,
             },
             input,
-        }))
+        })
     }
 
     /// Telemetry since the last call: utilization, forward time, memory.
