@@ -300,6 +300,8 @@ mod tests {
             "add_bias",
             "add",
             "attention",
+            "kv_store",
+            "paged_attention",
             "argmax",
             "sample",
             "copy_words",

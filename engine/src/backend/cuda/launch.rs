@@ -62,6 +62,8 @@ pub(crate) enum Kernel {
     AddBias,
     Attention,
     AttentionSplit,
+    KvStore,
+    PagedAttention,
     Argmax,
     Sample,
     Copy,
@@ -88,6 +90,8 @@ impl Kernel {
             Kernel::AddBias => "add_bias",
             Kernel::Attention => "attention",
             Kernel::AttentionSplit => "attention_split",
+            Kernel::KvStore => "kv_store",
+            Kernel::PagedAttention => "paged_attention",
             Kernel::Argmax => "argmax",
             Kernel::Sample => "sample",
             Kernel::Copy => "copy_words",
@@ -295,20 +299,36 @@ impl<'a> CudaOp<'a> for Attention<'a> {
     }
 }
 
-// PENDING(kernels helper): CUDA kernels for the paged pool's ops.
 impl<'a> CudaOp<'a> for KvStore<'a> {
     fn launch(&self) -> Result<Launch<'a>> {
-        Err(BackendError::Unsupported(
-            "kv_store has no CUDA kernel yet".into(),
-        ))
+        let grid = [
+            blocks(self.kv_dim.into(), 256),
+            grid_yz(self.name(), "tokens", self.tokens)?,
+            1,
+        ];
+        let buffers = vec![self.k, self.v, self.slots, self.k_pool, self.v_pool];
+        launch(self, (Kernel::KvStore, OPS), grid, [256, 1, 1], buffers)
     }
 }
 
 impl<'a> CudaOp<'a> for PagedAttention<'a> {
     fn launch(&self) -> Result<Launch<'a>> {
-        Err(BackendError::Unsupported(
-            "paged_attention has no CUDA kernel yet".into(),
-        ))
+        let grid = [self.heads, grid_yz(self.name(), "tokens", self.tokens)?, 1];
+        let buffers = vec![
+            self.q,
+            self.k_pool,
+            self.v_pool,
+            self.rows,
+            self.table,
+            self.out,
+        ];
+        launch(
+            self,
+            (Kernel::PagedAttention, OPS),
+            grid,
+            [256, 1, 1],
+            buffers,
+        )
     }
 }
 

@@ -262,6 +262,101 @@ attention_split(const AttentionParams* __restrict__ p, const float* __restrict__
     if (tid == 0) *count = 0;
 }
 
+// The paged key/value pool (kernels/paged.rs). Slots and table entries are read from buffers,
+// so an entry outside the pool or the table is skipped rather than followed.
+
+// Row t of k and v into slot slots[t] of k_pool and v_pool: grid (kv_dim / 256, tokens).
+extern "C" __global__ void __launch_bounds__(256)
+kv_store(const KvStoreParams* __restrict__ p, const float* __restrict__ k, const float* __restrict__ v,
+         const u32* __restrict__ slots, float* __restrict__ k_pool, float* __restrict__ v_pool) {
+    const u32 kv_dim = p->kv_dim;
+    const u32 c = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
+    if (c >= kv_dim) return;
+    const u32 slot = slots[t];
+    if (slot >= p->pool_slots) return;
+    const size_t src = (size_t)t * kv_dim + c, dst = (size_t)slot * kv_dim + c;
+    k_pool[dst] = k[src];
+    v_pool[dst] = v[src];
+}
+
+// Causal grouped-query attention of one (head, token) of a batch of sequences, through the
+// token's block table: rows[2t] is where it starts in `table`, rows[2t + 1] how many keys the
+// token attends to; key j is in slot table[start + j / block] * block + j % block. The same
+// chunked online softmax as `attend`, with each chunk's slots kept in shared memory for the
+// value pass. A token whose keys reach past table_len, or whose table names a block at or past
+// pool_blocks, is skipped: its output row is not written. Grid (heads, tokens), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+paged_attention(const PagedAttentionParams* __restrict__ p, const float* __restrict__ q,
+                const float* __restrict__ kp, const float* __restrict__ vp,
+                const u32* __restrict__ rows, const u32* __restrict__ table,
+                float* __restrict__ out) {
+    __shared__ float qs[256];
+    __shared__ float ps[ATT_CHUNK];
+    __shared__ u32 key_slots[ATT_CHUNK];
+    __shared__ float red[32];
+    const u32 heads = p->heads, kv_heads = p->kv_heads, hd = p->head_dim, block = p->block;
+    const u32 table_len = p->table_len, pool_blocks = p->pool_blocks;
+    const float scale = p->scale;
+    const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const u32 start = rows[2 * t], n_keys = rows[2 * t + 1];
+    const u32 n_blocks = n_keys / block + (n_keys % block != 0);
+    // Written without overflow: start and n_keys come from a buffer. Uniform over the block.
+    if (start > table_len || n_blocks > table_len - start) return;
+    bool bad = false;
+    for (u32 b = tid; b < n_blocks; b += blockDim.x) bad |= table[start + b] >= pool_blocks;
+    if (__syncthreads_or(bad)) return;
+    const u32* tab = table + start;
+    const u32 kh = h / (heads / kv_heads);
+    const size_t kv_stride = (size_t)kv_heads * hd;
+    const float* qv = q + ((size_t)t * heads + h) * hd;
+    for (u32 c = tid; c < hd; c += blockDim.x) qs[c] = qv[c];
+    __syncthreads();
+    // Rows start 16-byte aligned when head_dim is a multiple of 4 (buffers are 256-aligned).
+    const bool vec4 = (hd & 3) == 0;
+    float m = NEG_INF, l = 0.0f, acc = 0.0f;
+    for (u32 p0 = 0; p0 < n_keys; p0 += ATT_CHUNK) {
+        const u32 j = p0 + tid;
+        float s = NEG_INF;
+        if (j < n_keys) {
+            const u32 slot = tab[j / block] * block + j % block;
+            key_slots[tid] = slot;
+            const float* kr = kp + slot * kv_stride + (size_t)kh * hd;
+            float dot = 0.0f;
+            if (vec4) {
+                const float4* k4 = reinterpret_cast<const float4*>(kr);
+#pragma unroll 8
+                for (u32 d = 0; d < hd / 4; d++) {
+                    const float4 k = k4[d];
+                    dot += qs[4 * d] * k.x + qs[4 * d + 1] * k.y + qs[4 * d + 2] * k.z
+                         + qs[4 * d + 3] * k.w;
+                }
+            } else {
+                for (u32 d = 0; d < hd; d++) dot += qs[d] * kr[d];
+            }
+            s = dot * scale;
+        }
+        const float mn = fmaxf(m, block_max(s, red));
+        const float e = j < n_keys ? expf(s - mn) : 0.0f;
+        ps[tid] = e;
+        // block_sum's barriers also publish ps and key_slots to every thread.
+        const float cs = block_sum(e, red);
+        const float corr = expf(m - mn);  // 0 on the first chunk (m = -inf)
+        l = l * corr + cs;
+        if (tid < hd) {
+            const u32 np = min((u32)ATT_CHUNK, n_keys - p0);
+            const float* vr = vp + (size_t)kh * hd + tid;
+            float a = acc * corr;
+#pragma unroll 8
+            for (u32 i = 0; i < np; i++) a += ps[i] * vr[key_slots[i] * kv_stride];
+            acc = a;
+        }
+        m = mn;
+        __syncthreads();  // everyone is done with ps and key_slots before the next chunk
+    }
+    // No keys: zeros, as the reference writes.
+    if (tid < hd) out[((size_t)t * heads + h) * hd + tid] = n_keys ? acc / l : 0.0f;
+}
+
 // The first index of the largest value; one block of 1024.
 extern "C" __global__ void __launch_bounds__(1024)
 argmax(const CountParams* __restrict__ p, const float* __restrict__ x, u32* __restrict__ out) {
