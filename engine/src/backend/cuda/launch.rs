@@ -553,6 +553,66 @@ mod tests {
     }
 
     #[test]
+    fn the_pool_ops_launch_per_token_and_keep_their_buffer_order() {
+        let d = cpu();
+        let b: Vec<Buffer> = (0..6)
+            .map(|i| d.alloc(&i.to_string(), 1 << 16).unwrap())
+            .collect();
+        let store = plan(&Op::KvStore(KvStore {
+            k: &b[0],
+            v: &b[1],
+            slots: &b[2],
+            k_pool: &b[3],
+            v_pool: &b[4],
+            kv_dim: 300,
+            tokens: 5,
+            pool_slots: 40,
+        }))
+        .unwrap()
+        .unwrap();
+        assert_eq!(store.kernel, Kernel::KvStore);
+        assert_eq!((store.grid, store.block), ([2, 5, 1], [256, 1, 1]));
+        assert_eq!(&store.params[..4], &[300, 5, 40, 0]);
+        let ids = |l: &Launch| l.buffers.iter().map(|x| x.id()).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&store),
+            b[..5].iter().map(Buffer::id).collect::<Vec<_>>()
+        );
+        let att = plan(&Op::PagedAttention(PagedAttention {
+            q: &b[0],
+            k_pool: &b[1],
+            v_pool: &b[2],
+            rows: &b[3],
+            table: &b[4],
+            out: &b[5],
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            tokens: 7,
+            block: 16,
+            pool_blocks: 12,
+            table_len: 20,
+            scale: 0.125,
+        }))
+        .unwrap()
+        .unwrap();
+        assert_eq!(att.kernel, Kernel::PagedAttention);
+        assert_eq!((att.grid, att.block), ([9, 7, 1], [256, 1, 1]));
+        assert_eq!(
+            &att.params[..8],
+            &[9, 3, 64, 7, 16, 12, 20, 0.125f32.to_bits()]
+        );
+        assert_eq!(ids(&att), b.iter().map(Buffer::id).collect::<Vec<_>>());
+        let mut l = att.clone();
+        split_attention(&mut l, 1 << 16);
+        assert_eq!(
+            l.kernel,
+            Kernel::PagedAttention,
+            "only dense attention splits"
+        );
+    }
+
+    #[test]
     fn too_many_tokens_for_one_launch_is_an_error() {
         let d = cpu();
         let x = d.alloc("x", 4).unwrap();

@@ -391,6 +391,58 @@ mod tests {
         assert_eq!(covered, all);
     }
 
+    /// The one rope kernel always binds factors and positions; an absent one is a buffer the
+    /// dispatch already names (a read-only stand-in for the read-write `x` would be refused).
+    #[test]
+    fn rope_binds_a_stand_in_for_what_is_absent() {
+        let d = crate::backend::Device::new_cpu(crate::device::info::describe_cpu());
+        let (x, f, p) = (
+            d.alloc("x", 1024).unwrap(),
+            d.alloc("f", 64).unwrap(),
+            d.alloc("p", 64).unwrap(),
+        );
+        let bound = |factors, positions| {
+            let op = Rope {
+                x: &x,
+                factors,
+                positions,
+                heads: 2,
+                head_dim: 8,
+                rope_dim: 8,
+                tokens: 3,
+                pos0: 5,
+                freq_base: 1e4,
+                neox: false,
+            };
+            let Ok(Step::Dispatch {
+                kernel,
+                buffers,
+                params,
+                ..
+            }) = op.step(65535)
+            else {
+                panic!("rope is a dispatch");
+            };
+            assert_eq!(kernel, shaders::ROPE);
+            let ids: Vec<u64> = buffers.iter().map(|b| b.id()).collect();
+            (ids, params[7])
+        };
+        let flags = (crate::kernels::ROPE_FACTORS, crate::kernels::ROPE_POSITIONS);
+        assert_eq!(bound(None, None), (vec![x.id(); 3], 0));
+        assert_eq!(
+            bound(Some(&f), None),
+            (vec![x.id(), f.id(), f.id()], flags.0)
+        );
+        assert_eq!(
+            bound(None, Some(&p)),
+            (vec![x.id(), p.id(), p.id()], flags.1)
+        );
+        assert_eq!(
+            bound(Some(&f), Some(&p)),
+            (vec![x.id(), f.id(), p.id()], flags.0 | flags.1)
+        );
+    }
+
     #[test]
     fn a_dispatch_carries_the_ops_params_as_they_are() {
         let d = crate::backend::Device::new_cpu(crate::device::info::describe_cpu());
