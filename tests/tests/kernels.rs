@@ -18,13 +18,16 @@ use cairn_engine::{Buffer, Device};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// The engine reads no variables itself; on a GPU machine these two still pick what the
-/// kernels are compared in (graphs off, f32 activations), as `cairn`'s flags do.
+/// The engine reads no variables itself; on a GPU machine these still pick what the kernels
+/// are compared in (graphs off, f32 activations, attention unsplit), as `cairn`'s flags do.
 fn options() -> cairn_engine::EngineOptions {
     let off = |var: &str| std::env::var(var).is_ok_and(|v| v == "0");
     let mut o = cairn_engine::EngineOptions::default();
     o.cuda.graphs = !off("CAIRN_CUDA_GRAPHS");
     o.cuda.int8_dot = !off("CAIRN_CUDA_INT8_DOT");
+    if off("CAIRN_CUDA_SPLIT_ATTENTION") {
+        o.cuda.split_attention = 0;
+    }
     o
 }
 

@@ -302,6 +302,7 @@ mod tests {
             "attention",
             "kv_store",
             "paged_attention",
+            "paged_attention_split",
             "argmax",
             "sample",
             "copy_words",
