@@ -603,11 +603,12 @@ struct PagedSeq {
 #[test]
 fn paged_attention_over_shuffled_blocks_of_several_sequences() {
     let mut rng = StdRng::seed_from_u64(16);
-    let (heads, kv_heads, block) = (6usize, 2usize, 16usize);
+    let (heads, kv_heads) = (6usize, 2usize);
     let seqs = [
+        // A token with no keys (a batch's padding, say) gets zeros, as the reference writes.
         PagedSeq {
             len: 1,
-            queries: vec![1],
+            queries: vec![1, 0],
         },
         PagedSeq {
             len: 16,
@@ -623,7 +624,8 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
             queries: vec![300, 257, 256],
         },
     ];
-    for head_dim in [64usize, 40] {
+    // Blocks of 16 (a sequence of exactly one block, one of a block and one) and of an odd 5.
+    for (head_dim, block) in [(64usize, 16usize), (40, 5)] {
         let kv_dim = kv_heads * head_dim;
         let n_blocks: Vec<usize> = seqs.iter().map(|s| s.len.div_ceil(block)).collect();
         // Spare blocks stay NaN: a kernel reading a wrong slot makes NaNs.
@@ -737,7 +739,7 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
             };
             // Online softmax rescales partial sums: 1e-5 relative, as dense attention.
             let got = run(&q[..n_good * row], &good, n_good).unwrap();
-            let what = format!("paged attention head_dim={head_dim}");
+            let what = format!("paged attention head_dim={head_dim} block={block}");
             assert_close(&what, &d, &got, &want, 1e-5);
             let mixed = run(&mixed_q, &mixed_rows, n_good + bad_rows.len());
             if d.kind() == BackendKind::Cpu {
