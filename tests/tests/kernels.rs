@@ -578,6 +578,14 @@ fn kv_store_scatters_rows_and_skips_a_slot_outside_the_pool() {
             if bad && d.kind() == BackendKind::Cpu {
                 let err = r.unwrap_err().to_string();
                 assert!(err.contains("outside the key/value pool"), "{err}");
+                // Refused as a whole: nothing was written.
+                assert_close(
+                    "refused kv_store",
+                    &d,
+                    &read(&d, &bkp, k_pool0.len()),
+                    &k_pool0,
+                    0.0,
+                );
                 continue;
             }
             r.unwrap();
