@@ -318,27 +318,6 @@ impl<'a> WgpuOp<'a> for BufferCopy<'a> {
     }
 }
 
-// PENDING(kernels helper): WGSL kernels for the paged pool's ops.
-impl<'a> WgpuOp<'a> for KvStore<'a> {
-    const KERNELS: &'static [Kernel] = &[];
-
-    fn step(&self, _: u32) -> Result<Step<'a>> {
-        Err(BackendError::Unsupported(
-            "kv_store has no WGSL kernel yet".into(),
-        ))
-    }
-}
-
-impl<'a> WgpuOp<'a> for PagedAttention<'a> {
-    const KERNELS: &'static [Kernel] = &[];
-
-    fn step(&self, _: u32) -> Result<Step<'a>> {
-        Err(BackendError::Unsupported(
-            "paged_attention has no WGSL kernel yet".into(),
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
