@@ -142,6 +142,28 @@ pub(super) fn decode_layer_s(device: &DeviceProfile) -> f64 {
     device.decode_s_per_layer * device.slowdown
 }
 
+/// One step of a batch of `batch` sequences (one new token each) through a stage: the longer
+/// of a decode step (bound by reading the weights) and the batch's rows at the prefill rate
+/// (bound by computing), plus the hop of every sequence's output.
+pub(super) fn batched_step_s(
+    device: &DeviceProfile,
+    model: &ModelCost,
+    role: Role,
+    layers: usize,
+    batch: usize,
+) -> f64 {
+    let b = batch.max(1) as f64;
+    let per_layer =
+        decode_layer_s(device).max(b * device.prefill_s_per_layer_token * device.slowdown);
+    let head = match role {
+        Role::Only | Role::Last => device.head_s * device.slowdown,
+        Role::First | Role::Middle => 0.0,
+    };
+    let (_, output) = decode_bytes(model, role);
+    let link = decode_link_s(device, model, role) + (b - 1.0) * transfer_s(device, output);
+    device.call_overhead_s + head + layers as f64 * per_layer + link
+}
+
 /// A stage's part of the time to prefill `prompt` tokens.
 pub(super) fn prefill_s(
     device: &DeviceProfile,

@@ -84,6 +84,14 @@ pub struct ModelCost {
     pub activation_bytes: u64,
     /// One token (id) on the wire.
     pub token_bytes: u64,
+    /// Requests served at once (batched on every stage); the KV bytes above are for this
+    /// many, and predictions give the aggregate throughput at it.
+    #[serde(default = "one")]
+    pub concurrency: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Layers `start..end` of the model run on `device`.
@@ -128,5 +136,13 @@ pub struct Prediction {
     pub tokens_per_s: f64,
     /// Time to prefill a prompt of `prompt_tokens` tokens.
     pub prefill_s: f64,
+    /// Tokens per second of all `concurrency` requests together, their steps batched on
+    /// every stage: each stage's step over the batch takes the longer of one decode step
+    /// (reading the weights) and the batch's rows at the prefill rate (computing), one
+    /// batch circulating through the stages.
+    #[serde(default)]
+    pub aggregate_tokens_per_s: f64,
+    #[serde(default = "one")]
+    pub concurrency: usize,
     pub prompt_tokens: usize,
 }

@@ -417,7 +417,8 @@ pub fn evaluate(
 
     let count = stages.len();
     let mut predictions = Vec::with_capacity(count);
-    let (mut s_per_token, mut prefill_s) = (0.0, 0.0);
+    let (mut s_per_token, mut prefill_s, mut batch_cycle_s) = (0.0, 0.0, 0.0);
+    let concurrency = model.concurrency.max(1);
     for (k, (stage, device)) in stages.iter().zip(on).enumerate() {
         let role = Role::of(k, count);
         let n = stage.layers();
@@ -442,6 +443,7 @@ pub fn evaluate(
         let link_s = cost::decode_link_s(device, model, role);
         s_per_token += compute_s + link_s;
         prefill_s += cost::prefill_s(device, model, role, n, prompt_tokens);
+        batch_cycle_s += cost::batched_step_s(device, model, role, n, concurrency);
         predictions.push(StagePrediction {
             device: stage.device.clone(),
             start: stage.start,
@@ -458,6 +460,8 @@ pub fn evaluate(
         tokens_per_s: 1.0 / s_per_token,
         prefill_s,
         prompt_tokens,
+        aggregate_tokens_per_s: concurrency as f64 / batch_cycle_s,
+        concurrency,
     })
 }
 

@@ -39,6 +39,7 @@ fn model(n_layers: usize) -> ModelCost {
         scratch_bytes: 50,
         activation_bytes: 8192,
         token_bytes: 4,
+        concurrency: 1,
     }
 }
 
@@ -209,6 +210,7 @@ fn arb_case() -> impl Strategy<Value = (Vec<DeviceProfile>, ModelCost)> {
                 scratch_bytes: m.5,
                 activation_bytes: m.6,
                 token_bytes: m.7,
+                concurrency: 1,
             };
             (devices, model)
         })
@@ -281,6 +283,7 @@ fn sixty_four_devices_and_a_hundred_layers_solve_in_under_100_ms() {
         scratch_bytes: 256 << 20,
         activation_bytes: 16384,
         token_bytes: 4,
+        concurrency: 1,
     };
     let devices: Vec<DeviceProfile> = (0..64)
         .map(|i| DeviceProfile {
@@ -719,4 +722,46 @@ fn screening_leaves_out_only_the_devices_whose_numbers_cannot_be_believed() {
     );
     let placed = place(&kept, &model(30)).expect("the good device serves");
     assert_eq!(layers_on(&placed, "good"), 30);
+}
+
+/// The aggregate at a concurrency: weight-bound layers (prefill per token far below a decode
+/// step) batch almost for free; compute-bound ones (prefill per token near a decode step)
+/// gain little; never more than the concurrency times one stream, never less than one.
+#[test]
+fn aggregate_throughput_follows_the_roofline_of_each_stage() {
+    let devices = vec![device("a", 1 << 40, 0.001), device("b", 1 << 40, 0.001)];
+    let mut m = model(8);
+    for (concurrency, cheap_prefill) in [(4usize, true), (4, false), (1, true)] {
+        m.concurrency = concurrency;
+        let mut d = devices.clone();
+        for x in &mut d {
+            x.prefill_s_per_layer_token = if cheap_prefill { 1e-5 } else { 0.0009 };
+        }
+        let stages = vec![
+            Stage {
+                device: "a".into(),
+                start: 0,
+                end: 4,
+            },
+            Stage {
+                device: "b".into(),
+                start: 4,
+                end: 8,
+            },
+        ];
+        let p = evaluate(&d, &m, &stages, 16).unwrap();
+        let gain = p.aggregate_tokens_per_s / p.tokens_per_s;
+        assert_eq!(p.concurrency, concurrency);
+        assert!(
+            gain <= concurrency as f64 + 1e-9,
+            "{concurrency} at once: gain {gain}"
+        );
+        if concurrency == 1 {
+            assert!((gain - 1.0).abs() < 1e-9, "one stream: gain {gain}");
+        } else if cheap_prefill {
+            assert!(gain > 3.0, "weight-bound: gain {gain}");
+        } else {
+            assert!(gain < 1.5, "compute-bound: gain {gain}");
+        }
+    }
 }

@@ -36,6 +36,10 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also decode this many sequences at once through the paged pool (continuous batching),
+    /// each count in the same run: aggregate tokens/s and the gain over one, e.g. `1,4,16`.
+    #[arg(long)]
+    concurrency: Option<String>,
     /// Something other than the model to measure (`cairn bench link`).
     #[command(subcommand)]
     which: Option<Which>,
@@ -435,6 +439,51 @@ pub fn run(a: Args) -> Result<()> {
         }
         runs.push(s);
     }
+    let levels = match &a.concurrency {
+        Some(s) => {
+            let mut out = Vec::new();
+            for n in super::bench_batch::parse_levels(s)? {
+                // Best of the runs: the batch's own speed, not the machine's hiccups.
+                let mut best: Option<super::bench_batch::Level> = None;
+                for _ in 0..a.runs {
+                    let l = super::bench_batch::measure(&shard, n, a.prompt_tokens, a.gen_tokens)?;
+                    if best
+                        .as_ref()
+                        .is_none_or(|b| l.aggregate_tok_s > b.aggregate_tok_s)
+                    {
+                        best = Some(l);
+                    }
+                }
+                if let Some(l) = best {
+                    if !a.json {
+                        eprintln!(
+                            "{n} at once: {:.1} tok/s decode in all, prompts {:.1} tok/s",
+                            l.aggregate_tok_s, l.prefill_tok_s
+                        );
+                    }
+                    out.push(l);
+                }
+            }
+            out
+        }
+        None => Vec::new(),
+    };
+    let one = levels
+        .iter()
+        .find(|l| l.sequences == 1)
+        .map(|l| l.aggregate_tok_s);
+    let concurrency: Vec<serde_json::Value> = levels
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "sequences": l.sequences,
+                "aggregate_decode_tokens_per_s": l.aggregate_tok_s,
+                "per_sequence_tokens_per_s": l.aggregate_tok_s / l.sequences as f64,
+                "gain_over_one": one.map(|o| l.aggregate_tok_s / o),
+                "prefill_tokens_per_s": l.prefill_tok_s,
+            })
+        })
+        .collect();
     let prefill = median(runs.iter().map(|r| r.prefill_tok_s).collect());
     let decode = median(runs.iter().map(|r| r.decode_tok_s).collect());
     let step_ms = median(runs.iter().map(|r| r.decode_ms_median).collect());
@@ -488,6 +537,7 @@ pub fn run(a: Args) -> Result<()> {
         "submit_sync_us": cost.submit_sync_us,
         "per_dispatch_us": cost.per_dispatch_us,
         "dispatch_overhead_ms_per_step": overhead_ms,
+        "concurrency": concurrency,
     });
     if a.json {
         println!("{out}");
@@ -574,5 +624,17 @@ pub fn run(a: Args) -> Result<()> {
             100.0 * overhead_ms / step_ms
         ),
     );
+    for l in &levels {
+        row(
+            &format!("{} at once (batched)", l.sequences),
+            format!(
+                "{:.1} tok/s in all, {:.1} each{}",
+                l.aggregate_tok_s,
+                l.aggregate_tok_s / l.sequences as f64,
+                one.map(|o| format!(", {:.2}x one", l.aggregate_tok_s / o))
+                    .unwrap_or_default()
+            ),
+        );
+    }
     Ok(())
 }

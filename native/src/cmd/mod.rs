@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_batch;
 pub mod cluster_bench;
 pub mod devices;
 pub mod engine_args;

@@ -58,6 +58,7 @@ impl ServedModel {
             scratch_bytes,
             activation_bytes: dim * 4,
             token_bytes: 4,
+            concurrency: parallel.max(1),
         };
         tracing::debug!(whole, ?cost, "model cost");
         Ok(ServedModel {

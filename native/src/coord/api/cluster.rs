@@ -182,6 +182,8 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
             "message": st.message,
             "stages": stages,
             "predicted_tokens_per_s": st.prediction.as_ref().map(|p| p.tokens_per_s),
+            "predicted_aggregate_tokens_per_s": st.prediction.as_ref().map(|p| p.aggregate_tokens_per_s),
+            "concurrency": st.prediction.as_ref().map(|p| p.concurrency),
             "computed": st.placements_computed,
         },
         "requests": {

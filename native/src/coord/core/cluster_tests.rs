@@ -38,6 +38,7 @@ fn cost() -> ModelCost {
         scratch_bytes: MB,
         activation_bytes: 4096,
         token_bytes: 4,
+        concurrency: 1,
     }
 }
 
