@@ -40,7 +40,8 @@ pub enum Event {
     Joined {
         peer: String,
         role: String,
-        token_id: String,
+        /// Unknown with an outside signaling server.
+        token_id: Option<String>,
         addr: Option<String>,
     },
     /// The signaling server refused to let someone into the room.

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod audit;
 pub mod bench;
 pub mod cluster_bench;
 pub mod devices;

@@ -12,11 +12,14 @@ use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
 use cairn_engine::placement::Stage;
+use cairn_native::audit::{AuditLog, Event, log as audit_log};
 use cairn_native::coord::join::JoinTokens;
 use cairn_native::coord::{Coordinator, CoordinatorOptions, api};
 use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
-use cairn_signal::{Claims, HealthCheck, MdnsMode, Role, Server, SignalConfig};
+use cairn_signal::{
+    Claims, HealthCheck, MdnsMode, Role, Server, SessionEvent, SessionObserver, SignalConfig,
+};
 use tower::ServiceExt;
 
 use crate::cmd::ice_args::IceArgs;
@@ -77,8 +80,9 @@ pub struct Args {
     /// at half of it.
     #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(60..=30 * 24 * 3600))]
     join_ttl: u64,
-    /// Where the signaling secret, revoked tokens and join tokens are kept
-    /// (default: $CAIRN_STATE_DIR, $XDG_STATE_HOME/cairn, ~/.local/state/cairn).
+    /// Where the signaling secret, revoked tokens, join tokens and the audit
+    /// log (audit.jsonl; `cairn audit verify`) are kept (default:
+    /// $CAIRN_STATE_DIR, $XDG_STATE_HOME/cairn, ~/.local/state/cairn).
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// Context positions per request (prompt and completion).
@@ -190,6 +194,20 @@ async fn serve(mut a: Args) -> Result<()> {
     let secret = cairn_signal::Secret::load_or_create(&state_dir.join("signal.secret"))
         .context("the signaling secret in the state directory")?;
     let manual = a.placement.as_deref().map(parse_placement).transpose()?;
+    let audit = Arc::new(
+        AuditLog::open(&state_dir, audit_log::DEFAULT_CAP).unwrap_or_else(|e| {
+            tracing::error!(error = %e, dir = %state_dir.display(), "cannot open the audit log; serving without one");
+            AuditLog::off()
+        }),
+    );
+    audit.record(Event::Start {
+        version: env!("CARGO_PKG_VERSION").into(),
+        listen: a.listen.to_string(),
+        room: room.clone(),
+        api_key: a.api_key.is_some(),
+        read_key: a.read_key.is_some(),
+        approve_workers: false,
+    });
     // The router is built once the coordinator exists; the embedded server
     // starts first (the coordinator joins through it), so it forwards to a
     // router filled in later.
@@ -235,6 +253,7 @@ async fn serve(mut a: Args) -> Result<()> {
                 revocations_file: Some(state_dir.join("revoked")),
                 extra_routes: Some(forward.clone()),
                 health: Some(health),
+                observer: Some(observer(audit.clone())),
                 ..SignalConfig::default()
             })
             .await
@@ -281,14 +300,17 @@ async fn serve(mut a: Args) -> Result<()> {
         None => a.join_token.as_ref().map(|t| format!("{join_prefix}{t}")),
     };
     let join_tokens = server.as_ref().map(|s| {
-        Arc::new(JoinTokens::new(
-            secret.clone(),
-            &room,
-            Duration::from_secs(a.join_ttl),
-            s.revoker(),
-            join_prefix.clone(),
-            Some(state_dir.join("tokens.json")),
-        ))
+        Arc::new(
+            JoinTokens::new(
+                secret.clone(),
+                &room,
+                Duration::from_secs(a.join_ttl),
+                s.revoker(),
+                join_prefix.clone(),
+                Some(state_dir.join("tokens.json")),
+            )
+            .with_audit(audit.clone()),
+        )
     });
     let mut link = if ip.is_loopback() {
         LinkConfig::loopback()
@@ -314,6 +336,7 @@ async fn serve(mut a: Args) -> Result<()> {
         model_cap: Some(secret.derive(&format!("model:{}", model.display()))),
         wait_timeout: Duration::from_secs(a.wait_timeout),
         step_timeout: Duration::from_secs(120),
+        audit: audit.clone(),
     })
     .await?;
     let _ = late_coord.set(coord.shared.clone());
@@ -383,7 +406,46 @@ async fn serve(mut a: Args) -> Result<()> {
     }
     let _server = server;
     tokio::signal::ctrl_c().await?;
+    audit.record(Event::Stop);
+    audit.close();
     Ok(())
+}
+
+/// Records the embedded signaling server's sessions: who joined with which
+/// token from where, who was refused, who left.
+fn observer(audit: Arc<AuditLog>) -> SessionObserver {
+    SessionObserver(Arc::new(move |event| {
+        audit.record(match event {
+            SessionEvent::Joined {
+                peer_id,
+                role,
+                token_id,
+                addr,
+                ..
+            } => Event::Joined {
+                peer: peer_id.to_string(),
+                role: role.as_str().to_owned(),
+                token_id: Some(token_id),
+                addr: addr.map(|a| a.to_string()),
+            },
+            SessionEvent::Refused {
+                token_id,
+                addr,
+                reason,
+                ..
+            } => Event::JoinRefused {
+                reason,
+                token_id,
+                addr: addr.map(|a| a.to_string()),
+            },
+            SessionEvent::Left {
+                peer_id, token_id, ..
+            } => Event::Left {
+                peer: peer_id.to_string(),
+                token_id: Some(token_id),
+            },
+        });
+    }))
 }
 
 fn urlencode(s: &str) -> String {

@@ -4,13 +4,15 @@
 //! a token's lifetime, and the operator can end it sooner by revoking it.
 
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use cairn_signal::token::{self, MAX_TTL, unix_now};
 use cairn_signal::{Claims, Revoker, Role, Secret};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
+
+use crate::audit::{AuditLog, Event};
 
 /// A token this coordinator issued, as `cairn token list` shows it (never
 /// the token itself, only its id).
@@ -33,6 +35,7 @@ pub struct JoinTokens {
     url_prefix: String,
     /// Where the list is kept across restarts (`<state dir>/tokens.json`).
     file: Option<PathBuf>,
+    audit: Option<Arc<AuditLog>>,
     inner: Mutex<Inner>,
 }
 
@@ -79,10 +82,23 @@ impl JoinTokens {
             revoker,
             url_prefix,
             file,
+            audit: None,
             inner: Mutex::new(Inner {
                 issued,
                 current: None,
             }),
+        }
+    }
+
+    /// Records issues and revocations in `audit`.
+    pub fn with_audit(mut self, audit: Arc<AuditLog>) -> Self {
+        self.audit = Some(audit);
+        self
+    }
+
+    fn record(&self, event: Event) {
+        if let Some(a) = &self.audit {
+            a.record(event);
         }
     }
 
@@ -109,7 +125,12 @@ impl JoinTokens {
         let mut inner = self.lock();
         inner.issued.push(record.clone());
         self.save(&inner);
+        drop(inner);
         info!(token_id = %record.id, expires_at = record.expires_at, "join token issued");
+        self.record(Event::TokenIssued {
+            token_id: record.id.clone(),
+            expires_at: record.expires_at,
+        });
         (record, token)
     }
 
@@ -171,7 +192,12 @@ impl JoinTokens {
             }
             self.save(&inner);
         }
-        Ok(self.revoker.revoke(id))
+        let dropped = self.revoker.revoke(id);
+        self.record(Event::TokenRevoked {
+            token_id: id.to_owned(),
+            dropped,
+        });
+        Ok(dropped)
     }
 
     fn save(&self, inner: &Inner) {

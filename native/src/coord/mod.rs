@@ -41,6 +41,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, info, warn};
 
 use self::core::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
+use crate::audit::{AuditLog, Event, StageRecord};
 use crate::link::{Link, LinkConfig, LinkError, LinkSender, LinkStats, Mesh, MeshEvent};
 pub use model::ServedModel;
 pub use pipeline::{FinishReason, GenEvent, GenRequest};
@@ -82,6 +83,8 @@ pub struct CoordinatorOptions {
     pub wait_timeout: Duration,
     /// How long one stage may take to answer one step before it counts as lost.
     pub step_timeout: Duration,
+    /// Where joins, admissions, placements and key uses are recorded.
+    pub audit: Arc<AuditLog>,
 }
 
 /// A stage's answer to one `Forward`, or why there is none.
@@ -137,6 +140,9 @@ pub struct Shared {
     /// Whether the coordinator is still in its room (its signaling session
     /// is open): without it no worker can join or link again.
     in_room: std::sync::atomic::AtomicBool,
+    /// The epoch of the placement last recorded in the audit log (`None`:
+    /// none serving).
+    audited_epoch: Mutex<Option<u64>>,
 }
 
 /// The cluster's state, borrowed from the core for reading (and for the
@@ -288,13 +294,51 @@ impl Shared {
                     });
                 }
                 ClusterOutput::FailRuns { peer, why } => self.fail_runs(&peer, &why),
-                ClusterOutput::Changed => self.touch(),
+                ClusterOutput::Changed => {
+                    self.audit_placement();
+                    self.touch();
+                }
                 other @ (ClusterOutput::Connect(_) | ClusterOutput::Close { .. }) => {
                     rest.push(other);
                 }
             }
         }
         rest
+    }
+
+    /// Records the placement that serves, when it is not the one recorded last.
+    fn audit_placement(&self) {
+        let (epoch, stages) = {
+            let st = self.state();
+            match &st.active {
+                Some(a) => (
+                    Some(a.epoch),
+                    a.stages
+                        .iter()
+                        .map(|s| StageRecord {
+                            peer: s.peer.to_string(),
+                            first: s.start,
+                            last: s.end.saturating_sub(1),
+                        })
+                        .collect(),
+                ),
+                None => (None, Vec::new()),
+            }
+        };
+        let mut audited = self
+            .audited_epoch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *audited == epoch {
+            return;
+        }
+        let previous = std::mem::replace(&mut *audited, epoch);
+        drop(audited);
+        // None serving: recorded with the epoch that ended.
+        self.opts.audit.record(Event::Placement {
+            epoch: epoch.or(previous).unwrap_or(0),
+            stages,
+        });
     }
 
     /// Fails every run that has a stage on `peer`.
@@ -369,6 +413,7 @@ impl Coordinator {
             metrics: pipeline::Metrics::default(),
             started: Instant::now(),
             in_room: std::sync::atomic::AtomicBool::new(true),
+            audited_epoch: Mutex::new(None),
         });
         tokio::spawn(event_loop(shared.clone(), mesh, link));
         tokio::spawn(timer(shared.clone(), feedback_rx));
@@ -445,6 +490,16 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh, link: LinkConfig) {
         let Some(event) = event else { break };
         match event {
             MeshEvent::PeerJoined(p) => {
+                // The embedded signaling server records joins itself, with
+                // the token and the address; an outside one tells neither.
+                if shared.opts.join_tokens.is_none() {
+                    shared.opts.audit.record(Event::Joined {
+                        peer: p.peer_id.to_string(),
+                        role: p.role.as_str().to_owned(),
+                        token_id: None,
+                        addr: None,
+                    });
+                }
                 let joined = ClusterInput::PeerJoined {
                     peer: p.peer_id,
                     worker: p.role == Role::Worker,
@@ -457,6 +512,12 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh, link: LinkConfig) {
             }
             MeshEvent::PeerMeta(_) | MeshEvent::Signal { .. } => {}
             MeshEvent::PeerLeft(peer) => {
+                if shared.opts.join_tokens.is_none() {
+                    shared.opts.audit.record(Event::Left {
+                        peer: peer.to_string(),
+                        token_id: None,
+                    });
+                }
                 shared.input(ClusterInput::PeerLeft { peer });
             }
             MeshEvent::LinkUp(link) => {
@@ -507,6 +568,10 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
     };
     for output in shared.input(up) {
         if let ClusterOutput::Close { reason, .. } = output {
+            shared.opts.audit.record(Event::Refused {
+                peer: peer.to_string(),
+                why: reason.clone(),
+            });
             let mut links = shared.links.lock().unwrap_or_else(PoisonError::into_inner);
             if links.get(&peer).is_some_and(|l| l.generation == generation) {
                 links.remove(&peer);
@@ -515,6 +580,14 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
             link.close(&reason);
             return;
         }
+    }
+    let admitted = shared.state().peers.get(&peer).map(|p| Event::Admitted {
+        peer: peer.to_string(),
+        device: p.caps.device.name.clone(),
+        memory_budget_bytes: p.caps.memory_budget_bytes,
+    });
+    if let Some(event) = admitted {
+        shared.opts.audit.record(event);
     }
     tokio::spawn(read_link(shared.clone(), link, generation));
 }

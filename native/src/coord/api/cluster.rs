@@ -356,6 +356,25 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "Hops between stages the coordinator relayed (no direct link between the workers).",
         m.relayed.load(Ordering::Relaxed),
     );
+    let audit = shared.opts.audit.stats();
+    counter(
+        &mut s,
+        "cairn_audit_records_total",
+        "Records written to the audit log.",
+        audit.written.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_audit_dropped_total",
+        "Audit records dropped: more at once than the writer's queue holds.",
+        audit.dropped.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_audit_write_errors_total",
+        "Audit records that could not be written (see the log's first error).",
+        audit.write_errors.load(Ordering::Relaxed),
+    );
     counter(
         &mut s,
         "cairn_tokens_passed_on_total",
