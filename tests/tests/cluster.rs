@@ -1071,8 +1071,14 @@ fn the_audit_log_records_admission_and_names_an_edited_line() {
         has(json!({"kind": "api_key", "scope": "none", "route": "cluster", "status": 401})),
         "{text}"
     );
-    assert!(has(json!({"kind": "token_issued", "token_id": id})), "{text}");
-    assert!(has(json!({"kind": "token_revoked", "token_id": id})), "{text}");
+    assert!(
+        has(json!({"kind": "token_issued", "token_id": id})),
+        "{text}"
+    );
+    assert!(
+        has(json!({"kind": "token_revoked", "token_id": id})),
+        "{text}"
+    );
 
     let (ok, out) = audit_verify(&state);
     assert!(ok, "{out}");
