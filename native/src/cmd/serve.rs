@@ -13,7 +13,7 @@ use axum::extract::Request;
 use axum::response::IntoResponse;
 use cairn_engine::placement::Stage;
 use cairn_native::audit::{AuditLog, Event, log as audit_log};
-use cairn_native::coord::join::JoinTokens;
+use cairn_native::coord::join::{JoinTokens, Session, Sessions};
 use cairn_native::coord::{Coordinator, CoordinatorOptions, api};
 use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
@@ -85,6 +85,12 @@ pub struct Args {
     /// $CAIRN_STATE_DIR, $XDG_STATE_HOME/cairn, ~/.local/state/cairn).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// A worker that joins waits, neither calibrated nor placed, until the
+    /// admin approves it on the dashboard or with
+    /// `POST /api/workers/ID/approve` (`/reject`); approval holds for its
+    /// token for this run.
+    #[arg(long)]
+    approve_workers: bool,
     /// Context positions per request (prompt and completion).
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
@@ -206,8 +212,9 @@ async fn serve(mut a: Args) -> Result<()> {
         room: room.clone(),
         api_key: a.api_key.is_some(),
         read_key: a.read_key.is_some(),
-        approve_workers: false,
+        approve_workers: a.approve_workers,
     });
+    let sessions = Arc::new(Sessions::default());
     // The router is built once the coordinator exists; the embedded server
     // starts first (the coordinator joins through it), so it forwards to a
     // router filled in later.
@@ -253,7 +260,7 @@ async fn serve(mut a: Args) -> Result<()> {
                 revocations_file: Some(state_dir.join("revoked")),
                 extra_routes: Some(forward.clone()),
                 health: Some(health),
-                observer: Some(observer(audit.clone())),
+                observer: Some(observer(audit.clone(), sessions.clone())),
                 ..SignalConfig::default()
             })
             .await
@@ -337,6 +344,8 @@ async fn serve(mut a: Args) -> Result<()> {
         wait_timeout: Duration::from_secs(a.wait_timeout),
         step_timeout: Duration::from_secs(120),
         audit: audit.clone(),
+        approve_workers: a.approve_workers,
+        sessions: server.as_ref().map(|_| sessions.clone()),
     })
     .await?;
     let _ = late_coord.set(coord.shared.clone());
@@ -413,8 +422,24 @@ async fn serve(mut a: Args) -> Result<()> {
 
 /// Records the embedded signaling server's sessions: who joined with which
 /// token from where, who was refused, who left.
-fn observer(audit: Arc<AuditLog>) -> SessionObserver {
+fn observer(audit: Arc<AuditLog>, sessions: Arc<Sessions>) -> SessionObserver {
     SessionObserver(Arc::new(move |event| {
+        match &event {
+            SessionEvent::Joined {
+                peer_id,
+                token_id,
+                addr,
+                ..
+            } => sessions.joined(
+                peer_id.clone(),
+                Session {
+                    token_id: token_id.clone(),
+                    addr: *addr,
+                },
+            ),
+            SessionEvent::Left { peer_id, .. } => sessions.left(peer_id),
+            SessionEvent::Refused { .. } => {}
+        }
         audit.record(match event {
             SessionEvent::Joined {
                 peer_id,

@@ -85,6 +85,10 @@ pub struct CoordinatorOptions {
     pub step_timeout: Duration,
     /// Where joins, admissions, placements and key uses are recorded.
     pub audit: Arc<AuditLog>,
+    /// Workers wait for the admin's approval before they are placed.
+    pub approve_workers: bool,
+    /// Who joined the embedded signaling server with which token, from where.
+    pub sessions: Option<Arc<join::Sessions>>,
 }
 
 /// A stage's answer to one `Forward`, or why there is none.
@@ -341,6 +345,46 @@ impl Shared {
         });
     }
 
+    /// Workers waiting for the admin's approval (`--approve-workers`).
+    pub fn pending_workers(&self) -> Vec<(PeerId, core::PendingWorker)> {
+        self.cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pending()
+            .iter()
+            .map(|(p, w)| (p.clone(), w.clone()))
+            .collect()
+    }
+
+    /// The admin approved or rejected a waiting worker; its token is
+    /// remembered for its next session. Whether it was waiting.
+    pub fn decide_worker(&self, peer: &PeerId, approved: bool) -> bool {
+        if !self
+            .cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pending()
+            .contains_key(peer)
+        {
+            return false;
+        }
+        let token_id = self
+            .opts
+            .sessions
+            .as_ref()
+            .and_then(|s| s.decide(peer, approved));
+        self.opts.audit.record(Event::Approval {
+            peer: peer.to_string(),
+            token_id,
+            approved,
+        });
+        self.input(ClusterInput::Approve {
+            peer: peer.clone(),
+            approved,
+        });
+        true
+    }
+
     /// Fails every run that has a stage on `peer`.
     fn fail_runs(&self, peer: &PeerId, why: &str) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
@@ -396,6 +440,7 @@ impl Coordinator {
                     .unwrap_or_default()
             ),
             cost: model.cost.clone(),
+            approve_workers: opts.approve_workers,
         };
         let cluster = Cluster::new(cfg, opts.manual.clone());
         let (feedback, feedback_rx) = mpsc::unbounded_channel();
@@ -561,6 +606,17 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
                 stats: link.stats_watch(),
             },
         );
+    // A worker back with a token the admin decided on is not asked about again.
+    let decided = shared
+        .opts
+        .approve_workers
+        .then(|| shared.opts.sessions.as_ref().and_then(|s| s.decided(&peer)));
+    if decided == Some(Some(true)) {
+        shared.input(ClusterInput::Approve {
+            peer: peer.clone(),
+            approved: true,
+        });
+    }
     let up = ClusterInput::LinkUp {
         peer: peer.clone(),
         capabilities: link.remote_hello().capabilities.clone(),
@@ -588,6 +644,12 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
     });
     if let Some(event) = admitted {
         shared.opts.audit.record(event);
+    }
+    if decided == Some(Some(false)) {
+        shared.input(ClusterInput::Approve {
+            peer: peer.clone(),
+            approved: false,
+        });
     }
     tokio::spawn(read_link(shared.clone(), link, generation));
 }
