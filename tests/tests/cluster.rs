@@ -1098,6 +1098,94 @@ fn the_audit_log_records_admission_and_names_an_edited_line() {
     assert!(out.contains("edited"), "{out}");
 }
 
+/// Issue 21 item 1: with `--approve-workers` a worker that joins waits,
+/// listed with its device, address and token id, and is not placed: a
+/// request fails saying so. Once the admin approves it, it is placed and
+/// serves, and the decision is in the audit log.
+#[test]
+fn with_approval_a_worker_serves_only_once_the_admin_lets_it_in() {
+    let dir = artifacts("cluster-approval");
+    let (ref_tokens, _) = reference();
+    let model = model_path();
+    let admin = "admin-key-for-the-approval-test";
+    let serve = Serve::embedded(
+        &dir,
+        model.to_str().expect("utf-8 path"),
+        &[
+            "--no-mdns",
+            "--ctx",
+            "256",
+            "--api-key",
+            admin,
+            "--approve-workers",
+            "--wait-timeout",
+            "3",
+        ],
+    );
+    let api = serve.api.clone();
+    let (_worker, id) = cpu_worker(&serve.signal, &serve.worker_token, &dir, "worker", &[], &[]);
+    let cluster = || {
+        let (_, b) = call("GET", &format!("{api}/api/cluster"), Some(admin), None);
+        serde_json::from_str::<Value>(&b).expect("cluster JSON")
+    };
+    let waiting = wait_for(Duration::from_secs(60), "the worker to wait", || {
+        let c = cluster();
+        c["pending_approval"]
+            .as_array()
+            .and_then(|p| p.first().cloned())
+    });
+    assert_eq!(waiting["peer_id"], json!(id), "{waiting}");
+    assert_eq!(waiting["addr"], "127.0.0.1", "{waiting}");
+    assert!(waiting["token_id"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(waiting["device"].as_str().is_some_and(|d| !d.is_empty()));
+    // Not calibrated, not placed; a request says why it cannot be served.
+    std::thread::sleep(Duration::from_secs(2));
+    let c = cluster();
+    assert!(c["peers"].as_array().is_some_and(Vec::is_empty), "{c}");
+    let completion = || {
+        call(
+            "POST",
+            &format!("{api}/v1/completions"),
+            Some(admin),
+            Some(("application/json", &request(false).to_string())),
+        )
+    };
+    let (status, body) = completion();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("approval"), "{body}");
+
+    let decide = |who: &str, verb: &str| {
+        call(
+            "POST",
+            &format!("{api}/api/workers/{who}/{verb}"),
+            Some(admin),
+            None,
+        )
+    };
+    assert_eq!(decide("no-such-worker", "approve").0, 404);
+    let (status, body) = decide(&id, "approve");
+    assert_eq!(status, 200, "{body}");
+    wait_for(Duration::from_secs(300), "a placement on it", || {
+        (cluster()["placement"]["state"] == "ready").then_some(())
+    });
+    let (status, body) = completion();
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["cairn"]["tokens"], json!(ref_tokens));
+    let log = std::fs::read_to_string(dir.join("serve-state").join("audit.jsonl"))
+        .expect("the audit log");
+    let approved = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .any(|r| {
+            r["event"]["kind"] == "approval"
+                && r["event"]["peer"] == json!(id)
+                && r["event"]["approved"] == true
+                && r["event"]["token_id"] == waiting["token_id"]
+        });
+    assert!(approved, "{log}");
+}
+
 /// Issue 21: when the signaling server went away, the coordinator stayed out
 /// of its room and a standalone worker exited, so nothing was served until
 /// every process was restarted. Now both join the room again with backoff

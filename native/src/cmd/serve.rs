@@ -407,6 +407,11 @@ async fn serve(mut a: Args) -> Result<()> {
     if let Some(j) = coord.shared.join_url() {
         println!("join:        {j}");
     }
+    if a.approve_workers {
+        println!(
+            "approval:    workers wait for the admin's approval on the dashboard before they are placed"
+        );
+    }
     if let Some(t) = &join_tokens {
         println!(
             "join tokens: valid {} s; `cairn token list|new|revoke` manage them",

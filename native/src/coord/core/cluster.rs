@@ -342,6 +342,12 @@ impl Cluster {
         };
         let Some(caps) = self.approval.admit(&peer, caps, generation, now) else {
             info!(%peer, "worker linked; waiting for the operator's approval");
+            if self.state.active.is_none() {
+                self.state.message = format!(
+                    "{} worker(s) wait for the admin's approval (the dashboard, or POST /api/workers/ID/approve)",
+                    self.approval.pending().len()
+                );
+            }
             self.out.push_back(ClusterOutput::Changed);
             return;
         };

@@ -1024,6 +1024,7 @@ fn with_approval_a_worker_waits_unplaced_until_approved_and_a_rejected_one_stays
         vec![peer("a"), peer("b")]
     );
     assert!(h.st().peers.is_empty(), "not in the placement's peers");
+    assert!(h.st().message.contains("approval"), "{}", h.st().message);
     assert_eq!(h.core.poll_timeout(), None, "nothing to place");
 
     let rejected = peer("b");
