@@ -74,8 +74,15 @@ impl Approval {
         }
     }
 
-    /// `peer`'s link of `generation` (any, when `None`) ended or it left:
-    /// whether it was waiting.
+    /// `peer` left the room: its id never comes back (a rejoin gets a new
+    /// one), so its approval goes too. Whether it was waiting.
+    pub fn left(&mut self, peer: &PeerId) -> bool {
+        self.approved.remove(peer);
+        self.pending.remove(peer).is_some()
+    }
+
+    /// `peer`'s link of `generation` (any, when `None`) ended: whether it
+    /// was waiting.
     pub fn gone(&mut self, peer: &PeerId, generation: Option<u64>) -> bool {
         let was_it = self
             .pending

@@ -265,7 +265,7 @@ impl Cluster {
                 }
             }
             ClusterInput::PeerLeft { peer } => {
-                if self.approval.gone(&peer, None) {
+                if self.approval.left(&peer) {
                     self.out.push_back(ClusterOutput::Changed);
                 }
                 if self.state.peers.contains_key(&peer) {

@@ -1084,4 +1084,12 @@ fn with_approval_a_worker_waits_unplaced_until_approved_and_a_rejected_one_stays
     });
     assert!(h.core.pending().is_empty());
     assert!(!h.st().peers.contains_key(&peer("d")));
+    // An approval ends with the peer's time in the room.
+    h.input(ClusterInput::Approve {
+        peer: peer("e"),
+        approved: true,
+    });
+    h.input(ClusterInput::PeerLeft { peer: peer("e") });
+    h.link("e", "native", WHOLE);
+    assert_eq!(h.core.pending().len(), 1, "asked again after leaving");
 }
