@@ -33,7 +33,6 @@ kernels! {
     LINEAR_MATVEC_SUBGROUP = "linear_matvec_subgroup", true;
     RMSNORM = "rmsnorm", false;
     ROPE = "rope", false;
-    ROPE_FACTORS = "rope_factors", false;
     SOFTMAX = "softmax", false;
     SILU_MUL = "silu_mul", false;
     ADD = "add", false;
@@ -41,6 +40,8 @@ kernels! {
     ADD_BIAS = "add_bias", false;
     EMBED = "embed", true;
     ATTENTION = "attention", false;
+    PAGED_ATTENTION = "paged_attention", false;
+    KV_STORE = "kv_store", false;
     ARGMAX = "argmax", false;
     SAMPLE = "sample", false;
 }

@@ -118,13 +118,59 @@ fn prompt_ids() -> Vec<u32> {
         .expect("encodes")
 }
 
+/// More prompts whose greedy paths are firm, run beside PROMPT to show that
+/// sequences batched together keep to their own keys and values.
+const OTHER_PROMPTS: [&str; 2] = [
+    "a, b, c, d, e, f, g, h, i, j, k,",
+    "2, 4, 6, 8, 10, 12, 14,",
+];
+
 fn request(stream: bool) -> Value {
-    json!({"model": "SmolLM2-135M-Instruct", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "stream": stream})
+    request_for(PROMPT, stream)
+}
+
+fn request_for(prompt: &str, stream: bool) -> Value {
+    json!({"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": TOKENS, "temperature": 0, "stream": stream})
 }
 
 /// Reads a stream to its end; calls `after(n)` once when `n` text pieces have arrived.
-fn read_stream(api: &str, at: usize, mut after: impl FnMut()) -> (String, Option<String>) {
-    let mut sse = SseReader::post(&format!("{api}/v1/completions"), &request(true));
+fn read_stream(api: &str, at: usize, after: impl FnMut()) -> (String, Option<String>) {
+    read_stream_for(api, PROMPT, at, after)
+}
+
+/// Streams of every prompt at once, each on its own thread; their texts in order.
+fn concurrent_texts(api: &str, prompts: &[&str]) -> Vec<String> {
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (api, p) = (api.to_owned(), p.to_string());
+            std::thread::spawn(move || read_stream_for(&api, &p, 0, || {}).0)
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("a stream's thread"))
+        .collect()
+}
+
+/// Key/value blocks each placed worker reports in use.
+fn kv_blocks_used(api: &str) -> Option<Vec<u64>> {
+    let c = get_json(&format!("{api}/api/cluster"))?;
+    c["peers"]
+        .as_array()?
+        .iter()
+        .filter(|p| p["layers"].is_array())
+        .map(|p| p["telemetry"]["kv"]["blocks_used"].as_u64())
+        .collect()
+}
+
+fn read_stream_for(
+    api: &str,
+    prompt: &str,
+    at: usize,
+    mut after: impl FnMut(),
+) -> (String, Option<String>) {
+    let mut sse = SseReader::post(&format!("{api}/v1/completions"), &request_for(prompt, true));
     let mut text = String::new();
     let mut pieces = 0;
     let mut finish = None;
@@ -294,6 +340,45 @@ fn cluster_serves_survives_a_kill_and_a_join() {
     assert_eq!(body["usage"]["completion_tokens"], TOKENS);
     assert_eq!(body["choices"][0]["finish_reason"], "length");
 
+    // Three requests at once: `--parallel 2` runs two together, batched on
+    // every stage, and queues the third; each gets what it gets alone.
+    let other_refs: Vec<String> = OTHER_PROMPTS
+        .iter()
+        .map(|p| cairn_tests::procs::cairn_run_greedy(p, TOKENS).1)
+        .collect();
+    let queued_before =
+        get_json(&format!("{api}/api/cluster")).expect("cluster")["requests"]["queued_total"]
+            .as_u64()
+            .expect("queued_total");
+    let all = [PROMPT, OTHER_PROMPTS[0], OTHER_PROMPTS[1]];
+    let texts = concurrent_texts(&api, &all);
+    assert_eq!(texts[0], ref_text, "PROMPT among concurrent requests");
+    assert_eq!(
+        texts[1..],
+        other_refs[..],
+        "the other prompts, served together"
+    );
+    let c = get_json(&format!("{api}/api/cluster")).expect("cluster");
+    assert!(
+        c["requests"]["queued_total"]
+            .as_u64()
+            .expect("queued_total")
+            > queued_before,
+        "three requests at --parallel 2 and none waited: {}",
+        c["requests"]
+    );
+    // A stream cancelled mid-way gives its blocks back, as finished ones did.
+    let mut sse = SseReader::post(&format!("{api}/v1/completions"), &request(true));
+    for _ in 0..3 {
+        sse.next_event().expect("a first event");
+    }
+    drop(sse);
+    wait_for(
+        Duration::from_secs(30),
+        "every stage's key/value blocks back after the requests ended",
+        || kv_blocks_used(&api).filter(|u| !u.is_empty() && u.iter().all(|&b| b == 0)),
+    );
+
     // The prompt as token ids (OpenAI's other prompt form) gives the same tokens;
     // an id outside the vocabulary is refused before any stage sees it.
     let ids = prompt_ids();
@@ -321,8 +406,13 @@ fn cluster_serves_survives_a_kill_and_a_join() {
         "{body}"
     );
 
-    // kill -9 a worker that holds layers, mid-stream.
+    // kill -9 a worker that holds layers, mid-stream, while another stream
+    // runs beside it: both recover to their full, identical outputs.
     let victim = placed[placed.len() / 2].0.clone();
+    let beside = {
+        let api = api.clone();
+        std::thread::spawn(move || read_stream_for(&api, OTHER_PROMPTS[1], 0, || {}).0)
+    };
     let (text, finish) = read_stream(&api, 5, || {
         let w = workers
             .iter_mut()
@@ -335,6 +425,11 @@ fn cluster_serves_survives_a_kill_and_a_join() {
         "the stream after a kill differs from cairn run's output"
     );
     assert_eq!(finish.as_deref(), Some("length"));
+    assert_eq!(
+        beside.join().expect("the stream beside"),
+        other_refs[1],
+        "the stream beside the kill"
+    );
     let cluster = get_json(&format!("{api}/api/cluster")).expect("cluster");
     assert!(
         cluster["requests"]["recoveries"].as_u64().unwrap_or(0) >= 1,

@@ -10,21 +10,24 @@
 
 use cairn_engine::backend::BackendKind;
 use cairn_engine::kernels::{
-    self as k, Add, AddBias, Argmax, Attention, Embed, Linear, MatMul, Op, RmsNorm, Rope, Sample,
-    SampleParams, SiluMul, Softmax,
+    self as k, Add, AddBias, Argmax, Attention, Embed, KvStore, Linear, MatMul, Op, PagedAttention,
+    PagedAttentionParams, RmsNorm, Rope, Sample, SampleParams, SiluMul, Softmax,
 };
 use cairn_engine::quant::{GgmlType, dequantize_row, quantize_row};
 use cairn_engine::{Buffer, Device};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// The engine reads no variables itself; on a GPU machine these two still pick what the
-/// kernels are compared in (graphs off, f32 activations), as `cairn`'s flags do.
+/// The engine reads no variables itself; on a GPU machine these still pick what the kernels
+/// are compared in (graphs off, f32 activations, attention unsplit), as `cairn`'s flags do.
 fn options() -> cairn_engine::EngineOptions {
     let off = |var: &str| std::env::var(var).is_ok_and(|v| v == "0");
     let mut o = cairn_engine::EngineOptions::default();
     o.cuda.graphs = !off("CAIRN_CUDA_GRAPHS");
     o.cuda.int8_dot = !off("CAIRN_CUDA_INT8_DOT");
+    if off("CAIRN_CUDA_SPLIT_ATTENTION") {
+        o.cuda.split_attention = 0;
+    }
     o
 }
 
@@ -418,7 +421,7 @@ fn rope_both_variants_with_and_without_frequency_factors() {
     // The factors change the result: a test of them that cannot fail would pass here too.
     let (mut plain, mut scaled) = (x.clone(), x.clone());
     k::rope::rope(
-        &mut plain, heads, head_dim, rope_dim, pos0, 100_000.0, false, None,
+        &mut plain, heads, head_dim, rope_dim, pos0, None, 100_000.0, false, None,
     );
     k::rope::rope(
         &mut scaled,
@@ -426,11 +429,336 @@ fn rope_both_variants_with_and_without_frequency_factors() {
         head_dim,
         rope_dim,
         pos0,
+        None,
         100_000.0,
         false,
         Some(&factors),
     );
     assert!(plain.iter().zip(&scaled).any(|(a, b)| (a - b).abs() > 1e-2));
+}
+
+/// A batch of several sequences' tokens: each token at its own position, in no order, repeated
+/// and far apart, while `pos0` (ignored) would say otherwise.
+#[test]
+fn rope_at_per_token_positions() {
+    let mut rng = StdRng::seed_from_u64(14);
+    let (heads, head_dim, tokens, pos0) = (3usize, 40usize, 6usize, 1000u32);
+    let positions: [u32; 6] = [7, 0, 4093, 3, 7, 1];
+    let x = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
+    for rope_dim in [32usize, 40] {
+        let factors: Vec<f32> = (0..rope_dim / 2)
+            .map(|_| 1.0 + 7.0 * rng.random_range(0.0f32..1.0))
+            .collect();
+        for neox in [false, true] {
+            for with_factors in [false, true] {
+                let fs = with_factors.then_some(factors.as_slice());
+                let mut want = x.clone();
+                k::rope::rope(
+                    &mut want,
+                    heads,
+                    head_dim,
+                    rope_dim,
+                    pos0,
+                    Some(&positions),
+                    10_000.0,
+                    neox,
+                    fs,
+                );
+                for d in devices() {
+                    let bx = upload_f32(&d, "x", &x);
+                    let bf = upload_f32(&d, "factors", &factors);
+                    let bp = d
+                        .upload("positions", bytemuck::cast_slice(&positions))
+                        .unwrap();
+                    d.run(&[Op::Rope(Rope {
+                        x: &bx,
+                        factors: with_factors.then_some(&bf),
+                        positions: Some(&bp),
+                        heads: heads as u32,
+                        head_dim: head_dim as u32,
+                        rope_dim: rope_dim as u32,
+                        tokens: tokens as u32,
+                        pos0,
+                        freq_base: 10_000.0,
+                        neox,
+                    })])
+                    .unwrap();
+                    // Angles up to ~4100 rad: f32 argument reduction costs ~4e-4 absolute.
+                    assert_close(
+                        &format!(
+                            "rope positions rope_dim={rope_dim} neox={neox} factors={with_factors}"
+                        ),
+                        &d,
+                        &read(&d, &bx, x.len()),
+                        &want,
+                        5e-4,
+                    );
+                }
+            }
+        }
+    }
+    // The positions change the result: a kernel that ignored them would fail above.
+    let (mut by_pos0, mut by_positions) = (x.clone(), x.clone());
+    k::rope::rope(
+        &mut by_pos0,
+        heads,
+        head_dim,
+        32,
+        pos0,
+        None,
+        10_000.0,
+        false,
+        None,
+    );
+    k::rope::rope(
+        &mut by_positions,
+        heads,
+        head_dim,
+        32,
+        pos0,
+        Some(&positions),
+        10_000.0,
+        false,
+        None,
+    );
+    assert!(
+        by_pos0
+            .iter()
+            .zip(&by_positions)
+            .any(|(a, b)| (a - b).abs() > 1e-2)
+    );
+}
+
+/// Rows land in scattered slots and nothing else of the pool changes; a slot outside the pool
+/// is skipped by GPU kernels (the pool buffer has one more row than `pool_slots`, which must
+/// stay as it was) and refused by the CPU.
+#[test]
+fn kv_store_scatters_rows_and_skips_a_slot_outside_the_pool() {
+    let mut rng = StdRng::seed_from_u64(15);
+    let (kv_dim, pool_slots) = (40usize, 13usize);
+    // The buffers hold one guard row past the pool.
+    let k_pool0 = rand_vec(&mut rng, (pool_slots + 1) * kv_dim, 1.0);
+    let v_pool0 = rand_vec(&mut rng, (pool_slots + 1) * kv_dim, 1.0);
+    let store = |slots: &[u32], k: &[f32], v: &[f32]| {
+        let (mut kp, mut vp) = (k_pool0.clone(), v_pool0.clone());
+        for (t, &s) in slots.iter().enumerate() {
+            let s = s as usize;
+            if s < pool_slots {
+                kp[s * kv_dim..][..kv_dim].copy_from_slice(&k[t * kv_dim..][..kv_dim]);
+                vp[s * kv_dim..][..kv_dim].copy_from_slice(&v[t * kv_dim..][..kv_dim]);
+            }
+        }
+        (kp, vp)
+    };
+    let good: &[u32] = &[12, 0, 7, 3, 5];
+    let with_bad: &[u32] = &[2, 13, 9, 1000];
+    for slots in [good, with_bad] {
+        let tokens = slots.len();
+        let k = rand_vec(&mut rng, tokens * kv_dim, 1.0);
+        let v = rand_vec(&mut rng, tokens * kv_dim, 1.0);
+        let (want_k, want_v) = store(slots, &k, &v);
+        let bad = slots.iter().any(|&s| s as usize >= pool_slots);
+        for d in devices() {
+            let (bk, bv) = (upload_f32(&d, "k", &k), upload_f32(&d, "v", &v));
+            let bs = d.upload("slots", bytemuck::cast_slice(slots)).unwrap();
+            let (bkp, bvp) = (
+                upload_f32(&d, "k_pool", &k_pool0),
+                upload_f32(&d, "v_pool", &v_pool0),
+            );
+            let r = d.run(&[Op::KvStore(KvStore {
+                k: &bk,
+                v: &bv,
+                slots: &bs,
+                k_pool: &bkp,
+                v_pool: &bvp,
+                kv_dim: kv_dim as u32,
+                tokens: tokens as u32,
+                pool_slots: pool_slots as u32,
+            })]);
+            if bad && d.kind() == BackendKind::Cpu {
+                let err = r.unwrap_err().to_string();
+                assert!(err.contains("outside the key/value pool"), "{err}");
+                // Refused as a whole: nothing was written.
+                assert_close(
+                    "refused kv_store",
+                    &d,
+                    &read(&d, &bkp, k_pool0.len()),
+                    &k_pool0,
+                    0.0,
+                );
+                continue;
+            }
+            r.unwrap();
+            // Copies: exact.
+            let what = format!("kv_store slots={slots:?}");
+            assert_close(&what, &d, &read(&d, &bkp, want_k.len()), &want_k, 0.0);
+            assert_close(&what, &d, &read(&d, &bvp, want_v.len()), &want_v, 0.0);
+        }
+    }
+}
+
+/// One sequence of the paged attention test: its length and query positions.
+struct PagedSeq {
+    len: usize,
+    /// Key counts of its query tokens (position + 1).
+    queries: Vec<usize>,
+}
+
+/// Several sequences of different lengths in one pool, their blocks shuffled, each token
+/// through its own table slice; tokens whose table is too short or names a block outside the
+/// pool are skipped by GPU kernels (their output rows keep what was there) and refused by the
+/// CPU, so the valid tokens also run alone on every device.
+#[test]
+fn paged_attention_over_shuffled_blocks_of_several_sequences() {
+    let mut rng = StdRng::seed_from_u64(16);
+    let (heads, kv_heads) = (6usize, 2usize);
+    let seqs = [
+        // A token with no keys (a batch's padding, say) gets zeros, as the reference writes.
+        PagedSeq {
+            len: 1,
+            queries: vec![1, 0],
+        },
+        PagedSeq {
+            len: 16,
+            queries: vec![16, 9],
+        },
+        PagedSeq {
+            len: 17,
+            queries: vec![17],
+        },
+        // Past 256 keys the kernels' chunk loop runs more than once.
+        PagedSeq {
+            len: 300,
+            queries: vec![300, 257, 256],
+        },
+    ];
+    // Blocks of 16 (a sequence of exactly one block, one of a block and one) and of an odd 5.
+    for (head_dim, block) in [(64usize, 16usize), (40, 5)] {
+        let kv_dim = kv_heads * head_dim;
+        let n_blocks: Vec<usize> = seqs.iter().map(|s| s.len.div_ceil(block)).collect();
+        // Spare blocks stay NaN: a kernel reading a wrong slot makes NaNs.
+        let pool_blocks = n_blocks.iter().sum::<usize>() + 3;
+        let mut order: Vec<u32> = (0..pool_blocks as u32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+        // The table: two junk entries, then each sequence's blocks.
+        let mut table: Vec<u32> = vec![u32::MAX, 5];
+        let mut starts = Vec::new();
+        let mut next = order.iter();
+        for &nb in &n_blocks {
+            starts.push(table.len() as u32);
+            table.extend(next.by_ref().take(nb));
+        }
+        let mut kp = vec![f32::NAN; pool_blocks * block * kv_dim];
+        let mut vp = kp.clone();
+        for (s, seq) in seqs.iter().enumerate() {
+            for j in 0..seq.len {
+                let slot = table[starts[s] as usize + j / block] as usize * block + j % block;
+                kp[slot * kv_dim..][..kv_dim].copy_from_slice(&rand_vec(&mut rng, kv_dim, 1.0));
+                vp[slot * kv_dim..][..kv_dim].copy_from_slice(&rand_vec(&mut rng, kv_dim, 1.0));
+            }
+        }
+        let good: Vec<u32> = seqs
+            .iter()
+            .zip(&starts)
+            .flat_map(|(seq, &start)| seq.queries.iter().flat_map(move |&n| [start, n as u32]))
+            .collect();
+        // Table too short: the last entry for 2 blocks' keys; a start past the table; the
+        // junk entry u32::MAX as a block.
+        let table_len = table.len() as u32;
+        let bad_rows = [
+            [table_len - 1, (block + 1) as u32],
+            [table_len + 7, 1],
+            [0, 1],
+        ];
+        let n_good = good.len() / 2;
+        let q = rand_vec(&mut rng, (n_good + bad_rows.len()) * heads * head_dim, 1.0);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let params = |tokens: usize| PagedAttentionParams {
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            tokens: tokens as u32,
+            block: block as u32,
+            pool_blocks: pool_blocks as u32,
+            table_len,
+            scale,
+        };
+        let row = heads * head_dim;
+        let mut want = vec![0f32; n_good * row];
+        k::paged::paged_attention(
+            &q[..n_good * row],
+            &kp,
+            &vp,
+            &good,
+            &table,
+            &mut want,
+            &params(n_good),
+        )
+        .unwrap();
+        // The mixed batch: bad tokens interleaved at 1, 3 and the end; their rows stay 7.
+        let mut mixed_rows = Vec::new();
+        let mut mixed_q = Vec::new();
+        let mut mixed_want = Vec::new();
+        let (mut gi, mut bi) = (0, 0);
+        for t in 0..n_good + bad_rows.len() {
+            if (t == 1 || t == 3 || t == n_good + bad_rows.len() - 1) && bi < bad_rows.len() {
+                mixed_rows.extend(bad_rows[bi]);
+                mixed_q.extend_from_slice(&q[(n_good + bi) * row..][..row]);
+                mixed_want.extend(std::iter::repeat_n(7.0f32, row));
+                bi += 1;
+            } else {
+                mixed_rows.extend([good[2 * gi], good[2 * gi + 1]]);
+                mixed_q.extend_from_slice(&q[gi * row..][..row]);
+                mixed_want.extend_from_slice(&want[gi * row..][..row]);
+                gi += 1;
+            }
+        }
+        assert_eq!((gi, bi), (n_good, bad_rows.len()));
+        for d in devices() {
+            let run = |q: &[f32], rows: &[u32], tokens: usize| {
+                let (bq, bk, bv) = (
+                    upload_f32(&d, "q", q),
+                    upload_f32(&d, "k_pool", &kp),
+                    upload_f32(&d, "v_pool", &vp),
+                );
+                let br = d.upload("rows", bytemuck::cast_slice(rows)).unwrap();
+                let bt = d.upload("table", bytemuck::cast_slice(&table)).unwrap();
+                let bo = upload_f32(&d, "out", &vec![7.0f32; tokens * row]);
+                let p = params(tokens);
+                d.run(&[Op::PagedAttention(PagedAttention {
+                    q: &bq,
+                    k_pool: &bk,
+                    v_pool: &bv,
+                    rows: &br,
+                    table: &bt,
+                    out: &bo,
+                    heads: p.heads,
+                    kv_heads: p.kv_heads,
+                    head_dim: p.head_dim,
+                    tokens: p.tokens,
+                    block: p.block,
+                    pool_blocks: p.pool_blocks,
+                    table_len: p.table_len,
+                    scale: p.scale,
+                })])
+                .map(|()| read(&d, &bo, tokens * row))
+            };
+            // Online softmax rescales partial sums: 1e-5 relative, as dense attention.
+            let got = run(&q[..n_good * row], &good, n_good).unwrap();
+            let what = format!("paged attention head_dim={head_dim} block={block}");
+            assert_close(&what, &d, &got, &want, 1e-5);
+            let mixed = run(&mixed_q, &mixed_rows, n_good + bad_rows.len());
+            if d.kind() == BackendKind::Cpu {
+                let err = mixed.unwrap_err().to_string();
+                assert!(err.contains("outside the key/value pool"), "{err}");
+            } else {
+                let what = format!("{what} with skipped tokens");
+                assert_close(&what, &d, &mixed.unwrap(), &mixed_want, 1e-5);
+            }
+        }
+    }
 }
 
 #[test]

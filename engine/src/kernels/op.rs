@@ -276,6 +276,8 @@ pub(crate) mod cuda_declarations {
             same::<CountParams>(&c),
             same::<BiasParams>(&c),
             same::<AttentionParams>(&c),
+            same::<KvStoreParams>(&c),
+            same::<PagedAttentionParams>(&c),
             same::<SampleKernelParams>(&c),
             same::<CopyParams>(&c),
         ];
@@ -288,7 +290,7 @@ pub(crate) mod cuda_declarations {
             .collect();
         assert_eq!(
             params.len(),
-            11,
+            13,
             "a cuda struct without a rust twin: {params:?}"
         );
     }

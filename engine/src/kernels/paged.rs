@@ -65,14 +65,15 @@ impl<'a> OpSpec<'a> for KvStore<'a> {
     fn cpu(&self) -> backend::Result<()> {
         let d = self.kv_dim as usize;
         let slots = rd(self.slots)?[..self.tokens as usize].to_vec();
+        // Refused before anything is written, so a refused store leaves both pools as they were.
+        if let Some(&slot) = slots.iter().find(|&&s| s >= self.pool_slots) {
+            return Err(out_of_pool("slot", slot, self.pool_slots));
+        }
         for (src, dst) in [(self.k, self.k_pool), (self.v, self.v_pool)] {
             let s = rd(src)?;
             let mut p = wr(dst)?;
             let (s, p) = (f(&s), fm(&mut p));
             for (t, &slot) in slots.iter().enumerate() {
-                if slot >= self.pool_slots {
-                    return Err(out_of_pool("slot", slot, self.pool_slots));
-                }
                 let slot = slot as usize;
                 p[slot * d..(slot + 1) * d].copy_from_slice(&s[t * d..(t + 1) * d]);
             }

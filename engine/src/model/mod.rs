@@ -5,13 +5,18 @@ pub mod cache;
 pub mod config;
 pub mod family;
 pub mod generate;
+pub mod kv_pool;
 pub mod shard;
 pub mod synthetic;
 pub mod tiny;
 pub mod weights;
 
+#[cfg(test)]
+mod batch_tests;
+
 pub use cache::KvCache;
 pub use config::ModelConfig;
+pub use kv_pool::{KV_BLOCK, KvPool, SeqKv};
 pub use shard::{Shard, ShardInput, ShardOutput, Want};
 
 use crate::backend::BackendError;
@@ -40,6 +45,9 @@ pub enum ModelError {
     BadToken { id: u32, vocab: usize },
     #[error("context full: {needed} positions needed, the cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    /// The stage's key/value pool cannot hold more now (other sequences hold it).
+    #[error("{0}")]
+    PoolFull(String),
     #[error("{0}")]
     WrongInput(&'static str),
 }

@@ -7,12 +7,13 @@ use futures::lock::Mutex;
 use super::ModelError;
 use super::cache::KvCache;
 use super::config::ModelConfig;
+use super::kv_pool::{KV_BLOCK, KvPool, SeqKv};
 use super::weights::{self, Matrix, ShardWeights};
 use crate::backend::{Buffer, Device};
 use crate::gguf::TensorSource;
 use crate::kernels::{
-    Add, AddBias, Attention, BufferCopy, Embed, Linear, Op, RmsNorm, Rope, Sample, SampleParams,
-    SiluMul,
+    Add, AddBias, Attention, BufferCopy, Embed, KvStore, Linear, Op, PagedAttention, RmsNorm, Rope,
+    Sample, SampleParams, SiluMul,
 };
 
 /// What a shard is fed.
@@ -71,6 +72,18 @@ pub struct Shard {
     dev: std::sync::Arc<Device>,
     weights: ShardWeights,
     scratch: Mutex<Scratch>,
+    /// A batched pass's own buffers, made on the first one.
+    batch: Mutex<Option<BatchBuffers>>,
+}
+
+/// Most sequences in one batched pass.
+pub const MAX_BATCH_SEQS: usize = 64;
+
+/// One sequence's part of a batched pass ([`Shard::forward_batch`]).
+pub struct BatchItem<'a> {
+    pub seq: &'a mut SeqKv,
+    pub input: ShardInput<'a>,
+    pub want: Want,
 }
 
 /// Largest number of prompt tokens run in one submission; longer prompts are split.
@@ -105,6 +118,7 @@ impl Shard {
             dev,
             weights,
             scratch: Mutex::new(scratch),
+            batch: Mutex::new(None),
         })
     }
 
@@ -134,13 +148,23 @@ impl Shard {
         )
     }
 
-    /// Runs the shard over `input` at the cache's next positions and appends them to it.
-    pub async fn forward(
-        &self,
-        cache: &mut KvCache,
-        input: ShardInput<'_>,
-        want: Want,
-    ) -> Result<ShardOutput, ModelError> {
+    /// A key/value pool for this shard's layers that may grow to `budget_bytes`.
+    pub fn new_pool(&self, budget_bytes: u64) -> Result<KvPool, ModelError> {
+        KvPool::new(
+            &self.dev,
+            self.end - self.start,
+            self.cfg.kv_dim(),
+            budget_bytes,
+        )
+    }
+
+    /// Device bytes one position of one sequence takes in a pool of this shard.
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        KvPool::block_bytes(self.end - self.start, self.cfg.kv_dim()) / KV_BLOCK as u64
+    }
+
+    /// How many rows `input` is, or why this shard does not take it with `want`.
+    fn rows_of(&self, input: ShardInput<'_>, want: Want) -> Result<usize, ModelError> {
         let dim = self.cfg.dim;
         let n = match input {
             ShardInput::Tokens(t) => {
@@ -183,6 +207,229 @@ impl Shard {
                 "the last shard produces logits or tokens",
             ));
         }
+        Ok(n)
+    }
+
+    /// Runs several sequences' next rows together, their keys and values in `pool`: the
+    /// weight products take every row of the batch at once (each weight read once per pass,
+    /// not once per sequence), attention runs per sequence through its block table. Rows
+    /// beyond `max_batch` run in further passes. Each item gets its own result: one whose
+    /// input is wrong, or for which the pool has no room now, fails alone; an error of the
+    /// device fails the call.
+    pub async fn forward_batch(
+        &self,
+        pool: &mut KvPool,
+        items: &mut [BatchItem<'_>],
+    ) -> Result<Vec<Result<ShardOutput, ModelError>>, ModelError> {
+        let (dim, vocab) = (self.cfg.dim, self.cfg.vocab_size);
+        let mut results: Vec<Option<Result<ShardOutput, ModelError>>> =
+            (0..items.len()).map(|_| None).collect();
+        // Rows per live item; a refused item gets its error now.
+        let mut rows = vec![0usize; items.len()];
+        for (i, it) in items.iter_mut().enumerate() {
+            let n = if i >= MAX_BATCH_SEQS {
+                Err(ModelError::WrongInput(
+                    "more sequences than one batched pass takes",
+                ))
+            } else {
+                self.rows_of(it.input, it.want)
+            };
+            let reserved = n.and_then(|n| {
+                let len = it.seq.len() + n;
+                pool.reserve(&self.dev, it.seq, len).map(|_| n)
+            });
+            match reserved {
+                Ok(n) => rows[i] = n,
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let mut done = vec![0usize; items.len()];
+        let mut hidden: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
+        let s = self.scratch.lock().await;
+        let mut guard = self.batch.lock().await;
+        if guard.is_none() {
+            *guard = Some(BatchBuffers::new(
+                &self.dev,
+                &self.cfg,
+                self.max_batch,
+                self.is_last(),
+            )?);
+        }
+        let Some(b) = guard.as_ref() else {
+            return Err(ModelError::WrongInput("batch buffers vanished"));
+        };
+        loop {
+            // This pass: (item, first row, rows) in item order, up to max_batch rows.
+            let mut pass: Vec<(usize, usize, usize)> = Vec::new();
+            let mut total = 0;
+            for i in 0..items.len() {
+                let left = rows[i] - done[i];
+                if left == 0 || total == self.max_batch {
+                    continue;
+                }
+                let take = left.min(self.max_batch - total);
+                pass.push((i, done[i], take));
+                total += take;
+            }
+            if pass.is_empty() {
+                break;
+            }
+            let mut ids: Vec<u32> = Vec::new();
+            let mut h_in: Vec<f32> = Vec::new();
+            let mut positions = Vec::with_capacity(total);
+            let mut slots = Vec::with_capacity(total);
+            let mut meta = Vec::with_capacity(2 * total);
+            let mut table: Vec<u32> = Vec::new();
+            for &(i, from, take) in &pass {
+                let it = &items[i];
+                match it.input {
+                    ShardInput::Tokens(t) => ids.extend_from_slice(&t[from..from + take]),
+                    ShardInput::Hidden(h) => {
+                        h_in.extend_from_slice(&h[from * dim..(from + take) * dim])
+                    }
+                }
+                let start = table.len() as u32;
+                table.extend_from_slice(it.seq.blocks());
+                for j in 0..take {
+                    let pos = it.seq.len() + j;
+                    positions.push(pos as u32);
+                    slots.push(it.seq.slot(pos));
+                    meta.extend_from_slice(&[start, pos as u32 + 1]);
+                }
+            }
+            if self.is_first() {
+                self.dev.write(&s.ids, 0, bytemuck::cast_slice(&ids))?;
+            } else {
+                self.dev.write(&s.h, 0, bytemuck::cast_slice(&h_in))?;
+            }
+            self.dev
+                .write(&b.positions, 0, bytemuck::cast_slice(&positions))?;
+            self.dev.write(&b.slots, 0, bytemuck::cast_slice(&slots))?;
+            self.dev.write(&b.rows, 0, bytemuck::cast_slice(&meta))?;
+            self.dev
+                .write(&pool.table, 0, bytemuck::cast_slice(&table))?;
+            let kv = Kv::Paged {
+                pool,
+                batch: b,
+                table_len: table.len() as u32,
+            };
+            let mut ops = Vec::with_capacity(16 * (self.end - self.start) + 8 + 3 * pass.len());
+            self.encode_blocks(&s, kv, total, &mut ops);
+            // Items whose last row is in this pass and that want the head: (item, head row).
+            let mut heads: Vec<(usize, usize)> = Vec::new();
+            if self.is_last() {
+                let row = (dim * 4) as u64;
+                let mut at = 0;
+                for &(i, from, take) in &pass {
+                    at += take;
+                    if from + take == rows[i] {
+                        let k = heads.len();
+                        ops.push(Op::Copy(BufferCopy {
+                            src: &s.h,
+                            src_offset: (at as u64 - 1) * row,
+                            dst: &b.head_h,
+                            dst_offset: k as u64 * row,
+                            bytes: row,
+                        }));
+                        heads.push((i, k));
+                    }
+                }
+                if !heads.is_empty() {
+                    self.encode_logits(
+                        &b.head_h,
+                        &b.head_norm,
+                        &b.head_logits,
+                        heads.len(),
+                        &mut ops,
+                    )?;
+                }
+                let lrow = (vocab * 4) as u64;
+                for &(i, k) in &heads {
+                    if let Want::Sample(params) = items[i].want {
+                        ops.push(Op::Copy(BufferCopy {
+                            src: &b.head_logits,
+                            src_offset: k as u64 * lrow,
+                            dst: &s.logits,
+                            dst_offset: 0,
+                            bytes: lrow,
+                        }));
+                        ops.push(Op::Sample(Sample {
+                            logits: &s.logits,
+                            n: vocab as u32,
+                            out: &s.token,
+                            params,
+                        }));
+                        ops.push(Op::Copy(BufferCopy {
+                            src: &s.token,
+                            src_offset: 0,
+                            dst: &b.tokens,
+                            dst_offset: k as u64 * 4,
+                            bytes: 4,
+                        }));
+                    }
+                }
+            }
+            self.dev.run(&ops)?;
+            for &(i, _, take) in &pass {
+                items[i].seq.advance(take);
+                done[i] += take;
+            }
+            if !self.is_last() {
+                let bytes = self.dev.read(&s.h, 0, (total * dim * 4) as u64).await?;
+                let vals: &[f32] = bytemuck::cast_slice(&bytes);
+                let mut at = 0;
+                for &(i, _, take) in &pass {
+                    hidden[i].extend_from_slice(&vals[at * dim..(at + take) * dim]);
+                    at += take;
+                }
+            } else if !heads.is_empty() {
+                let toks = self
+                    .dev
+                    .read(&b.tokens, 0, (heads.len() * 4) as u64)
+                    .await?;
+                let toks: &[u32] = bytemuck::cast_slice(&toks);
+                let wants_logits = heads
+                    .iter()
+                    .any(|&(i, _)| matches!(items[i].want, Want::Logits));
+                let logits = if wants_logits {
+                    let bytes = self
+                        .dev
+                        .read(&b.head_logits, 0, (heads.len() * vocab * 4) as u64)
+                        .await?;
+                    bytemuck::cast_slice::<u8, f32>(&bytes).to_vec()
+                } else {
+                    Vec::new()
+                };
+                for &(i, k) in &heads {
+                    results[i] = Some(Ok(match items[i].want {
+                        Want::Sample(_) => ShardOutput::Token(toks[k]),
+                        _ => ShardOutput::Logits(logits[k * vocab..(k + 1) * vocab].to_vec()),
+                    }));
+                }
+            }
+        }
+        if !self.is_last() {
+            for (i, h) in hidden.into_iter().enumerate() {
+                if results[i].is_none() {
+                    results[i] = Some(Ok(ShardOutput::Hidden(h)));
+                }
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(ModelError::WrongInput("a batch item produced nothing"))))
+            .collect())
+    }
+
+    /// Runs the shard over `input` at the cache's next positions and appends them to it.
+    pub async fn forward(
+        &self,
+        cache: &mut KvCache,
+        input: ShardInput<'_>,
+        want: Want,
+    ) -> Result<ShardOutput, ModelError> {
+        let dim = self.cfg.dim;
+        let n = self.rows_of(input, want)?;
         if cache.len() + n > cache.capacity() {
             return Err(ModelError::ContextFull {
                 needed: cache.len() + n,
@@ -208,7 +455,7 @@ impl Shard {
             let pos0 = cache.len();
             let is_final = done + t == n;
             let mut ops = Vec::with_capacity(16 * (self.end - self.start) + 8);
-            self.encode_blocks(&s, cache, pos0, t, &mut ops);
+            self.encode_blocks(&s, Kv::Dense { cache, pos0 }, t, &mut ops);
             if is_final && self.is_last() {
                 self.encode_head(&s, t, want, &mut ops)?;
             }
@@ -284,7 +531,8 @@ impl Shard {
             self.dev
                 .write(&s.ids, 0, bytemuck::cast_slice(&tokens[done..done + t]))?;
             let mut ops = Vec::with_capacity(16 * (self.end - self.start) + 4);
-            self.encode_blocks(&s, cache, cache.len(), t, &mut ops);
+            let pos0 = cache.len();
+            self.encode_blocks(&s, Kv::Dense { cache, pos0 }, t, &mut ops);
             // Rows of this chunk at or after `from`, as [first, t).
             let first = from.saturating_sub(done).min(t);
             let k = t - first;
@@ -317,14 +565,11 @@ impl Shard {
         Ok(out)
     }
 
-    fn encode_blocks<'a>(
-        &'a self,
-        s: &'a Scratch,
-        cache: &'a KvCache,
-        pos0: usize,
-        t: usize,
-        ops: &mut Vec<Op<'a>>,
-    ) {
+    fn encode_blocks<'a>(&'a self, s: &'a Scratch, kv: Kv<'a>, t: usize, ops: &mut Vec<Op<'a>>) {
+        let (pos0, positions) = match kv {
+            Kv::Dense { pos0, .. } => (pos0, None),
+            Kv::Paged { batch, .. } => (0, Some(&batch.positions)),
+        };
         let c = &self.cfg;
         let tk = t as u32;
         let lin = |m: &'a Matrix, x: &'a Buffer, y: &'a Buffer| {
@@ -372,7 +617,7 @@ impl Shard {
                     freq_base: c.rope_base,
                     neox: c.rope_neox,
                     factors: self.weights.rope_freqs.as_ref(),
-                    positions: None,
+                    positions,
                 })
             };
             ops.push(norm(&w.attn_norm));
@@ -429,34 +674,72 @@ impl Shard {
             }
             ops.push(rope(&s.q, c.n_heads));
             ops.push(rope(&s.k, c.n_kv_heads));
-            let off = pos0 as u64 * kv_row;
-            let bytes = t as u64 * kv_row;
-            ops.push(Op::Copy(BufferCopy {
-                src: &s.k,
-                src_offset: 0,
-                dst: &cache.k[i],
-                dst_offset: off,
-                bytes,
-            }));
-            ops.push(Op::Copy(BufferCopy {
-                src: &s.v,
-                src_offset: 0,
-                dst: &cache.v[i],
-                dst_offset: off,
-                bytes,
-            }));
-            ops.push(Op::Attention(Attention {
-                q: &s.q,
-                k_cache: &cache.k[i],
-                v_cache: &cache.v[i],
-                out: &s.att,
-                heads: c.n_heads as u32,
-                kv_heads: c.n_kv_heads as u32,
-                head_dim: c.head_dim as u32,
-                tokens: tk,
-                pos0: pos0 as u32,
-                scale: 1.0 / (c.head_dim as f32).sqrt(),
-            }));
+            let scale = 1.0 / (c.head_dim as f32).sqrt();
+            match kv {
+                Kv::Dense { cache, pos0 } => {
+                    let off = pos0 as u64 * kv_row;
+                    let bytes = t as u64 * kv_row;
+                    ops.push(Op::Copy(BufferCopy {
+                        src: &s.k,
+                        src_offset: 0,
+                        dst: &cache.k[i],
+                        dst_offset: off,
+                        bytes,
+                    }));
+                    ops.push(Op::Copy(BufferCopy {
+                        src: &s.v,
+                        src_offset: 0,
+                        dst: &cache.v[i],
+                        dst_offset: off,
+                        bytes,
+                    }));
+                    ops.push(Op::Attention(Attention {
+                        q: &s.q,
+                        k_cache: &cache.k[i],
+                        v_cache: &cache.v[i],
+                        out: &s.att,
+                        heads: c.n_heads as u32,
+                        kv_heads: c.n_kv_heads as u32,
+                        head_dim: c.head_dim as u32,
+                        tokens: tk,
+                        pos0: pos0 as u32,
+                        scale,
+                    }));
+                }
+                Kv::Paged {
+                    pool,
+                    batch,
+                    table_len,
+                } => {
+                    let pool_blocks = pool.blocks() as u32;
+                    ops.push(Op::KvStore(KvStore {
+                        k: &s.k,
+                        v: &s.v,
+                        slots: &batch.slots,
+                        k_pool: &pool.k[i],
+                        v_pool: &pool.v[i],
+                        kv_dim: c.kv_dim() as u32,
+                        tokens: tk,
+                        pool_slots: pool_blocks * KV_BLOCK as u32,
+                    }));
+                    ops.push(Op::PagedAttention(PagedAttention {
+                        q: &s.q,
+                        k_pool: &pool.k[i],
+                        v_pool: &pool.v[i],
+                        rows: &batch.rows,
+                        table: &pool.table,
+                        out: &s.att,
+                        heads: c.n_heads as u32,
+                        kv_heads: c.n_kv_heads as u32,
+                        head_dim: c.head_dim as u32,
+                        tokens: tk,
+                        block: KV_BLOCK as u32,
+                        pool_blocks,
+                        table_len,
+                        scale,
+                    }));
+                }
+            }
             ops.push(lin(&w.wo, &s.att, &s.o));
             ops.push(Op::Add(Add {
                 a: &s.h,
@@ -594,6 +877,53 @@ impl Scratch {
             last_norm: f("last_norm", c.dim)?,
             logits: f("logits", c.vocab_size)?,
             token: f("token", 1)?,
+        })
+    }
+}
+
+/// Where a pass's keys and values go: one sequence's own cache, or a batch's pool.
+#[derive(Clone, Copy)]
+enum Kv<'a> {
+    Dense {
+        cache: &'a KvCache,
+        pos0: usize,
+    },
+    Paged {
+        pool: &'a KvPool,
+        batch: &'a BatchBuffers,
+        table_len: u32,
+    },
+}
+
+/// Device buffers of a batched pass: per row its position, pool slot and attention row, and
+/// for the last shard the head over each sequence's last row and the tokens drawn.
+struct BatchBuffers {
+    positions: Buffer,
+    slots: Buffer,
+    rows: Buffer,
+    head_h: Buffer,
+    head_norm: Buffer,
+    head_logits: Buffer,
+    tokens: Buffer,
+}
+
+impl BatchBuffers {
+    fn new(
+        dev: &Device,
+        c: &ModelConfig,
+        b: usize,
+        last: bool,
+    ) -> Result<BatchBuffers, ModelError> {
+        let f = |label: &str, n: usize| dev.alloc(label, (n.max(1) * 4) as u64);
+        let seqs = if last { MAX_BATCH_SEQS } else { 1 };
+        Ok(BatchBuffers {
+            positions: f("batch positions", b)?,
+            slots: f("batch slots", b)?,
+            rows: f("batch rows", 2 * b)?,
+            head_h: f("batch head h", seqs * c.dim)?,
+            head_norm: f("batch head norm", seqs * c.dim)?,
+            head_logits: f("batch logits", if last { seqs * c.vocab_size } else { 1 })?,
+            tokens: f("batch tokens", seqs)?,
         })
     }
 }

@@ -298,6 +298,20 @@ pub struct Telemetry {
     pub backend: Option<String>,
     /// This worker's links to other workers, by peer id.
     pub links: BTreeMap<String, LinkReport>,
+    /// Sequences per forward pass in the window, on average (continuous batching).
+    pub mean_batch: Option<f32>,
+    /// The stage's key/value pool.
+    pub kv: Option<KvReport>,
+}
+
+/// A stage's key/value pool, in blocks of `block_positions` positions.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct KvReport {
+    pub blocks_used: u32,
+    pub blocks_allocated: u32,
+    /// The most the pool may grow to.
+    pub blocks_budget: u32,
+    pub block_positions: u32,
 }
 
 /// A thermal zone against its limit.

@@ -29,15 +29,15 @@ mod tests;
 pub use error::ProtocolError;
 pub use frame::{Deframer, FRAME_HEADER_BYTES, FlowControl, Framer, Limits};
 pub use message::{
-    Battery, Calibration, Chain, DType, Hello, Hop, LayerRange, LinkReport, Message, Telemetry,
-    Tensor, Thermal, Visibility, error_code,
+    Battery, Calibration, Chain, DType, Hello, Hop, KvReport, LayerRange, LinkReport, Message,
+    Telemetry, Tensor, Thermal, Visibility, error_code,
 };
 
 /// The protocol version this build speaks (in every frame header and in `Hello`).
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 
 /// The oldest version this build still understands.
-pub const MIN_PROTOCOL_VERSION: u8 = 4;
+pub const MIN_PROTOCOL_VERSION: u8 = 5;
 
 /// The version two peers use: the highest both speak, or an error when their
 /// ranges do not overlap.

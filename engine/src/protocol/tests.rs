@@ -360,6 +360,13 @@ fn arb_telemetry() -> impl Strategy<Value = Telemetry> {
                 paused,
                 backend,
                 links,
+                mean_batch: forward_ms.map(|_| tokens_per_s),
+                kv: layers.map(|(start, end)| crate::protocol::KvReport {
+                    blocks_used: start,
+                    blocks_allocated: end,
+                    blocks_budget: start.max(end),
+                    block_positions: 16,
+                }),
             }
         },
     )
@@ -691,6 +698,7 @@ fn a_message_is_small_and_boxed_telemetry_keeps_its_wire_bytes() {
     head.extend([0; 11]); // forward_ms .. paused
     head.extend([1, 4, b'c', b'u', b'd', b'a']); // backend
     head.push(0); // links
+    head.extend([0, 0]); // mean_batch, kv
     let mut want = head.clone();
     want.extend((head.len() as u32).to_le_bytes());
     let encoded = super::message::encode(&m).unwrap();

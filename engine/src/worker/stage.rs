@@ -7,20 +7,29 @@ use crate::backend::Device;
 use crate::gguf::TensorSource;
 use crate::kernels::SampleParams;
 use crate::model::shard::DEFAULT_MAX_BATCH;
-use crate::model::{KvCache, ModelError, Shard, ShardInput, ShardOutput, Want};
-use crate::protocol::{Chain, DType, Hop, LayerRange, Message, Telemetry, Tensor, error_code};
+use crate::model::shard::{BatchItem, MAX_BATCH_SEQS};
+use crate::model::{KvPool, ModelError, SeqKv, Shard, ShardInput, ShardOutput, Want};
+use crate::protocol::{
+    Chain, DType, Hop, KvReport, LayerRange, Message, Telemetry, Tensor, error_code,
+};
 
 /// Most requests with a live KV cache at once; more are refused (`OVERLOADED`)
 /// rather than growing memory without bound.
 pub const MAX_REQUESTS: usize = 64;
 
-/// A worker's serving state: its shard, where its output goes, and one KV
-/// cache per request.
+/// A worker's serving state: its shard, where its output goes, and each
+/// request's share of the stage's key/value pool.
 pub struct StageServer {
     device: Arc<Device>,
     shard: Option<Shard>,
     route: Route,
     caches: HashMap<u64, Entry>,
+    /// Made on the first step after a shard is installed.
+    pool: Option<KvPool>,
+    /// The pool's budget in bytes; `None`: from the device's free memory.
+    kv_budget: Option<u64>,
+    /// Sequences run by the window's forward passes (their mean is the batch size).
+    window_seqs: u64,
     started: Instant,
     /// Forward calls and the seconds they took since the last telemetry.
     window_calls: u32,
@@ -30,11 +39,34 @@ pub struct StageServer {
     last_kernel_ms: f64,
 }
 
-/// One request's cache and the run (`Forward::seq`) that filled it.
+/// One request's blocks in the pool and the run (`Forward::seq`) that filled them.
 struct Entry {
-    cache: KvCache,
+    kv: SeqKv,
     seq: u32,
 }
+
+/// A `Forward` checked and decoded, ready to join a batch.
+struct Ready {
+    step: Step,
+    input: Input,
+}
+
+/// What a `Forward` is once checked.
+enum Prepared {
+    Ready(Ready),
+    /// A step of a run older than its request's cache.
+    Dropped,
+    /// It cannot run: the reply that says why.
+    Refused(Message),
+}
+
+enum Input {
+    Tokens(Vec<u32>),
+    Hidden(Vec<f32>),
+}
+
+/// Share of the free device memory (after the weights) a pool may grow into by default.
+const KV_SHARE_OF_FREE: f64 = 0.5;
 
 /// The neighbours of this stage in a chain (`LoadShard::next` and `prev`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -162,6 +194,9 @@ impl StageServer {
             shard: None,
             route: Route::default(),
             caches: HashMap::new(),
+            pool: None,
+            kv_budget: None,
+            window_seqs: 0,
             started: Instant::now(),
             window_calls: 0,
             window_busy_s: 0.0,
@@ -178,7 +213,14 @@ impl StageServer {
     /// Installs a loaded shard; the old one's caches go with it.
     pub fn set_shard(&mut self, shard: Shard) {
         self.caches.clear();
+        self.pool = None;
         self.shard = Some(shard);
+    }
+
+    /// Bounds the key/value pool to `bytes` (from the next shard or cleared pool on); by
+    /// default it may grow into half the device memory the weights leave free.
+    pub fn set_kv_budget(&mut self, bytes: Option<u64>) {
+        self.kv_budget = bytes;
     }
 
     /// Sets where this stage's outputs go (see [`Route`]).
@@ -199,11 +241,13 @@ impl StageServer {
     /// Drops every request's cache, keeping the shard.
     pub fn clear_requests(&mut self) {
         self.caches.clear();
+        self.pool = None;
     }
 
     /// Drops the shard and every cache (frees device memory).
     pub fn clear(&mut self) {
         self.caches.clear();
+        self.pool = None;
         self.shard = None;
         self.route = Route::default();
     }
@@ -219,42 +263,9 @@ impl StageServer {
     /// of a run older than the one a request's cache holds.
     pub async fn handle(&mut self, msg: Message) -> Option<Outgoing> {
         match msg {
-            Message::Forward {
-                request,
-                seq,
-                layers,
-                pos0,
-                max_len,
-                sample,
-                chain,
-                tensor,
-            } => {
-                if self.caches.get(&request).is_some_and(|e| seq < e.seq) {
-                    return None;
-                }
-                let step = Step {
-                    request,
-                    seq,
-                    pos0,
-                    max_len,
-                    sample,
-                    chain,
-                };
-                let out = self
-                    .forward(&step, layers, &tensor)
-                    .await
-                    .map_err(|(code, text)| {
-                        // The cache may hold half a step; the coordinator restarts the request.
-                        self.caches.remove(&request);
-                        request_error(request, seq, code, text)
-                    });
-                Some(match out {
-                    Ok((output, tokens)) => self.route_output(step, tokens, output),
-                    Err(e) => Outgoing::Reply(e),
-                })
-            }
+            m @ Message::Forward { .. } => self.handle_forwards(vec![m]).await.pop(),
             Message::EndRequest { request } => {
-                self.caches.remove(&request);
+                self.end(request);
                 None
             }
             Message::Calibrate { config } => {
@@ -380,132 +391,286 @@ impl StageServer {
         }
     }
 
-    /// Runs one step; the output and how many positions it covered.
-    async fn forward(
-        &mut self,
-        step: &Step,
-        layers: LayerRange,
-        tensor: &Tensor,
-    ) -> Result<(ShardOutput, usize), (u16, String)> {
-        let Step {
+    /// Drops `request`'s blocks (back to the pool at once).
+    fn end(&mut self, request: u64) {
+        if let Some(mut e) = self.caches.remove(&request)
+            && let Some(pool) = self.pool.as_mut()
+        {
+            pool.release(&mut e.kv);
+        }
+    }
+
+    /// Runs the steps of several requests together: one forward pass over all of them
+    /// (`Shard::forward_batch`), each request's output routed on its own. Steps of one
+    /// request run in the order given (a second one waits for the next pass). Returns the
+    /// outputs, in no promised order; a step of a run older than its request's cache gets
+    /// none.
+    pub async fn handle_forwards(&mut self, msgs: Vec<Message>) -> Vec<Outgoing> {
+        let mut outs = Vec::new();
+        let mut round: Vec<Message> = Vec::new();
+        for m in msgs {
+            let Message::Forward { request, .. } = &m else {
+                continue;
+            };
+            let repeat = round
+                .iter()
+                .any(|r| matches!(r, Message::Forward { request: q, .. } if q == request));
+            if repeat || round.len() == MAX_BATCH_SEQS {
+                let batch = std::mem::take(&mut round);
+                outs.extend(self.run_round(batch).await);
+            }
+            round.push(m);
+        }
+        if !round.is_empty() {
+            outs.extend(self.run_round(round).await);
+        }
+        outs
+    }
+
+    /// One batched pass over steps of distinct requests.
+    async fn run_round(&mut self, msgs: Vec<Message>) -> Vec<Outgoing> {
+        let mut outs = Vec::new();
+        let mut ready = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            match self.prepare(m) {
+                Prepared::Ready(r) => ready.push(r),
+                Prepared::Dropped => {}
+                Prepared::Refused(reply) => outs.push(Outgoing::Reply(reply)),
+            }
+        }
+        if ready.is_empty() {
+            return outs;
+        }
+        let (Some(shard), Some(pool)) = (self.shard.as_ref(), self.pool.as_mut()) else {
+            return outs;
+        };
+        let want = |r: &Ready| {
+            if shard.is_last() {
+                Want::Sample(r.step.sample.unwrap_or_default())
+            } else {
+                Want::Hidden
+            }
+        };
+        // Each request's entry leaves the map for the pass (the items borrow them).
+        let mut entries: Vec<(u64, Entry)> = ready
+            .iter()
+            .filter_map(|r| {
+                self.caches
+                    .remove(&r.step.request)
+                    .map(|e| (r.step.request, e))
+            })
+            .collect();
+        let t0 = Instant::now();
+        let result = {
+            let mut items: Vec<BatchItem> = ready
+                .iter()
+                .zip(entries.iter_mut())
+                .map(|(r, (_, e))| BatchItem {
+                    seq: &mut e.kv,
+                    input: match &r.input {
+                        Input::Tokens(t) => ShardInput::Tokens(t),
+                        Input::Hidden(h) => ShardInput::Hidden(h),
+                    },
+                    want: want(r),
+                })
+                .collect();
+            shard.forward_batch(pool, &mut items).await
+        };
+        let took = t0.elapsed().as_secs_f64();
+        let rows: usize = ready.iter().map(|r| r.rows(shard.config().dim)).sum();
+        self.window_calls += 1;
+        self.window_busy_s += took;
+        self.window_tokens += rows as u64;
+        self.window_seqs += ready.len() as u64;
+        self.last_kernel_ms = took * 1e3;
+        let results = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // The device failed the pass: every request in it starts over.
+                for (_, mut e) in entries {
+                    pool.release(&mut e.kv);
+                }
+                let text = e.to_string();
+                outs.extend(ready.into_iter().map(|r| {
+                    Outgoing::Reply(request_error(
+                        r.step.request,
+                        r.step.seq,
+                        error_code::INTERNAL,
+                        &text,
+                    ))
+                }));
+                return outs;
+            }
+        };
+        let mut routed = Vec::with_capacity(ready.len());
+        for ((r, (request, mut entry)), result) in ready.into_iter().zip(entries).zip(results) {
+            match result {
+                Ok(out) => {
+                    self.caches.insert(request, entry);
+                    routed.push((r, out));
+                }
+                Err(e) => {
+                    // The cache may hold half a step; the coordinator restarts the request.
+                    pool.release(&mut entry.kv);
+                    let code = match e {
+                        ModelError::Backend(_) => error_code::INTERNAL,
+                        ModelError::PoolFull(_) => error_code::OVERLOADED,
+                        _ => error_code::BAD_REQUEST,
+                    };
+                    outs.push(Outgoing::Reply(request_error(
+                        r.step.request,
+                        r.step.seq,
+                        code,
+                        e,
+                    )));
+                }
+            }
+        }
+        let dim = shard.config().dim;
+        for (r, out) in routed {
+            let rows = r.rows(dim);
+            outs.push(self.route_output(r.step, rows, out));
+        }
+        outs
+    }
+
+    /// Checks a `Forward` against this stage and its request's cache, and decodes its
+    /// input: `Ok(None)` for a step of an older run (dropped), `Err` with the reply for one
+    /// that cannot run.
+    fn prepare(&mut self, m: Message) -> Prepared {
+        let Message::Forward {
             request,
             seq,
+            layers,
             pos0,
             max_len,
             sample,
-            ..
-        } = *step;
-        let bad = |text: String| (error_code::BAD_REQUEST, text);
-        let shard = self
-            .shard
-            .as_ref()
-            .ok_or((error_code::UNSUPPORTED, "no shard is loaded".to_owned()))?;
+            chain,
+            tensor,
+        } = m
+        else {
+            return Prepared::Dropped;
+        };
+        if self.caches.get(&request).is_some_and(|e| seq < e.seq) {
+            return Prepared::Dropped;
+        }
+        let fail =
+            |code: u16, text: String| Prepared::Refused(request_error(request, seq, code, text));
+        let bad = |text: String| fail(error_code::BAD_REQUEST, text);
+        let Some(shard) = self.shard.as_ref() else {
+            return fail(error_code::UNSUPPORTED, "no shard is loaded".into());
+        };
         let (start, end) = shard.range();
         if (layers.start as usize, layers.end as usize) != (start, end) {
             // Not the request's fault: the placement moved; the coordinator retries.
-            return Err((
+            return fail(
                 error_code::UNSUPPORTED,
                 format!(
                     "this peer holds layers {start}..{end}, not {}..{}",
                     layers.start, layers.end
                 ),
-            ));
+            );
         }
         let cfg = shard.config();
-        let pos0 = pos0 as usize;
-        if pos0 == 0 {
-            self.caches.remove(&request);
-        }
-        if let Some(e) = self.caches.get(&request)
-            && e.seq != seq
-        {
-            // A newer run must start at position 0; not the request's fault.
-            return Err((
-                error_code::UNSUPPORTED,
-                format!(
-                    "request {request} holds run {} here; run {seq} must start at position 0, not {pos0}",
-                    e.seq
-                ),
-            ));
-        }
-        if !self.caches.contains_key(&request) {
-            if pos0 != 0 {
-                // Its cache went (a new placement, an end): the coordinator rebuilds it.
-                return Err((
-                    error_code::UNSUPPORTED,
-                    format!(
-                        "request {request} is unknown here and starts at position {pos0}, not 0"
-                    ),
-                ));
-            }
-            if self.caches.len() >= MAX_REQUESTS {
-                return Err((
-                    error_code::OVERLOADED,
-                    format!("{MAX_REQUESTS} requests already hold a KV cache here"),
-                ));
-            }
-            let capacity = (max_len as usize).clamp(1, cfg.context_length.max(1));
-            let cache = shard
-                .new_cache(capacity)
-                .map_err(|e| (error_code::OVERLOADED, e.to_string()))?;
-            self.caches.insert(request, Entry { cache, seq });
-        }
-        let Some(Entry { cache, .. }) = self.caches.get_mut(&request) else {
-            return Err((error_code::INTERNAL, "cache vanished".into()));
-        };
-        if pos0 > cache.len() {
-            return Err(bad(format!(
-                "position {pos0} skips past the {} positions request {request} holds",
-                cache.len()
-            )));
-        }
-        cache.truncate(pos0);
-        let want = if shard.is_last() {
-            Want::Sample(sample.unwrap_or_default())
-        } else {
-            Want::Hidden
-        };
-        let t0 = Instant::now();
-        let tokens;
-        let values;
-        let hidden;
+        let context = cfg.context_length.max(1);
         let input = match tensor.dtype() {
-            DType::U32 if shard.is_first() => {
-                values = tensor.to_values::<u32>().map_err(|e| bad(e.to_string()))?;
-                tokens = values.len();
-                ShardInput::Tokens(&values)
-            }
-            DType::F32 if !shard.is_first() => {
-                hidden = tensor.to_f32().map_err(|e| bad(e.to_string()))?;
-                tokens = hidden.len() / cfg.dim.max(1);
-                ShardInput::Hidden(&hidden)
-            }
+            DType::U32 if shard.is_first() => match tensor.to_values::<u32>() {
+                Ok(v) => Input::Tokens(v),
+                Err(e) => return bad(e.to_string()),
+            },
+            DType::F32 if !shard.is_first() => match tensor.to_f32() {
+                Ok(v) => Input::Hidden(v),
+                Err(e) => return bad(e.to_string()),
+            },
             other => {
-                return Err(bad(format!(
-                    "a shard of layers {}..{} takes {}, not {other:?}",
-                    shard.range().0,
-                    shard.range().1,
+                return bad(format!(
+                    "a shard of layers {start}..{end} takes {}, not {other:?}",
                     if shard.is_first() {
                         "U32 token ids"
                     } else {
                         "F32 hidden states"
                     }
-                )));
+                ));
             }
         };
-        let out = shard.forward(cache, input, want).await.map_err(|e| {
-            let code = match e {
-                ModelError::Backend(_) => error_code::INTERNAL,
-                _ => error_code::BAD_REQUEST,
-            };
-            (code, e.to_string())
-        })?;
-        let took = t0.elapsed().as_secs_f64();
-        self.window_calls += 1;
-        self.window_busy_s += took;
-        self.window_tokens += tokens as u64;
-        self.last_kernel_ms = took * 1e3;
-        Ok((out, tokens))
+        let pos0 = pos0 as usize;
+        if self.pool.is_none() {
+            let budget = self.kv_budget.unwrap_or_else(|| {
+                let free = self
+                    .device
+                    .info()
+                    .memory_bytes
+                    .saturating_sub(self.device.live_bytes());
+                let most = shard.kv_bytes_per_position()
+                    * (MAX_REQUESTS * cfg.context_length.max(1)) as u64;
+                ((free as f64 * KV_SHARE_OF_FREE) as u64).min(most)
+            });
+            match shard.new_pool(budget) {
+                Ok(pool) => self.pool = Some(pool),
+                Err(e) => return fail(error_code::OVERLOADED, e.to_string()),
+            }
+        }
+        if pos0 == 0 {
+            self.end(request);
+        }
+        if let Some(e) = self.caches.get(&request)
+            && e.seq != seq
+        {
+            // A newer run must start at position 0; not the request's fault.
+            return fail(
+                error_code::UNSUPPORTED,
+                format!(
+                    "request {request} holds run {} here; run {seq} must start at position 0, not {pos0}",
+                    e.seq
+                ),
+            );
+        }
+        if !self.caches.contains_key(&request) {
+            if pos0 != 0 {
+                // Its cache went (a new placement, an end): the coordinator rebuilds it.
+                return fail(
+                    error_code::UNSUPPORTED,
+                    format!(
+                        "request {request} is unknown here and starts at position {pos0}, not 0"
+                    ),
+                );
+            }
+            if self.caches.len() >= MAX_REQUESTS {
+                return fail(
+                    error_code::OVERLOADED,
+                    format!("{MAX_REQUESTS} requests already hold a KV cache here"),
+                );
+            }
+            let limit = (max_len as usize).clamp(1, context);
+            self.caches.insert(
+                request,
+                Entry {
+                    kv: SeqKv::new(limit),
+                    seq,
+                },
+            );
+        }
+        let Some(Entry { kv, .. }) = self.caches.get_mut(&request) else {
+            return fail(error_code::INTERNAL, "cache vanished".into());
+        };
+        if pos0 > kv.len() {
+            return bad(format!(
+                "position {pos0} skips past the {} positions request {request} holds",
+                kv.len()
+            ));
+        }
+        kv.truncate(pos0);
+        Prepared::Ready(Ready {
+            step: Step {
+                request,
+                seq,
+                pos0: pos0 as u32,
+                max_len,
+                sample,
+                chain,
+            },
+            input,
+        })
     }
 
     /// Telemetry since the last call: utilization, forward time, memory.
@@ -524,6 +689,14 @@ impl StageServer {
                 .then(|| self.window_busy_s * 1e3 / self.window_calls as f64),
             forwards: self.window_calls,
             requests: self.caches.len().try_into().unwrap_or(u32::MAX),
+            mean_batch: (self.window_calls > 0)
+                .then(|| (self.window_seqs as f64 / self.window_calls as f64) as f32),
+            kv: self.pool.as_ref().map(|p| KvReport {
+                blocks_used: p.book().used() as u32,
+                blocks_allocated: p.book().allocated() as u32,
+                blocks_budget: p.book().budget() as u32,
+                block_positions: crate::model::KV_BLOCK as u32,
+            }),
             layers: self.layers().map(|(start, end)| LayerRange {
                 start: start as u32,
                 end: end as u32,
@@ -533,6 +706,7 @@ impl StageServer {
         self.window_calls = 0;
         self.window_busy_s = 0.0;
         self.window_tokens = 0;
+        self.window_seqs = 0;
         self.window_start = Instant::now();
         t
     }
@@ -555,5 +729,15 @@ fn request_error(request: u64, seq: u32, code: u16, text: impl ToString) -> Mess
         seq,
         code,
         text: text.to_string(),
+    }
+}
+
+impl Ready {
+    /// Positions this step covers.
+    fn rows(&self, dim: usize) -> usize {
+        match &self.input {
+            Input::Tokens(t) => t.len(),
+            Input::Hidden(h) => h.len() / dim.max(1),
+        }
     }
 }

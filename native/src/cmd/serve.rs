@@ -94,7 +94,8 @@ pub struct Args {
     /// Context positions per request (prompt and completion).
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
-    /// Requests served at once; KV caches are budgeted for this many.
+    /// Requests served at once, batched together on every stage; more wait in a queue
+    /// (up to 32 per place, then 503). Placement budgets KV memory for this many.
     #[arg(long, default_value_t = 4)]
     parallel: usize,
     /// Seconds a request waits for a placement before failing.

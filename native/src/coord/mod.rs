@@ -140,6 +140,8 @@ pub struct Shared {
     pending: Mutex<HashMap<u64, Pending>>,
     next_request: AtomicU64,
     pub metrics: pipeline::Metrics,
+    /// Which requests run and which wait (`--parallel`).
+    pub queue: pipeline::Queue,
     pub started: Instant,
     /// Whether the coordinator is still in its room (its signaling session
     /// is open): without it no worker can join or link again.
@@ -444,6 +446,7 @@ impl Coordinator {
         };
         let cluster = Cluster::new(cfg, opts.manual.clone());
         let (feedback, feedback_rx) = mpsc::unbounded_channel();
+        let opts_parallel = opts.parallel;
         let shared = Arc::new(Shared {
             opts,
             model,
@@ -456,6 +459,7 @@ impl Coordinator {
             pending: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
             metrics: pipeline::Metrics::default(),
+            queue: pipeline::Queue::new(opts_parallel),
             started: Instant::now(),
             in_room: std::sync::atomic::AtomicBool::new(true),
             audited_epoch: Mutex::new(None),

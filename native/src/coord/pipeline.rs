@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use cairn_engine::kernels::SampleParams;
 use cairn_engine::protocol::Message;
 use cairn_signal::protocol::PeerId;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
-use super::core::{ClusterView, Count, Input, Output, Request, RequestConfig};
+use super::core::{Admission, Admit, ClusterView, Count, Input, Output, Request, RequestConfig};
 use super::state::{Active, RequestView};
 use super::{Pending, Shared, StageReply};
 
@@ -58,6 +58,10 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     pub recoveries: AtomicU64,
     pub in_flight: AtomicU64,
+    /// Requests turned away because the queue was full (or cancelled while queued).
+    pub refused: AtomicU64,
+    /// Requests that had to wait for a place.
+    pub queued: AtomicU64,
     /// Hops the coordinator relayed (activations or a token it sent on).
     pub relayed: AtomicU64,
     /// Tokens the last stage handed straight to the first stage.
@@ -98,6 +102,115 @@ impl Metrics {
     }
 }
 
+/// Requests waiting beyond the running ones, per place (`--parallel`): past this the
+/// API answers 503 at once rather than holding unbounded work.
+const QUEUE_PER_PLACE: usize = 32;
+
+/// The admission queue ([`Admission`]) with the waiting requests' wake-ups.
+pub struct Queue {
+    inner: std::sync::Mutex<(Admission, HashMap<u64, oneshot::Sender<()>>)>,
+}
+
+impl Queue {
+    pub fn new(parallel: usize) -> Queue {
+        let parallel = parallel.max(1);
+        Queue {
+            inner: std::sync::Mutex::new((
+                Admission::new(parallel, parallel * QUEUE_PER_PLACE),
+                HashMap::new(),
+            )),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Admission, HashMap<u64, oneshot::Sender<()>>)> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// (running, queued, the oldest wait, the mean wait of the last starts, places).
+    pub fn snapshot(&self) -> QueueView {
+        let g = self.lock();
+        QueueView {
+            running: g.0.running(),
+            queued: g.0.queued(),
+            oldest_wait: g.0.oldest_wait(Instant::now()),
+            mean_wait: g.0.mean_recent_wait(),
+            parallel: g.0.parallel(),
+        }
+    }
+
+    /// Waits for `id`'s turn; `Err` with the reason when the queue is full or the client
+    /// went away while it waited. The place is given back when the returned guard drops.
+    async fn admit(
+        &self,
+        id: u64,
+        tx: &mpsc::Sender<GenEvent>,
+        on_queued: impl FnOnce(),
+    ) -> Result<Place<'_>, String> {
+        let wait = {
+            let mut g = self.lock();
+            match g.0.arrive(id, Instant::now()) {
+                Admit::Run => None,
+                Admit::Queued { .. } => {
+                    let (wake, woken) = oneshot::channel();
+                    g.1.insert(id, wake);
+                    Some(woken)
+                }
+                Admit::Refused { queued } => {
+                    return Err(format!(
+                        "the cluster is busy: {} requests run and {queued} wait; try again shortly",
+                        g.0.running()
+                    ));
+                }
+            }
+        };
+        let place = Place { queue: self, id };
+        if let Some(woken) = wait {
+            on_queued();
+            tokio::select! {
+                r = woken => r.map_err(|_| "the queue was dropped".to_owned())?,
+                // The client went away while waiting: `place` leaves the queue.
+                _ = tx.closed() => return Err("cancelled while waiting".into()),
+            }
+        }
+        Ok(place)
+    }
+
+    fn leave(&self, id: u64) {
+        let mut g = self.lock();
+        let (adm, wakes) = &mut *g;
+        wakes.remove(&id);
+        for next in adm.leave(id, Instant::now()) {
+            if let Some(w) = wakes.remove(&next) {
+                let _ = w.send(());
+            }
+        }
+    }
+}
+
+/// What the queue looks like now (dashboard and metrics).
+#[derive(Debug, Clone, Copy)]
+pub struct QueueView {
+    pub running: usize,
+    pub queued: usize,
+    pub oldest_wait: Duration,
+    pub mean_wait: Duration,
+    pub parallel: usize,
+}
+
+/// A request's place among the running ones (or in the queue); given back on drop.
+struct Place<'a> {
+    queue: &'a Queue,
+    id: u64,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.queue.leave(self.id);
+    }
+}
+
 /// Starts generating; events arrive on the returned channel. Dropping the
 /// receiver cancels the request.
 pub fn start(shared: Arc<Shared>, req: GenRequest) -> mpsc::Receiver<GenEvent> {
@@ -105,6 +218,33 @@ pub fn start(shared: Arc<Shared>, req: GenRequest) -> mpsc::Receiver<GenEvent> {
     tokio::spawn(async move {
         let id = shared.request_id();
         let label = req.label.clone();
+        let place = shared
+            .queue
+            .admit(id, &tx, || {
+                shared.state().requests.insert(
+                    id,
+                    RequestView {
+                        id: req.label.clone(),
+                        state: "queued",
+                        generated: 0,
+                        max_tokens: req.max_tokens,
+                        recoveries: 0,
+                    },
+                );
+                shared.metrics.queued.fetch_add(1, Ordering::Relaxed);
+                shared.touch();
+            })
+            .await;
+        let _place = match place {
+            Ok(p) => p,
+            Err(msg) => {
+                shared.state().requests.remove(&id);
+                shared.touch();
+                shared.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                let _ = tx.send(GenEvent::Failed(msg)).await;
+                return;
+            }
+        };
         shared.metrics.requests.fetch_add(1, Ordering::Relaxed);
         shared.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
         shared

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cairn_engine::Device;
 use cairn_engine::gguf::TensorSource;
+use cairn_engine::model::shard::MAX_BATCH_SEQS;
 use cairn_engine::protocol::{LinkReport, Message, Telemetry};
 use cairn_engine::worker::{LoadPlan, Outgoing, ShardSlot, StageServer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
@@ -157,29 +158,45 @@ impl StageThread {
             .spawn(move || {
                 let mut server = StageServer::new(cx.device.clone());
                 let mut slot = ShardSlot::default();
-                while let Some(job) = rx.blocking_recv() {
-                    match job {
-                        Job::Coordinator(m) | Job::Local(m) => cx.serve(&mut server, m),
-                        Job::Peer(peer, m, _place) => {
-                            if matches!(m, Message::Forward { .. })
-                                && server.serves_forwards_from(&peer)
-                            {
-                                cx.serve(&mut server, m);
-                            } else {
-                                // Normal for a moment after a new placement (steps of
-                                // the old chain still in flight); anything else is a
-                                // misbehaving peer.
-                                debug!(%peer, kind = m.kind(), "dropping a message from a worker that is not the stage before ours");
+                // A job taken off the queue while gathering a batch, served next.
+                let mut held: Option<Job> = None;
+                loop {
+                    let Some(job) = held.take().or_else(|| rx.blocking_recv()) else {
+                        break;
+                    };
+                    let job = match step_of(&server, job) {
+                        Taken::Step(m) => {
+                            // Continuous batching: every step already waiting (other
+                            // requests' next tokens) joins this pass; what arrives
+                            // while it runs joins the next.
+                            let mut batch = vec![m];
+                            while batch.len() < MAX_BATCH_SEQS {
+                                let Ok(next) = rx.try_recv() else { break };
+                                match step_of(&server, next) {
+                                    Taken::Step(m) => batch.push(m),
+                                    Taken::Dropped => {}
+                                    Taken::Other(job) => {
+                                        held = Some(job);
+                                        break;
+                                    }
+                                }
                             }
+                            cx.serve_batch(&mut server, batch);
+                            continue;
+                        }
+                        Taken::Dropped => continue,
+                        Taken::Other(job) => job,
+                    };
+                    match job {
+                        Job::Coordinator(m) | Job::Local(m) | Job::Peer(_, m, _) => {
+                            cx.serve(&mut server, m)
                         }
                         Job::Install { src, plan, reply } => {
                             let answer = match slot.reuse(&mut server, &plan) {
                                 Some(loaded) => loaded,
-                                None => pollster::block_on(slot.load(
-                                    &mut server,
-                                    plan,
-                                    src.as_ref(),
-                                )),
+                                None => {
+                                    pollster::block_on(slot.load(&mut server, plan, src.as_ref()))
+                                }
                             };
                             drop(src);
                             let _ = reply.send(Ok(answer));
@@ -221,9 +238,44 @@ impl StageThread {
     }
 }
 
+/// What a job is to the batching loop.
+enum Taken {
+    /// A step for this stage.
+    Step(Message),
+    /// A message from a worker that this stage does not take.
+    Dropped,
+    Other(Job),
+}
+
+fn step_of(server: &StageServer, job: Job) -> Taken {
+    match job {
+        Job::Coordinator(m @ Message::Forward { .. }) | Job::Local(m @ Message::Forward { .. }) => {
+            Taken::Step(m)
+        }
+        // The permit goes back as the step leaves the queue.
+        Job::Peer(peer, m, _place) => {
+            if matches!(m, Message::Forward { .. }) && server.serves_forwards_from(&peer) {
+                Taken::Step(m)
+            } else {
+                // Normal for a moment after a new placement (steps of the old chain still
+                // in flight); anything else is a misbehaving peer.
+                debug!(%peer, kind = m.kind(), "dropping a message from a worker that is not the stage before ours");
+                Taken::Dropped
+            }
+        }
+        other => Taken::Other(other),
+    }
+}
+
 impl Context {
     fn serve(&self, server: &mut StageServer, m: Message) {
         if let Some(out) = pollster::block_on(server.handle(m)) {
+            self.dispatch(out);
+        }
+    }
+
+    fn serve_batch(&self, server: &mut StageServer, steps: Vec<Message>) {
+        for out in pollster::block_on(server.handle_forwards(steps)) {
             self.dispatch(out);
         }
     }

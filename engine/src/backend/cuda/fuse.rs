@@ -718,6 +718,82 @@ mod tests {
         );
     }
 
+    /// A batch of sequences (continuous batching): ropes at per-token positions stay plain
+    /// launches (the fused kernel has one pos0), and the pool writes and paged attention
+    /// end the fused group.
+    #[test]
+    fn a_batched_decode_layer_fuses_its_products_only() {
+        let d = cpu();
+        let b = bufs(&d);
+        let tokens = 3;
+        let ops = layer(&b, tokens, 0);
+        let rope = |x, heads| {
+            Op::Rope(kernels::Rope {
+                x,
+                heads,
+                head_dim: 32,
+                rope_dim: 32,
+                tokens,
+                pos0: 0,
+                freq_base: 10000.0,
+                neox: false,
+                factors: None,
+                positions: Some(&b.a),
+            })
+        };
+        let mut batched = ops[..4].to_vec();
+        batched.extend([
+            rope(&b.q, 2),
+            rope(&b.k, 1),
+            Op::KvStore(kernels::KvStore {
+                k: &b.k,
+                v: &b.v,
+                slots: &b.g,
+                k_pool: &b.kc,
+                v_pool: &b.vc,
+                kv_dim: 32,
+                tokens,
+                pool_slots: 64,
+            }),
+            Op::PagedAttention(kernels::PagedAttention {
+                q: &b.q,
+                k_pool: &b.kc,
+                v_pool: &b.vc,
+                rows: &b.u,
+                table: &b.o,
+                out: &b.att,
+                heads: 2,
+                kv_heads: 1,
+                head_dim: 32,
+                tokens,
+                block: 16,
+                pool_blocks: 4,
+                table_len: 8,
+                scale: 0.1,
+            }),
+        ]);
+        batched.extend_from_slice(&ops[9..]);
+        let items = fuse(&batched, true);
+        assert_eq!(
+            shape(&items),
+            [
+                "fused4",
+                "rope",
+                "rope",
+                "kv_store",
+                "paged_attention",
+                "fused2",
+                "fused4",
+                "fused2"
+            ]
+        );
+        let Item::Fused(qkv) = &items[0] else {
+            unreachable!()
+        };
+        assert!(qkv.rope.is_none());
+        assert!(qkv.products.iter().all(|p| !p.rope && p.cache.is_none()));
+    }
+
     #[test]
     fn what_would_race_or_reorder_is_left_alone() {
         let d = cpu();

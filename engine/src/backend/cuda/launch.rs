@@ -5,7 +5,8 @@
 use crate::backend::{BackendError, Buffer, Result};
 use crate::kernels::{
     Add, AddBias, Argmax, Attention, AttentionParams, BufferCopy, Embed, KvStore, Linear, MatMul,
-    Op, OpSpec, PagedAttention, RmsNorm, Rope, Sample, SiluMul, Softmax, with_op,
+    Op, OpSpec, PagedAttention, PagedAttentionParams, RmsNorm, Rope, Sample, SiluMul, Softmax,
+    with_op,
 };
 use crate::quant::GgmlType;
 
@@ -62,6 +63,9 @@ pub(crate) enum Kernel {
     AddBias,
     Attention,
     AttentionSplit,
+    KvStore,
+    PagedAttention,
+    PagedAttentionSplit,
     Argmax,
     Sample,
     Copy,
@@ -88,6 +92,9 @@ impl Kernel {
             Kernel::AddBias => "add_bias",
             Kernel::Attention => "attention",
             Kernel::AttentionSplit => "attention_split",
+            Kernel::KvStore => "kv_store",
+            Kernel::PagedAttention => "paged_attention",
+            Kernel::PagedAttentionSplit => "paged_attention_split",
             Kernel::Argmax => "argmax",
             Kernel::Sample => "sample",
             Kernel::Copy => "copy_words",
@@ -295,20 +302,36 @@ impl<'a> CudaOp<'a> for Attention<'a> {
     }
 }
 
-// PENDING(kernels helper): CUDA kernels for the paged pool's ops.
 impl<'a> CudaOp<'a> for KvStore<'a> {
     fn launch(&self) -> Result<Launch<'a>> {
-        Err(BackendError::Unsupported(
-            "kv_store has no CUDA kernel yet".into(),
-        ))
+        let grid = [
+            blocks(self.kv_dim.into(), 256),
+            grid_yz(self.name(), "tokens", self.tokens)?,
+            1,
+        ];
+        let buffers = vec![self.k, self.v, self.slots, self.k_pool, self.v_pool];
+        launch(self, (Kernel::KvStore, OPS), grid, [256, 1, 1], buffers)
     }
 }
 
 impl<'a> CudaOp<'a> for PagedAttention<'a> {
     fn launch(&self) -> Result<Launch<'a>> {
-        Err(BackendError::Unsupported(
-            "paged_attention has no CUDA kernel yet".into(),
-        ))
+        let grid = [self.heads, grid_yz(self.name(), "tokens", self.tokens)?, 1];
+        let buffers = vec![
+            self.q,
+            self.k_pool,
+            self.v_pool,
+            self.rows,
+            self.table,
+            self.out,
+        ];
+        launch(
+            self,
+            (Kernel::PagedAttention, OPS),
+            grid,
+            [256, 1, 1],
+            buffers,
+        )
     }
 }
 
@@ -353,30 +376,62 @@ impl<'a> CudaOp<'a> for BufferCopy<'a> {
 const MAX_ATTENTION_SPLITS: u32 = 32;
 
 /// Decode attention (few tokens) over few heads leaves most of a GPU idle with a block per
-/// (head, token): this splits each one's keys across blocks (`attention_split`) so that about
-/// `target_blocks` run (the backend asks for four per multiprocessor). The split depends on the
-/// shape only, never on the position, so a captured graph replays at every step.
+/// (head, token): this splits each one's keys across blocks (`attention_split`,
+/// `paged_attention_split`) so that about `target_blocks` run (the backend asks for four per
+/// multiprocessor). The split depends on the shape only, never on the position or the block
+/// tables, so a captured graph replays at every step.
 pub(crate) fn split_attention(l: &mut Launch<'_>, target_blocks: u32) {
-    if l.kernel != Kernel::Attention {
-        return;
+    match l.kernel {
+        Kernel::Attention => split_dense(l, target_blocks),
+        Kernel::PagedAttention => split_paged(l, target_blocks),
+        _ => {}
     }
+}
+
+/// Blocks per (head, token) for `pairs` of them, or `None` when a block each fills the device.
+fn splits_for(pairs: u32, target_blocks: u32) -> Option<u32> {
+    let splits = (target_blocks / pairs.max(1)).min(MAX_ATTENTION_SPLITS);
+    (splits >= 2).then_some(splits)
+}
+
+/// Scratch of a split over `pairs` (head, token) pairs: a count per pair, then (m, l) and
+/// head_dim partial outputs per part.
+fn split_scratch(pairs: u32, splits: u32, head_dim: u32) -> u64 {
+    let pairs = u64::from(pairs);
+    pairs * 4 + pairs * u64::from(splits) * (2 + u64::from(head_dim)) * 4
+}
+
+fn split_dense(l: &mut Launch<'_>, target_blocks: u32) {
     let size = std::mem::size_of::<AttentionParams>();
     let mut p: AttentionParams =
         bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
+    // Prefill's causal rows differ in length; only decode's few tokens split.
     if p.tokens > MATVEC_MAX_TOKENS {
         return;
     }
-    let pairs = p.heads.saturating_mul(p.tokens).max(1);
-    let splits = (target_blocks / pairs).min(MAX_ATTENTION_SPLITS);
-    if splits < 2 {
+    let pairs = p.heads.saturating_mul(p.tokens);
+    let Some(splits) = splits_for(pairs, target_blocks) else {
         return;
-    }
+    };
     l.kernel = Kernel::AttentionSplit;
     l.grid[2] = splits;
     p.splits = splits;
     l.params = words(&p);
-    let pairs = u64::from(pairs);
-    l.scratch = pairs * 4 + pairs * u64::from(splits) * (2 + u64::from(p.head_dim)) * 4;
+    l.scratch = split_scratch(pairs, splits, p.head_dim);
+}
+
+/// A batch of sequences' tokens; the kernel takes the split count from the grid.
+fn split_paged(l: &mut Launch<'_>, target_blocks: u32) {
+    let size = std::mem::size_of::<PagedAttentionParams>();
+    let p: PagedAttentionParams =
+        bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
+    let pairs = p.heads.saturating_mul(p.tokens);
+    let Some(splits) = splits_for(pairs, target_blocks) else {
+        return;
+    };
+    l.kernel = Kernel::PagedAttentionSplit;
+    l.grid[2] = splits;
+    l.scratch = split_scratch(pairs, splits, p.head_dim);
 }
 
 #[cfg(test)]
@@ -530,6 +585,76 @@ mod tests {
         let mut few_sms = plan(&att(1, 0)).unwrap().unwrap();
         split_attention(&mut few_sms, 8);
         assert_eq!(few_sms.kernel, Kernel::Attention, "9 heads fill 8 blocks");
+    }
+
+    #[test]
+    fn the_pool_ops_launch_per_token_and_keep_their_buffer_order() {
+        let d = cpu();
+        let b: Vec<Buffer> = (0..6)
+            .map(|i| d.alloc(&i.to_string(), 1 << 16).unwrap())
+            .collect();
+        let store = plan(&Op::KvStore(KvStore {
+            k: &b[0],
+            v: &b[1],
+            slots: &b[2],
+            k_pool: &b[3],
+            v_pool: &b[4],
+            kv_dim: 300,
+            tokens: 5,
+            pool_slots: 40,
+        }))
+        .unwrap()
+        .unwrap();
+        assert_eq!(store.kernel, Kernel::KvStore);
+        assert_eq!((store.grid, store.block), ([2, 5, 1], [256, 1, 1]));
+        assert_eq!(&store.params[..4], &[300, 5, 40, 0]);
+        let ids = |l: &Launch| l.buffers.iter().map(|x| x.id()).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&store),
+            b[..5].iter().map(Buffer::id).collect::<Vec<_>>()
+        );
+        let att = plan(&Op::PagedAttention(PagedAttention {
+            q: &b[0],
+            k_pool: &b[1],
+            v_pool: &b[2],
+            rows: &b[3],
+            table: &b[4],
+            out: &b[5],
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            tokens: 7,
+            block: 16,
+            pool_blocks: 12,
+            table_len: 20,
+            scale: 0.125,
+        }))
+        .unwrap()
+        .unwrap();
+        assert_eq!(att.kernel, Kernel::PagedAttention);
+        assert_eq!((att.grid, att.block), ([9, 7, 1], [256, 1, 1]));
+        assert_eq!(
+            &att.params[..8],
+            &[9, 3, 64, 7, 16, 12, 20, 0.125f32.to_bits()]
+        );
+        assert_eq!(ids(&att), b.iter().map(Buffer::id).collect::<Vec<_>>());
+        let mut l = att.clone();
+        split_attention(&mut l, 1 << 16);
+        assert_eq!(l.kernel, Kernel::PagedAttentionSplit);
+        assert_eq!(
+            l.grid,
+            [9, 7, MAX_ATTENTION_SPLITS],
+            "the kernel reads the split here"
+        );
+        assert_eq!(l.params, att.params);
+        assert_eq!(l.scratch, 63 * 4 + 63 * 32 * 66 * 4);
+        let mut full = att.clone();
+        split_attention(&mut full, 100);
+        assert_eq!(
+            full.kernel,
+            Kernel::PagedAttention,
+            "63 blocks of 100 wanted"
+        );
     }
 
     #[test]

@@ -133,15 +133,20 @@ impl<'a> WgpuOp<'a> for RmsNorm<'a> {
 }
 
 impl<'a> WgpuOp<'a> for Rope<'a> {
-    const KERNELS: &'static [Kernel] = &[shaders::ROPE, shaders::ROPE_FACTORS];
+    const KERNELS: &'static [Kernel] = &[shaders::ROPE];
 
     fn step(&self, max_dim: u32) -> Result<Step<'a>> {
         let pairs = self.tokens * self.heads * (self.rope_dim / 2);
         let groups = grid(pairs.div_ceil(256), max_dim)?;
-        match self.factors {
-            Some(fs) => dispatch(self, shaders::ROPE_FACTORS, None, vec![self.x, fs], groups),
-            None => dispatch(self, shaders::ROPE, None, vec![self.x], groups),
-        }
+        // The kernel reads factors and positions only as `flags` says; an absent one is bound
+        // to a buffer the dispatch already names, which the kernel then never reads.
+        let stand_in = self.factors.or(self.positions).unwrap_or(self.x);
+        let buffers = vec![
+            self.x,
+            self.factors.unwrap_or(stand_in),
+            self.positions.unwrap_or(stand_in),
+        ];
+        dispatch(self, shaders::ROPE, None, buffers, groups)
     }
 }
 
@@ -231,6 +236,43 @@ impl<'a> WgpuOp<'a> for Attention<'a> {
         let buffers = vec![self.q, self.k_cache, self.v_cache, self.out];
         let groups = [self.heads, self.tokens, 1];
         dispatch(self, shaders::ATTENTION, None, buffers, groups)
+    }
+}
+
+impl<'a> WgpuOp<'a> for KvStore<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::KV_STORE];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let n = u64::from(self.tokens) * u64::from(self.kv_dim);
+        let n = u32::try_from(n).map_err(|_| {
+            BackendError::Unsupported(format!("kv_store of {n} elements passes u32"))
+        })?;
+        let groups = grid(n.div_ceil(256), max_dim)?;
+        let buffers = vec![self.k, self.v, self.slots, self.k_pool, self.v_pool];
+        dispatch(self, shaders::KV_STORE, None, buffers, groups)
+    }
+}
+
+impl<'a> WgpuOp<'a> for PagedAttention<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::PAGED_ATTENTION];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        if self.heads > max_dim || self.tokens > max_dim {
+            return Err(BackendError::Unsupported(format!(
+                "paged attention over {} heads x {} tokens exceeds the device's {max_dim} x {max_dim} grid",
+                self.heads, self.tokens
+            )));
+        }
+        let buffers = vec![
+            self.q,
+            self.k_pool,
+            self.v_pool,
+            self.rows,
+            self.table,
+            self.out,
+        ];
+        let groups = [self.heads, self.tokens, 1];
+        dispatch(self, shaders::PAGED_ATTENTION, None, buffers, groups)
     }
 }
 
@@ -336,6 +378,8 @@ mod tests {
             matches::<AddBias>(),
             matches::<Embed>(),
             matches::<Attention>(),
+            matches::<KvStore>(),
+            matches::<PagedAttention>(),
             matches::<Argmax>(),
             matches::<Sample>(),
             matches::<BufferCopy>(),
@@ -345,6 +389,58 @@ mod tests {
         let mut all: Vec<&str> = shaders::ALL.iter().map(|k| k.name).collect();
         all.sort();
         assert_eq!(covered, all);
+    }
+
+    /// The one rope kernel always binds factors and positions; an absent one is a buffer the
+    /// dispatch already names (a read-only stand-in for the read-write `x` would be refused).
+    #[test]
+    fn rope_binds_a_stand_in_for_what_is_absent() {
+        let d = crate::backend::Device::new_cpu(crate::device::info::describe_cpu());
+        let (x, f, p) = (
+            d.alloc("x", 1024).unwrap(),
+            d.alloc("f", 64).unwrap(),
+            d.alloc("p", 64).unwrap(),
+        );
+        let bound = |factors, positions| {
+            let op = Rope {
+                x: &x,
+                factors,
+                positions,
+                heads: 2,
+                head_dim: 8,
+                rope_dim: 8,
+                tokens: 3,
+                pos0: 5,
+                freq_base: 1e4,
+                neox: false,
+            };
+            let Ok(Step::Dispatch {
+                kernel,
+                buffers,
+                params,
+                ..
+            }) = op.step(65535)
+            else {
+                panic!("rope is a dispatch");
+            };
+            assert_eq!(kernel, shaders::ROPE);
+            let ids: Vec<u64> = buffers.iter().map(|b| b.id()).collect();
+            (ids, params[7])
+        };
+        let flags = (crate::kernels::ROPE_FACTORS, crate::kernels::ROPE_POSITIONS);
+        assert_eq!(bound(None, None), (vec![x.id(); 3], 0));
+        assert_eq!(
+            bound(Some(&f), None),
+            (vec![x.id(), f.id(), f.id()], flags.0)
+        );
+        assert_eq!(
+            bound(None, Some(&p)),
+            (vec![x.id(), p.id(), p.id()], flags.1)
+        );
+        assert_eq!(
+            bound(Some(&f), Some(&p)),
+            (vec![x.id(), f.id(), p.id()], flags.0 | flags.1)
+        );
     }
 
     #[test]
@@ -377,26 +473,5 @@ mod tests {
             0,
         ];
         assert_eq!(params, want);
-    }
-}
-
-// PENDING(kernels helper): WGSL kernels for the paged pool's ops.
-impl<'a> WgpuOp<'a> for KvStore<'a> {
-    const KERNELS: &'static [Kernel] = &[];
-
-    fn step(&self, _: u32) -> Result<Step<'a>> {
-        Err(BackendError::Unsupported(
-            "kv_store has no WGSL kernel yet".into(),
-        ))
-    }
-}
-
-impl<'a> WgpuOp<'a> for PagedAttention<'a> {
-    const KERNELS: &'static [Kernel] = &[];
-
-    fn step(&self, _: u32) -> Result<Step<'a>> {
-        Err(BackendError::Unsupported(
-            "paged_attention has no WGSL kernel yet".into(),
-        ))
     }
 }

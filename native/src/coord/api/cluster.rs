@@ -91,6 +91,14 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
                 "thermal": p.extra.get("thermal"),
                 "battery": level.map(|l| json!({"level": l, "charging": charging})),
                 "visibility": p.extra.get("visibility"),
+                "mean_batch": t.and_then(|t| t.mean_batch),
+                "kv": t.and_then(|t| t.kv.as_ref()).map(|k| json!({
+                    "blocks_used": k.blocks_used,
+                    "blocks_allocated": k.blocks_allocated,
+                    "blocks_budget": k.blocks_budget,
+                    "block_positions": k.block_positions,
+                })),
+                "requests": t.map(|t| t.requests),
             },
             "calibration": p.calibration,
             "joined_s_ago": p.joined.elapsed().as_secs(),
@@ -172,6 +180,7 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
     }
     let requests: Vec<_> = st.requests.values().cloned().collect();
     let m = &shared.metrics;
+    let queue = shared.queue.snapshot();
     json!({
         "model": {
             "id": shared.model.id,
@@ -196,6 +205,13 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
         "requests": {
             "in_flight": m.in_flight.load(Ordering::Relaxed),
             "waiting": requests.iter().filter(|r| r.state == "waiting").count(),
+            "running": queue.running,
+            "queued": queue.queued,
+            "parallel": queue.parallel,
+            "oldest_wait_s": queue.oldest_wait.as_secs_f64(),
+            "mean_wait_s": queue.mean_wait.as_secs_f64(),
+            "refused": m.refused.load(Ordering::Relaxed),
+            "queued_total": m.queued.load(Ordering::Relaxed),
             "completed": m.completed.load(Ordering::Relaxed),
             "failed": m.failed.load(Ordering::Relaxed),
             "recoveries": m.recoveries.load(Ordering::Relaxed),
@@ -406,6 +422,37 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "# HELP cairn_requests_in_flight Requests being served.\n# TYPE cairn_requests_in_flight gauge\ncairn_requests_in_flight {}",
         m.in_flight.load(Ordering::Relaxed)
     );
+    let q = shared.queue.snapshot();
+    for (name, help, v) in [
+        (
+            "cairn_requests_running",
+            "Requests admitted and running (at most --parallel).",
+            q.running as f64,
+        ),
+        (
+            "cairn_requests_queued",
+            "Requests waiting for a place.",
+            q.queued as f64,
+        ),
+        (
+            "cairn_queue_oldest_wait_seconds",
+            "How long the oldest waiting request has waited.",
+            q.oldest_wait.as_secs_f64(),
+        ),
+        (
+            "cairn_queue_mean_wait_seconds",
+            "Mean wait of the last requests to start.",
+            q.mean_wait.as_secs_f64(),
+        ),
+    ] {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+    counter(
+        &mut s,
+        "cairn_requests_refused_total",
+        "Requests turned away because the queue was full.",
+        m.refused.load(Ordering::Relaxed),
+    );
     let _ = writeln!(
         s,
         "# HELP cairn_tokens_per_second Generated tokens per second over the last 5 s.\n# TYPE cairn_tokens_per_second gauge\ncairn_tokens_per_second {}",
@@ -447,6 +494,29 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
                 s,
                 "cairn_link_rtt_seconds{{peer=\"{id}\"}} {}",
                 rtt.as_secs_f64()
+            );
+        }
+    }
+    // Continuous batching per stage, as each worker's telemetry reports it.
+    let _ = writeln!(
+        s,
+        "# HELP cairn_peer_batch_size Sequences per forward pass on a worker (mean over its last report).\n# TYPE cairn_peer_batch_size gauge\n# HELP cairn_peer_kv_blocks_used Key/value pool blocks in use on a worker.\n# TYPE cairn_peer_kv_blocks_used gauge\n# HELP cairn_peer_kv_blocks_budget Key/value pool blocks a worker may hold.\n# TYPE cairn_peer_kv_blocks_budget gauge"
+    );
+    for (id, p) in &st.peers {
+        let Some(t) = &p.telemetry else { continue };
+        if let Some(b) = t.mean_batch {
+            let _ = writeln!(s, "cairn_peer_batch_size{{peer=\"{id}\"}} {b}");
+        }
+        if let Some(k) = &t.kv {
+            let _ = writeln!(
+                s,
+                "cairn_peer_kv_blocks_used{{peer=\"{id}\"}} {}",
+                k.blocks_used
+            );
+            let _ = writeln!(
+                s,
+                "cairn_peer_kv_blocks_budget{{peer=\"{id}\"}} {}",
+                k.blocks_budget
             );
         }
     }

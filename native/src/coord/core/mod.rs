@@ -19,10 +19,13 @@
 //!   automatic, unchanged) and each stage's `next`/`prev`.
 //! - `peers.rs`: what a worker's condition or loss means for placing again.
 //! - `placing.rs`: the debounce and one round of `LoadShard` answers.
+//! - [`Admission`] (`admission.rs`): at most `--parallel` requests run, the
+//!   rest wait in arrival order in a bounded queue.
 //! - [`Request`] (`request.rs`): one request from admission to its end
 //!   (runs, chain and relays, step and stall timeouts, retries, recovery),
 //!   seeing the cluster through [`ClusterView`] (`view.rs`).
 
+mod admission;
 mod approval;
 mod cluster;
 mod peers;
@@ -38,6 +41,7 @@ mod peers_tests;
 #[cfg(test)]
 mod tests;
 
+pub use admission::{Admission, Admit};
 pub use approval::PendingWorker;
 pub use cluster::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
 pub use peers::{condition, runs_lost};

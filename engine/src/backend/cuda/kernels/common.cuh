@@ -28,6 +28,11 @@ struct AttentionParams {
     u32 heads; u32 kv_heads; u32 head_dim; u32 tokens; u32 pos0; float scale; u32 splits;
     u32 _pad;
 };
+struct KvStoreParams { u32 kv_dim; u32 tokens; u32 pool_slots; u32 _pad; };
+struct PagedAttentionParams {
+    u32 heads; u32 kv_heads; u32 head_dim; u32 tokens; u32 block; u32 pool_blocks; u32 table_len;
+    float scale;
+};
 struct SampleKernelParams {
     u32 n; float temperature; u32 top_k; float top_p; u32 seed_lo; u32 seed_hi; u32 step;
     u32 _pad;

@@ -262,6 +262,186 @@ attention_split(const AttentionParams* __restrict__ p, const float* __restrict__
     if (tid == 0) *count = 0;
 }
 
+// The paged key/value pool (kernels/paged.rs). Slots and table entries are read from buffers,
+// so an entry outside the pool or the table is skipped rather than followed.
+
+// Row t of k and v into slot slots[t] of k_pool and v_pool: grid (kv_dim / 256, tokens).
+extern "C" __global__ void __launch_bounds__(256)
+kv_store(const KvStoreParams* __restrict__ p, const float* __restrict__ k, const float* __restrict__ v,
+         const u32* __restrict__ slots, float* __restrict__ k_pool, float* __restrict__ v_pool) {
+    const u32 kv_dim = p->kv_dim;
+    const u32 c = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
+    if (c >= kv_dim) return;
+    const u32 slot = slots[t];
+    if (slot >= p->pool_slots) return;
+    const size_t src = (size_t)t * kv_dim + c, dst = (size_t)slot * kv_dim + c;
+    k_pool[dst] = k[src];
+    v_pool[dst] = v[src];
+}
+
+// Where token t's keys are: its table (from `start` in `table`) and key count, or false when
+// the token is skipped: its keys reach past table_len, or its table names a block at or past
+// pool_blocks. Every thread of the block must call it (it ends in a barrier).
+__device__ __forceinline__ bool paged_keys(const PagedAttentionParams* p, const u32* rows,
+                                           const u32* table, u32 t, const u32** tab, u32* n) {
+    const u32 block = p->block, table_len = p->table_len, pool_blocks = p->pool_blocks;
+    const u32 start = rows[2 * t], n_keys = rows[2 * t + 1];
+    const u32 n_blocks = n_keys / block + (n_keys % block != 0);
+    // Written without overflow: start and n_keys come from a buffer.
+    bool bad = start > table_len || n_blocks > table_len - start;
+    if (!bad)
+        for (u32 b = threadIdx.x; b < n_blocks; b += blockDim.x) bad |= table[start + b] >= pool_blocks;
+    *tab = table + start;
+    *n = n_keys;
+    return !__syncthreads_or(bad);
+}
+
+// Keys [k0, k1) of one (head, token) through its table `tab`, by a block of 256 threads: the
+// same chunked online softmax as `attend`, with each chunk's slots kept in shared memory for
+// the value pass. Leaves m, l and (threads below head_dim) the unscaled output element.
+__device__ __forceinline__ AttPart paged_attend(const PagedAttentionParams* p, const float* q,
+                                                const float* kp, const float* vp, const u32* tab,
+                                                u32 k0, u32 k1, float* qs, float* ps,
+                                                u32* key_slots, float* red) {
+    const u32 heads = p->heads, kv_heads = p->kv_heads, hd = p->head_dim, block = p->block;
+    const float scale = p->scale;
+    const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const u32 kh = h / (heads / kv_heads);
+    const size_t kv_stride = (size_t)kv_heads * hd;
+    const float* qv = q + ((size_t)t * heads + h) * hd;
+    for (u32 c = tid; c < hd; c += blockDim.x) qs[c] = qv[c];
+    __syncthreads();
+    // Rows start 16-byte aligned when head_dim is a multiple of 4 (buffers are 256-aligned).
+    const bool vec4 = (hd & 3) == 0;
+    float m = NEG_INF, l = 0.0f, acc = 0.0f;
+    for (u32 p0 = k0; p0 < k1; p0 += ATT_CHUNK) {
+        const u32 j = p0 + tid;
+        float s = NEG_INF;
+        if (j < k1) {
+            const u32 slot = tab[j / block] * block + j % block;
+            key_slots[tid] = slot;
+            const float* kr = kp + slot * kv_stride + (size_t)kh * hd;
+            float dot = 0.0f;
+            if (vec4) {
+                const float4* k4 = reinterpret_cast<const float4*>(kr);
+#pragma unroll 8
+                for (u32 d = 0; d < hd / 4; d++) {
+                    const float4 k = k4[d];
+                    dot += qs[4 * d] * k.x + qs[4 * d + 1] * k.y + qs[4 * d + 2] * k.z
+                         + qs[4 * d + 3] * k.w;
+                }
+            } else {
+                for (u32 d = 0; d < hd; d++) dot += qs[d] * kr[d];
+            }
+            s = dot * scale;
+        }
+        const float mn = fmaxf(m, block_max(s, red));
+        const float e = j < k1 ? expf(s - mn) : 0.0f;
+        ps[tid] = e;
+        // block_sum's barriers also publish ps and key_slots to every thread.
+        const float cs = block_sum(e, red);
+        const float corr = expf(m - mn);  // 0 on the first chunk (m = -inf)
+        l = l * corr + cs;
+        if (tid < hd) {
+            const u32 np = min((u32)ATT_CHUNK, k1 - p0);
+            const float* vr = vp + (size_t)kh * hd + tid;
+            float a = acc * corr;
+#pragma unroll 8
+            for (u32 i = 0; i < np; i++) a += ps[i] * vr[key_slots[i] * kv_stride];
+            acc = a;
+        }
+        m = mn;
+        __syncthreads();  // everyone is done with ps and key_slots before the next chunk
+    }
+    return AttPart{m, l, acc};
+}
+
+// Causal grouped-query attention of a batch of sequences, each token through its block table
+// (kernels/paged.rs): rows[2t] is where token t's table starts in `table`, rows[2t + 1] how
+// many keys it attends to; key j is in slot table[start + j / block] * block + j % block. A
+// skipped token (see paged_keys) has its output row left unwritten. Grid (heads, tokens),
+// block 256.
+extern "C" __global__ void __launch_bounds__(256)
+paged_attention(const PagedAttentionParams* __restrict__ p, const float* __restrict__ q,
+                const float* __restrict__ kp, const float* __restrict__ vp,
+                const u32* __restrict__ rows, const u32* __restrict__ table,
+                float* __restrict__ out) {
+    __shared__ float qs[256];
+    __shared__ float ps[ATT_CHUNK];
+    __shared__ u32 key_slots[ATT_CHUNK];
+    __shared__ float red[32];
+    const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const u32* tab;
+    u32 n_keys;
+    if (!paged_keys(p, rows, table, t, &tab, &n_keys)) return;
+    const AttPart r = paged_attend(p, q, kp, vp, tab, 0, n_keys, qs, ps, key_slots, red);
+    // No keys: zeros, as the reference writes.
+    if (tid < p->head_dim)
+        out[((size_t)t * p->heads + h) * p->head_dim + tid] = n_keys ? r.acc / r.l : 0.0f;
+}
+
+// paged_attention with each (head, token)'s keys split across gridDim.z blocks, merged by the
+// last of them to finish, as attention_split does (same scratch layout: heads * tokens counts,
+// then (m, l) per part, then head_dim floats per part). A skipped token's blocks all return
+// before counting, so its count stays zero and its output row unwritten. The split depends on
+// the shape only, so a captured graph replays whatever the tables say.
+extern "C" __global__ void __launch_bounds__(256)
+paged_attention_split(const PagedAttentionParams* __restrict__ p, const float* __restrict__ q,
+                      const float* __restrict__ kp, const float* __restrict__ vp,
+                      const u32* __restrict__ rows, const u32* __restrict__ table,
+                      float* __restrict__ out, u32* __restrict__ scratch) {
+    __shared__ float qs[256];
+    __shared__ float ps[ATT_CHUNK];
+    __shared__ u32 key_slots[ATT_CHUNK];
+    __shared__ float red[32];
+    __shared__ bool merge;
+    __shared__ float weight[32];
+    const u32 heads = p->heads, hd = p->head_dim, tokens = p->tokens, splits = gridDim.z;
+    const u32 h = blockIdx.x, t = blockIdx.y, part = blockIdx.z, tid = threadIdx.x;
+    const u32* tab;
+    u32 n_keys;
+    if (!paged_keys(p, rows, table, t, &tab, &n_keys)) return;
+    const u32 per = n_keys / splits + (n_keys % splits != 0);
+    const u32 k0 = min(part * per, n_keys), k1 = min(k0 + per, n_keys);
+    const AttPart r = paged_attend(p, q, kp, vp, tab, k0, k1, qs, ps, key_slots, red);
+    const u32 ht = t * heads + h;
+    u32* count = scratch + ht;
+    float* ml = reinterpret_cast<float*>(scratch + (size_t)heads * tokens);
+    float* pacc = ml + (size_t)heads * tokens * splits * 2;
+    const size_t mine = (size_t)ht * splits + part;
+    if (tid == 0) {
+        ml[2 * mine] = r.m;
+        ml[2 * mine + 1] = r.l;
+    }
+    if (tid < hd) pacc[mine * hd + tid] = r.acc;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) merge = atomicAdd(count, 1u) == splits - 1;
+    __syncthreads();
+    if (!merge) return;
+    __threadfence();
+    const size_t first = (size_t)ht * splits;
+    float mk = NEG_INF, lk = 0.0f;
+    if (tid < splits) {
+        mk = __ldcg(ml + 2 * (first + tid));
+        lk = __ldcg(ml + 2 * (first + tid) + 1);
+    }
+    const float mx = block_max(mk, red);
+    // An empty range (lk = 0, mk = -inf) weighs nothing.
+    const float wk = lk > 0.0f ? expf(mk - mx) : 0.0f;
+    if (tid < splits) weight[tid] = wk;
+    // block_sum's barriers also publish `weight`.
+    const float l = block_sum(lk * wk, red);
+    if (tid < hd) {
+        float a = 0.0f;
+#pragma unroll 8
+        for (u32 k = 0; k < splits; k++) a += __ldcg(pacc + (first + k) * hd + tid) * weight[k];
+        // No keys: zeros, as the reference writes.
+        out[(size_t)ht * hd + tid] = n_keys ? a / l : 0.0f;
+    }
+    if (tid == 0) *count = 0;
+}
+
 // The first index of the largest value; one block of 1024.
 extern "C" __global__ void __launch_bounds__(1024)
 argmax(const CountParams* __restrict__ p, const float* __restrict__ x, u32* __restrict__ out) {

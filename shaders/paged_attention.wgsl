@@ -1,0 +1,123 @@
+// Causal grouped-query attention of a batch of sequences through their block tables: one
+// workgroup per (head, query token). rows[2t] is where token t's table starts in `table`,
+// rows[2t + 1] how many keys it attends to; key j is in slot
+// table[start + j / block] * block + j % block of the pools. Keys are scored 256 at a time (one
+// per invocation) with an online softmax, as in attention.wgsl; invocation d < head_dim owns
+// output element d. A token whose keys reach past table_len, or whose table names a block at or
+// past pool_blocks, is skipped (its output row is not written), so no index read from a buffer
+// ever reaches outside the pool or the table.
+
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    tokens: u32,
+    block: u32,
+    pool_blocks: u32,
+    table_len: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k_pool: array<f32>;
+@group(0) @binding(3) var<storage, read> v_pool: array<f32>;
+@group(0) @binding(4) var<storage, read> rows: array<u32>;
+@group(0) @binding(5) var<storage, read> table: array<u32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+const CHUNK: u32 = 256u;
+// `live_keys` of a token that is skipped.
+const SKIP: u32 = 0xffffffffu;
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> scores: array<f32, 256>;
+var<workgroup> key_slots: array<u32, 256>;
+var<workgroup> bad: atomic<u32>;
+var<workgroup> live_keys: u32;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let h = wid.x;
+    let t = wid.y;
+    let start = rows[2u * t];
+    let n_keys = rows[2u * t + 1u];
+    let block = p.block;
+    let n_blocks = n_keys / block + select(0u, 1u, n_keys % block != 0u);
+    // Written without overflow: start and n_keys come from a buffer.
+    let in_table = start <= p.table_len && n_blocks <= p.table_len - start;
+    if (li == 0u) {
+        atomicStore(&bad, select(1u, 0u, in_table));
+    }
+    workgroupBarrier();
+    if (in_table) {
+        for (var b = li; b < n_blocks; b += CHUNK) {
+            if (table[start + b] >= p.pool_blocks) {
+                atomicOr(&bad, 1u);
+            }
+        }
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        live_keys = select(n_keys, SKIP, atomicLoad(&bad) != 0u);
+    }
+    // Uniform across the workgroup, so the early return and the loop's barriers are too.
+    let keys = workgroupUniformLoad(&live_keys);
+    if (keys == SKIP) {
+        return;
+    }
+
+    let hd = p.head_dim;
+    let kvh = h / (p.heads / p.kv_heads);
+    let kv_stride = p.kv_heads * hd;
+    let qbase = (t * p.heads + h) * hd;
+    if (li < hd) {
+        qs[li] = q[qbase + li];
+    }
+    workgroupBarrier();
+    var m = -3.4028234e38;
+    var l = 0.0;
+    var o = 0.0;
+    let n_chunks = keys / CHUNK + select(0u, 1u, keys % CHUNK != 0u);
+    for (var c = 0u; c < n_chunks; c++) {
+        let j = c * CHUNK + li;
+        var s = -3.4028234e38;
+        if (j < keys) {
+            let slot = table[start + j / block] * block + j % block;
+            key_slots[li] = slot;
+            let kb = slot * kv_stride + kvh * hd;
+            var acc = 0.0;
+            for (var d = 0u; d < hd; d++) {
+                acc += qs[d] * k_pool[kb + d];
+            }
+            s = acc * p.scale;
+        }
+        scores[li] = s;
+        workgroupBarrier();
+        var cm = m;
+        for (var i = 0u; i < CHUNK; i++) {
+            cm = max(cm, scores[i]);
+        }
+        workgroupBarrier();
+        scores[li] = select(0.0, exp(s - cm), j < keys);
+        workgroupBarrier();
+        let corr = exp(m - cm);
+        var csum = 0.0;
+        var ov = 0.0;
+        let live = min(CHUNK, keys - c * CHUNK);
+        for (var i = 0u; i < live; i++) {
+            let pw = scores[i];
+            csum += pw;
+            if (li < hd) {
+                ov += pw * v_pool[key_slots[i] * kv_stride + kvh * hd + li];
+            }
+        }
+        l = l * corr + csum;
+        o = o * corr + ov;
+        m = cm;
+        workgroupBarrier();
+    }
+    if (li < hd) {
+        // No keys: zeros, as the reference writes.
+        out[qbase + li] = select(o / l, 0.0, keys == 0u);
+    }
+}
