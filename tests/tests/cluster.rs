@@ -1139,7 +1139,17 @@ fn the_audit_log_records_admission_and_names_an_edited_line() {
             .ok()
             .filter(|t| t.contains("token_revoked"))
     });
-    drop(serve);
+    // SIGTERM, as a service manager stops it: the log ends with `stop`.
+    let mut serve = serve;
+    let status = serve.proc.terminate(Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let text = std::fs::read_to_string(&log).expect("the audit log");
+    assert!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.contains("\"kind\":\"stop\"")),
+        "{text}"
+    );
     assert!(!text.contains(admin), "the key itself is in the log");
     let records: Vec<Value> = text
         .lines()

@@ -34,7 +34,7 @@ pub enum Event {
         read_key: bool,
         approve_workers: bool,
     },
-    /// `cairn serve` stopped (Ctrl-C); a log that ends without it ended in a crash or a kill.
+    /// `cairn serve` stopped (Ctrl-C or SIGTERM); a log that ends without it ended in a crash or a kill.
     Stop,
     /// A peer joined the room with a valid token.
     Joined {

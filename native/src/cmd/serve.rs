@@ -166,7 +166,11 @@ fn reachable_ip(listen: &SocketAddr) -> IpAddr {
 
 pub fn run(a: Args) -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(serve(a))
+    let result = rt.block_on(serve(a));
+    // A local worker's step may still compute on a blocking thread: stop
+    // without waiting for it.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 /// A fresh admin key: 32 random bytes as hex.
@@ -420,10 +424,30 @@ async fn serve(mut a: Args) -> Result<()> {
         );
     }
     let _server = server;
-    tokio::signal::ctrl_c().await?;
+    shutdown_asked().await?;
     audit.record(Event::Stop);
     audit.close();
     Ok(())
+}
+
+/// Ctrl-C, or (on Unix) SIGTERM as a service manager sends: either ends
+/// `serve` with the audit log's `stop` record written.
+async fn shutdown_asked() -> Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r?,
+            _ = term.recv() => {}
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await?;
+        Ok(())
+    }
 }
 
 /// Records the embedded signaling server's sessions: who joined with which
