@@ -1134,7 +1134,7 @@ fn the_audit_log_records_admission_and_names_an_edited_line() {
     cairn_token(&api, admin, &["revoke", &id]);
     let state = dir.join("serve-state");
     let log = state.join("audit.jsonl");
-    let text = wait_for(Duration::from_secs(20), "the revocation's record", || {
+    wait_for(Duration::from_secs(20), "the revocation's record", || {
         std::fs::read_to_string(&log)
             .ok()
             .filter(|t| t.contains("token_revoked"))
