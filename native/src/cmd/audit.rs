@@ -1,6 +1,7 @@
 //! `cairn audit verify|show`: checks the hash chain of a coordinator's
 //! audit log, and prints it for people.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -89,8 +90,27 @@ fn show(dir: &Path, last: Option<usize>) -> Result<()> {
         bail!("no audit log in {} (no {FILE})", dir.display());
     }
     let skip = last.map_or(0, |n| lines.len().saturating_sub(n));
+    // A reader that stops (`| head`) ends the listing, not with a panic.
+    let mut out = std::io::stdout().lock();
     for line in &lines[skip..] {
-        match chain::parse_line(line) {
+        // A line that fails its hash is still shown, marked: verify says more.
+        let (record, mark) = match chain::parse_line(line) {
+            Ok(r) => (Ok(r), ""),
+            Err(e) => match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(v) => (
+                    Ok(chain::Record {
+                        seq: v["seq"].as_u64().unwrap_or(0),
+                        at_ms: v["at"].as_u64().unwrap_or(0),
+                        prev: String::new(),
+                        hash: String::new(),
+                        event: v["event"].clone(),
+                    }),
+                    "  [does not verify]",
+                ),
+                Err(_) => (Err(e), ""),
+            },
+        };
+        let written = match record {
             Ok(r) => {
                 let mut fields = String::new();
                 if let Some(o) = r.event.as_object() {
@@ -102,9 +122,18 @@ fn show(dir: &Path, last: Option<usize>) -> Result<()> {
                         fields.push_str(&format!(" {k}={v}"));
                     }
                 }
-                println!("{:>6}  {}  {}{fields}", r.seq, utc(r.at_ms), r.kind());
+                writeln!(
+                    out,
+                    "{:>6}  {}  {}{fields}{mark}",
+                    r.seq,
+                    utc(r.at_ms),
+                    r.kind()
+                )
             }
-            Err(e) => println!("     ?  (unreadable line: {e})"),
+            Err(e) => writeln!(out, "     ?  (unreadable line: {e})"),
+        };
+        if written.is_err() {
+            break;
         }
     }
     Ok(())
