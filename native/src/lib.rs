@@ -3,6 +3,7 @@
 //! tensors from the coordinator over HTTP range requests (`model_fetch`), and the browser worker's
 //! join page and wasm package the binary carries (`web_assets`).
 
+pub mod audit;
 pub mod coord;
 pub mod link;
 pub mod model_fetch;

@@ -38,6 +38,8 @@ enum Command {
     Serve(cmd::serve::Args),
     /// List, issue or revoke a running coordinator's worker join tokens.
     Token(cmd::token::Args),
+    /// Check (verify) or print (show) a coordinator's tamper-evident audit log.
+    Audit(cmd::audit::Args),
     /// Join a cluster and serve the layers the coordinator assigns.
     Worker(cmd::worker::Args),
     /// Prefill and decode tokens/s against the device's copy bandwidth and dispatch cost.
@@ -69,6 +71,7 @@ fn main() -> Result<()> {
         Command::Quantize(a) => cmd::quantize::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Token(a) => cmd::token::run(a),
+        Command::Audit(a) => cmd::audit::run(a),
         Command::Worker(a) => cmd::worker::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     }

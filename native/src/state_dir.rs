@@ -6,13 +6,18 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-/// The state directory for `flag` (created owner-only on Unix when missing).
-pub fn resolve(flag: Option<PathBuf>) -> std::io::Result<PathBuf> {
-    let dir = flag
-        .or_else(|| std::env::var_os("CAIRN_STATE_DIR").map(PathBuf::from))
+/// Where the state directory for `flag` is, without making it (for
+/// commands that only read it, such as `cairn audit verify`).
+pub fn locate(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| std::env::var_os("CAIRN_STATE_DIR").map(PathBuf::from))
         .or_else(|| std::env::var_os("XDG_STATE_HOME").map(|d| PathBuf::from(d).join("cairn")))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/cairn")))
-        .unwrap_or_else(|| PathBuf::from(".cairn-state"));
+        .unwrap_or_else(|| PathBuf::from(".cairn-state"))
+}
+
+/// The state directory for `flag` (created owner-only on Unix when missing).
+pub fn resolve(flag: Option<PathBuf>) -> std::io::Result<PathBuf> {
+    let dir = locate(flag);
     let existed = dir.exists();
     std::fs::create_dir_all(&dir)?;
     // Only a directory made here is narrowed: `--state-dir` may name one the

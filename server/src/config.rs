@@ -1,10 +1,11 @@
 //! What an embedder (the coordinator) or the `serve` command configures.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use crate::limits::Limits;
-use crate::token::Secret;
+use crate::protocol::PeerId;
+use crate::token::{Role, Secret};
 
 /// Where the server's TLS certificate comes from.
 #[derive(Clone, Debug, Default)]
@@ -51,6 +52,52 @@ pub struct SignalConfig {
     /// embedder's own readiness (a coordinator out of its room, or with no
     /// placement that can serve, is not healthy). `Err` gives 503 and why.
     pub health: Option<HealthCheck>,
+    /// Told of every session let in, refused or ended (an embedder's audit
+    /// log). Called on the session's task: it must not block.
+    pub observer: Option<SessionObserver>,
+}
+
+/// Who came, who was turned away, who left: for an embedder's audit log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionEvent {
+    Joined {
+        room: String,
+        peer_id: PeerId,
+        role: Role,
+        token_id: String,
+        addr: Option<IpAddr>,
+    },
+    /// A join refused before or at the room's door; `token_id` when the
+    /// token was valid (revoked, for another room, over its quota).
+    Refused {
+        room: Option<String>,
+        token_id: Option<String>,
+        addr: Option<IpAddr>,
+        reason: String,
+    },
+    Left {
+        room: String,
+        peer_id: PeerId,
+        token_id: String,
+    },
+}
+
+/// See [`SignalConfig::observer`].
+#[derive(Clone)]
+pub struct SessionObserver(pub std::sync::Arc<dyn Fn(SessionEvent) + Send + Sync>);
+
+impl SessionObserver {
+    pub(crate) fn tell(this: &Option<SessionObserver>, event: SessionEvent) {
+        if let Some(o) = this {
+            (o.0)(event);
+        }
+    }
+}
+
+impl std::fmt::Debug for SessionObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionObserver")
+    }
 }
 
 /// An embedder's readiness for `/healthz`.
@@ -78,6 +125,7 @@ impl Default for SignalConfig {
             limits: Limits::default(),
             extra_routes: None,
             health: None,
+            observer: None,
         }
     }
 }

@@ -21,7 +21,7 @@ mod static_files;
 pub mod tls;
 pub mod token;
 
-pub use config::{HealthCheck, MdnsMode, SignalConfig, TlsMode};
+pub use config::{HealthCheck, MdnsMode, SessionEvent, SessionObserver, SignalConfig, TlsMode};
 pub use error::SignalError;
 pub use limits::Limits;
 pub use server::{Revoker, Server};

@@ -329,6 +329,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         limits,
         extra_routes: None,
         health: None,
+        observer: None,
     };
     let server = Server::bind(config).await?;
     // Plain lines on stdout for people and scripts (the bench reads the first).

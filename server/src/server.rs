@@ -44,6 +44,7 @@ pub(crate) struct AppState {
     pub sessions_per_addr: Quota<IpAddr>,
     pub sessions_per_token: Quota<String>,
     pub tracker: TaskTracker,
+    pub observer: Option<crate::config::SessionObserver>,
 }
 
 /// A running signaling server. Dropping it stops accepting connections and
@@ -96,6 +97,7 @@ impl Server {
             limits,
             extra_routes,
             health,
+            observer,
         } = config;
         limits.validate().map_err(SignalError::Config)?;
         let tls = match &tls_mode {
@@ -126,6 +128,7 @@ impl Server {
             limits: limits.clone(),
             hub,
             tracker: tracker.clone(),
+            observer,
         });
 
         let mut router = Router::new()

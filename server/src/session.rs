@@ -19,6 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::{Instrument as _, debug, info, info_span};
 
+use crate::config::{SessionEvent, SessionObserver};
 use crate::limits::{RateLimiter, Verdict};
 use crate::protocol::{Incoming, Outgoing, PeerId, close_code};
 use crate::quota;
@@ -48,38 +49,69 @@ pub(crate) struct JoinParams {
     token: Option<String>,
 }
 
-fn refuse(status: StatusCode, reason: &'static str) -> Response {
-    (status, reason).into_response()
-}
-
 pub(crate) async fn ws_handler(
     State(app): State<Arc<AppState>>,
     remote: Option<Extension<Remote>>,
     Query(params): Query<JoinParams>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let addr = remote.map(|Extension(Remote(ip))| ip);
+    // Every refusal is told to the embedder, with the token's id once it is known.
+    let refused = |room: Option<&str>, token_id: Option<&str>, status, reason: &str| {
+        SessionObserver::tell(
+            &app.observer,
+            SessionEvent::Refused {
+                room: room.map(str::to_owned),
+                token_id: token_id.map(str::to_owned),
+                addr,
+                reason: reason.to_owned(),
+            },
+        );
+        (status, reason.to_owned()).into_response()
+    };
     let Some(room) = params.room.filter(|r| valid_room(r)) else {
-        return refuse(StatusCode::BAD_REQUEST, "missing or invalid room");
+        return refused(
+            None,
+            None,
+            StatusCode::BAD_REQUEST,
+            "missing or invalid room",
+        );
     };
     let Some(token) = params.token else {
-        return refuse(StatusCode::UNAUTHORIZED, "missing token");
+        return refused(Some(&room), None, StatusCode::UNAUTHORIZED, "missing token");
     };
     let claims = match verify(&app.secret, &token) {
         Ok(claims) => claims,
         Err(error) => {
             debug!(%room, %error, "join refused");
-            return (StatusCode::UNAUTHORIZED, error.to_string()).into_response();
+            return refused(
+                Some(&room),
+                None,
+                StatusCode::UNAUTHORIZED,
+                &error.to_string(),
+            );
         }
     };
+    let id = Some(claims.jti.as_str());
     if claims.role == Role::Admin {
-        return refuse(StatusCode::FORBIDDEN, "admin tokens cannot join rooms");
+        return refused(
+            Some(&room),
+            id,
+            StatusCode::FORBIDDEN,
+            "admin tokens cannot join rooms",
+        );
     }
     if claims.room != room {
-        return refuse(StatusCode::FORBIDDEN, "token is for another room");
+        return refused(
+            Some(&room),
+            id,
+            StatusCode::FORBIDDEN,
+            "token is for another room",
+        );
     }
     if app.hub.is_revoked(&claims.jti) {
         debug!(%room, token_id = %claims.jti, "revoked token refused");
-        return refuse(StatusCode::FORBIDDEN, "token revoked");
+        return refused(Some(&room), id, StatusCode::FORBIDDEN, "token revoked");
     }
     let upgrade = match upgrade {
         Ok(upgrade) => upgrade,
@@ -87,11 +119,13 @@ pub(crate) async fn ws_handler(
     };
     // A leaked token or one busy address can hold only its share of the
     // server's sessions and of a room.
-    let by_addr = match remote {
-        Some(Extension(Remote(ip))) => match app.sessions_per_addr.take(ip) {
+    let by_addr = match addr {
+        Some(ip) => match app.sessions_per_addr.take(ip) {
             Some(held) => Some(held),
             None => {
-                return refuse(
+                return refused(
+                    Some(&room),
+                    id,
                     StatusCode::TOO_MANY_REQUESTS,
                     "too many sessions from this address",
                 );
@@ -100,13 +134,17 @@ pub(crate) async fn ws_handler(
         None => None,
     };
     let Some(by_token) = app.sessions_per_token.take(claims.jti.clone()) else {
-        return refuse(
+        return refused(
+            Some(&room),
+            id,
             StatusCode::TOO_MANY_REQUESTS,
             "too many sessions with this token",
         );
     };
     let Ok(permit) = Arc::clone(&app.sessions).try_acquire_owned() else {
-        return refuse(
+        return refused(
+            Some(&room),
+            id,
             StatusCode::SERVICE_UNAVAILABLE,
             "server at its connection limit",
         );
@@ -117,7 +155,7 @@ pub(crate) async fn ws_handler(
         _by_token: by_token,
     };
     let Some(reservation) = app.hub.reserve(&room) else {
-        return refuse(StatusCode::FORBIDDEN, "room is full");
+        return refused(Some(&room), id, StatusCode::FORBIDDEN, "room is full");
     };
     let limits = &app.limits;
     upgrade
@@ -126,7 +164,7 @@ pub(crate) async fn ws_handler(
         .max_message_size(limits.max_frame_bytes)
         .max_frame_size(limits.max_frame_bytes)
         .on_failed_upgrade(|error| debug!(%error, "WebSocket upgrade failed"))
-        .on_upgrade(move |socket| run(app, socket, claims, reservation, held))
+        .on_upgrade(move |socket| run(app, socket, claims, reservation, held, addr))
 }
 
 async fn run(
@@ -135,15 +173,36 @@ async fn run(
     claims: Claims,
     reservation: Reservation,
     held: Held,
+    addr: Option<IpAddr>,
 ) {
     let _tracked = app.tracker.token();
     let joined = match app.hub.join(reservation, claims.role, &claims.jti) {
         Ok(joined) => joined,
         Err(kick) => {
+            SessionObserver::tell(
+                &app.observer,
+                SessionEvent::Refused {
+                    room: Some(claims.room.clone()),
+                    token_id: Some(claims.jti.clone()),
+                    addr,
+                    reason: kick.reason.to_owned(),
+                },
+            );
             close(&mut socket, kick, app.limits.write_timeout).await;
             return;
         }
     };
+    let peer_id = joined.peer_id.clone();
+    SessionObserver::tell(
+        &app.observer,
+        SessionEvent::Joined {
+            room: claims.room.clone(),
+            peer_id: peer_id.clone(),
+            role: claims.role,
+            token_id: claims.jti.clone(),
+            addr,
+        },
+    );
     let span =
         info_span!("session", peer = %joined.peer_id, room = %claims.room, role = %claims.role);
     Session {
@@ -155,6 +214,14 @@ async fn run(
     .instrument(span)
     .await;
     drop(held);
+    SessionObserver::tell(
+        &app.observer,
+        SessionEvent::Left {
+            room: claims.room.clone(),
+            peer_id,
+            token_id: claims.jti.clone(),
+        },
+    );
 }
 
 /// What a session holds of the server's limits while it lives.

@@ -1231,3 +1231,70 @@ async fn healthz_reports_the_embedders_readiness() {
     assert_eq!(http_get(addr, "/healthz").await, (200, "ok\n".into()));
     server.shutdown().await;
 }
+
+/// An embedder's observer (the coordinator's audit log) hears of each
+/// session let in, with its token's id and address, of each refusal (the
+/// token's id once it was valid) and of each session's end.
+#[tokio::test]
+async fn the_observer_hears_joins_refusals_and_departures() {
+    use cairn_signal::{SessionEvent, SessionObserver};
+    use std::sync::{Arc, Mutex};
+    let heard: Arc<Mutex<Vec<SessionEvent>>> = Arc::default();
+    let server = start(SignalConfig {
+        observer: Some(SessionObserver(Arc::new({
+            let heard = heard.clone();
+            move |e| heard.lock().unwrap().push(e)
+        }))),
+        ..config()
+    })
+    .await;
+    let (good, claims) = token(&server, "lab", Role::Worker);
+    let mut ws = raw(&server, &format!("room=lab&token={good}"))
+        .await
+        .unwrap();
+    let id = PeerId(next_json(&mut ws).await["peer_id"].as_str().unwrap().into());
+    let (status, _) = refusal(&server, "room=lab&token=forged").await;
+    assert_eq!(status, 401);
+    server.revoke(&claims.jti);
+    closed(&mut ws).await;
+    let (status, _) = refusal(&server, &format!("room=lab&token={good}")).await;
+    assert_eq!(status, 403);
+    let loopback = Some("127.0.0.1".parse().unwrap());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    // The session's end is told once its task finishes.
+    while heard.lock().unwrap().len() < 4 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let heard = heard.lock().unwrap().clone();
+    assert_eq!(
+        heard[0],
+        SessionEvent::Joined {
+            room: "lab".into(),
+            peer_id: id.clone(),
+            role: Role::Worker,
+            token_id: claims.jti.clone(),
+            addr: loopback,
+        }
+    );
+    assert!(
+        matches!(&heard[1], SessionEvent::Refused { token_id: None, addr, .. } if *addr == loopback),
+        "{heard:?}"
+    );
+    assert!(
+        heard.contains(&SessionEvent::Left {
+            room: "lab".into(),
+            peer_id: id,
+            token_id: claims.jti.clone(),
+        }),
+        "{heard:?}"
+    );
+    assert!(
+        heard.contains(&SessionEvent::Refused {
+            room: Some("lab".into()),
+            token_id: Some(claims.jti.clone()),
+            addr: loopback,
+            reason: "token revoked".into(),
+        }),
+        "{heard:?}"
+    );
+}

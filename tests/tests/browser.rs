@@ -1366,3 +1366,87 @@ async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
         "the join page scrolls sideways at 360 px"
     );
 }
+
+/// `--approve-workers` on the dashboard: a joined worker shows in the
+/// "Waiting for approval" panel with its address; the admin's Approve
+/// button lets it in, it is placed, and the panel goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_approves_a_waiting_worker() {
+    use cairn_tests::procs::{Proc, Serve, artifacts, bin, wait_for};
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let dir = artifacts("browser-approval");
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let serve = Serve::embedded(&dir, model, &["--api-key", "sesame", "--approve-workers"]);
+    let api = serve.api.clone();
+    let mut worker = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "worker",
+            "--signal",
+            &serve.signal,
+            "--token",
+            &serve.worker_token,
+            "--backend",
+            "cpu",
+            "--loopback",
+            "--model",
+            model,
+        ],
+        &dir,
+        "worker",
+    );
+    worker.wait_line("joined room");
+
+    let browser = Browser::launch(&binary, &format!("{api}/"), false);
+    let mut page = browser.page(&api).await;
+    wait_true(
+        &mut page,
+        "!!document.getElementById('key-input')",
+        "the dashboard loading",
+        WAIT,
+    )
+    .await;
+    page.eval(
+        "document.getElementById('key-input').value = 'sesame';
+         document.getElementById('key-save').click(); true",
+    )
+    .await;
+    let approve = "document.querySelector('#pending-list button[data-action=approve]')";
+    wait_true(
+        &mut page,
+        &format!(
+            "!!{approve} && !document.getElementById('pending-panel').hidden
+             && document.getElementById('pending-list').textContent.includes('127.0.0.1')"
+        ),
+        "the worker waiting on the dashboard",
+        SLOW,
+    )
+    .await;
+    page.screenshot(&dir.join("dashboard-pending.png")).await;
+    page.eval(&format!("{approve}.click(); true")).await;
+    let ready = {
+        let api = api.clone();
+        move || -> Option<()> {
+            let r = ureq::get(&format!("{api}/api/cluster"))
+                .set("Authorization", "Bearer sesame")
+                .timeout(Duration::from_secs(10))
+                .call()
+                .ok()?
+                .into_json::<Value>()
+                .ok()?;
+            (r["placement"]["state"] == "ready").then_some(())
+        }
+    };
+    wait_for(Duration::from_secs(120), "a placement once approved", ready);
+    wait_true(
+        &mut page,
+        "document.getElementById('pending-panel').hidden",
+        "the panel going away",
+        WAIT,
+    )
+    .await;
+}

@@ -1086,6 +1086,211 @@ fn an_api_key_keeps_strangers_out_and_join_tokens_are_revocable() {
     worker_is_refused(&signal, &revoked_token, &dir, "revoked-after-restart");
 }
 
+/// `cairn audit verify` on `state`: whether it passed, and what it printed.
+fn audit_verify(state: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(bin("cairn"))
+        .args(["audit", "verify", "--state-dir"])
+        .arg(state)
+        .output()
+        .expect("cairn audit verify");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Issue 21 item 7: the audit log records the coordinator's start, its
+/// joining the room (token id and address), uses of the key (scope and
+/// route kind, never the key) and refusals, join tokens issued and revoked;
+/// `cairn audit verify` passes on it, and names the line once one is edited.
+#[test]
+fn the_audit_log_records_admission_and_names_an_edited_line() {
+    let dir = artifacts("cluster-audit");
+    let model = model_path();
+    let admin = "admin-key-for-the-audit-test";
+    let serve = Serve::embedded(
+        &dir,
+        model.to_str().expect("utf-8 path"),
+        &["--no-mdns", "--ctx", "256", "--api-key", admin],
+    );
+    let api = serve.api.clone();
+    assert_eq!(
+        call("GET", &format!("{api}/api/cluster"), Some(admin), None).0,
+        200
+    );
+    assert_eq!(
+        call("GET", &format!("{api}/api/cluster"), Some("wrong"), None).0,
+        401
+    );
+    let issued = cairn_token(&api, admin, &["new", "--ttl", "300"]);
+    let id = issued
+        .lines()
+        .find_map(|l| l.strip_prefix("id:"))
+        .expect("an id")
+        .trim()
+        .to_owned();
+    cairn_token(&api, admin, &["revoke", &id]);
+    let state = dir.join("serve-state");
+    let log = state.join("audit.jsonl");
+    wait_for(Duration::from_secs(20), "the revocation's record", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|t| t.contains("token_revoked"))
+    });
+    // SIGTERM, as a service manager stops it: the log ends with `stop`.
+    let mut serve = serve;
+    let status = serve.proc.terminate(Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let text = std::fs::read_to_string(&log).expect("the audit log");
+    assert!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.contains("\"kind\":\"stop\"")),
+        "{text}"
+    );
+    assert!(!text.contains(admin), "the key itself is in the log");
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let has = |want: Value| {
+        records.iter().any(|r| {
+            want.as_object()
+                .expect("object")
+                .iter()
+                .all(|(k, v)| &r["event"][k] == v)
+        })
+    };
+    assert!(has(json!({"kind": "start", "api_key": true})), "{text}");
+    assert!(
+        has(json!({"kind": "joined", "role": "coordinator", "addr": "127.0.0.1"})),
+        "{text}"
+    );
+    assert!(
+        has(json!({"kind": "api_key", "scope": "admin", "route": "cluster", "status": 200})),
+        "{text}"
+    );
+    assert!(
+        has(json!({"kind": "api_key", "scope": "none", "route": "cluster", "status": 401})),
+        "{text}"
+    );
+    assert!(
+        has(json!({"kind": "token_issued", "token_id": id})),
+        "{text}"
+    );
+    assert!(
+        has(json!({"kind": "token_revoked", "token_id": id})),
+        "{text}"
+    );
+
+    let (ok, out) = audit_verify(&state);
+    assert!(ok, "{out}");
+    assert!(out.contains("ok:"), "{out}");
+
+    // Someone turns the stranger's refusal into a success.
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let n = lines
+        .iter()
+        .position(|l| l.contains("\"status\":401"))
+        .expect("the refusal");
+    lines[n] = lines[n].replace("\"status\":401", "\"status\":200");
+    std::fs::write(&log, lines.join("\n") + "\n").expect("edit the log");
+    let (ok, out) = audit_verify(&state);
+    assert!(!ok, "an edited log verified: {out}");
+    assert!(out.contains(&format!("line {}:", n + 1)), "{out}");
+    assert!(out.contains("edited"), "{out}");
+}
+
+/// Issue 21 item 1: with `--approve-workers` a worker that joins waits,
+/// listed with its device, address and token id, and is not placed: a
+/// request fails saying so. Once the admin approves it, it is placed and
+/// serves, and the decision is in the audit log.
+#[test]
+fn with_approval_a_worker_serves_only_once_the_admin_lets_it_in() {
+    let dir = artifacts("cluster-approval");
+    let (ref_tokens, _) = reference();
+    let model = model_path();
+    let admin = "admin-key-for-the-approval-test";
+    let serve = Serve::embedded(
+        &dir,
+        model.to_str().expect("utf-8 path"),
+        &[
+            "--no-mdns",
+            "--ctx",
+            "256",
+            "--api-key",
+            admin,
+            "--approve-workers",
+            "--wait-timeout",
+            "3",
+        ],
+    );
+    let api = serve.api.clone();
+    let (_worker, id) = cpu_worker(&serve.signal, &serve.worker_token, &dir, "worker", &[], &[]);
+    let cluster = || {
+        let (_, b) = call("GET", &format!("{api}/api/cluster"), Some(admin), None);
+        serde_json::from_str::<Value>(&b).expect("cluster JSON")
+    };
+    let waiting = wait_for(Duration::from_secs(60), "the worker to wait", || {
+        let c = cluster();
+        c["pending_approval"]
+            .as_array()
+            .and_then(|p| p.first().cloned())
+    });
+    assert_eq!(waiting["peer_id"], json!(id), "{waiting}");
+    assert_eq!(waiting["addr"], "127.0.0.1", "{waiting}");
+    assert!(waiting["token_id"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(waiting["device"].as_str().is_some_and(|d| !d.is_empty()));
+    // Not calibrated, not placed; a request says why it cannot be served.
+    std::thread::sleep(Duration::from_secs(2));
+    let c = cluster();
+    assert!(c["peers"].as_array().is_some_and(Vec::is_empty), "{c}");
+    let completion = || {
+        call(
+            "POST",
+            &format!("{api}/v1/completions"),
+            Some(admin),
+            Some(("application/json", &request(false).to_string())),
+        )
+    };
+    let (status, body) = completion();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("approval"), "{body}");
+
+    let decide = |who: &str, verb: &str| {
+        call(
+            "POST",
+            &format!("{api}/api/workers/{who}/{verb}"),
+            Some(admin),
+            None,
+        )
+    };
+    assert_eq!(decide("no-such-worker", "approve").0, 404);
+    let (status, body) = decide(&id, "approve");
+    assert_eq!(status, 200, "{body}");
+    wait_for(Duration::from_secs(300), "a placement on it", || {
+        (cluster()["placement"]["state"] == "ready").then_some(())
+    });
+    let (status, body) = completion();
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["cairn"]["tokens"], json!(ref_tokens));
+    let log = std::fs::read_to_string(dir.join("serve-state").join("audit.jsonl"))
+        .expect("the audit log");
+    let approved = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .any(|r| {
+            r["event"]["kind"] == "approval"
+                && r["event"]["peer"] == json!(id)
+                && r["event"]["approved"] == true
+                && r["event"]["token_id"] == waiting["token_id"]
+        });
+    assert!(approved, "{log}");
+}
+
 /// Issue 21: when the signaling server went away, the coordinator stayed out
 /// of its room and a standalone worker exited, so nothing was served until
 /// every process was restarted. Now both join the room again with backoff

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod audit;
 pub mod bench;
 pub mod bench_batch;
 pub mod cluster_bench;

@@ -12,11 +12,14 @@ use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
 use cairn_engine::placement::Stage;
-use cairn_native::coord::join::JoinTokens;
+use cairn_native::audit::{AuditLog, Event, log as audit_log};
+use cairn_native::coord::join::{JoinTokens, Session, Sessions};
 use cairn_native::coord::{Coordinator, CoordinatorOptions, api};
 use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
-use cairn_signal::{Claims, HealthCheck, MdnsMode, Role, Server, SignalConfig};
+use cairn_signal::{
+    Claims, HealthCheck, MdnsMode, Role, Server, SessionEvent, SessionObserver, SignalConfig,
+};
 use tower::ServiceExt;
 
 use crate::cmd::ice_args::IceArgs;
@@ -77,10 +80,17 @@ pub struct Args {
     /// at half of it.
     #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(60..=30 * 24 * 3600))]
     join_ttl: u64,
-    /// Where the signaling secret, revoked tokens and join tokens are kept
-    /// (default: $CAIRN_STATE_DIR, $XDG_STATE_HOME/cairn, ~/.local/state/cairn).
+    /// Where the signaling secret, revoked tokens, join tokens and the audit
+    /// log (audit.jsonl; `cairn audit verify`) are kept (default:
+    /// $CAIRN_STATE_DIR, $XDG_STATE_HOME/cairn, ~/.local/state/cairn).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// A worker that joins waits, neither calibrated nor placed, until the
+    /// admin approves it on the dashboard or with
+    /// `POST /api/workers/ID/approve` (`/reject`); approval holds for its
+    /// token for this run.
+    #[arg(long)]
+    approve_workers: bool,
     /// Context positions per request (prompt and completion).
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
@@ -156,7 +166,11 @@ fn reachable_ip(listen: &SocketAddr) -> IpAddr {
 
 pub fn run(a: Args) -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(serve(a))
+    let result = rt.block_on(serve(a));
+    // A local worker's step may still compute on a blocking thread: stop
+    // without waiting for it.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 /// A fresh admin key: 32 random bytes as hex.
@@ -191,6 +205,21 @@ async fn serve(mut a: Args) -> Result<()> {
     let secret = cairn_signal::Secret::load_or_create(&state_dir.join("signal.secret"))
         .context("the signaling secret in the state directory")?;
     let manual = a.placement.as_deref().map(parse_placement).transpose()?;
+    let audit = Arc::new(
+        AuditLog::open(&state_dir, audit_log::DEFAULT_CAP).unwrap_or_else(|e| {
+            tracing::error!(error = %e, dir = %state_dir.display(), "cannot open the audit log; serving without one");
+            AuditLog::off()
+        }),
+    );
+    audit.record(Event::Start {
+        version: env!("CARGO_PKG_VERSION").into(),
+        listen: a.listen.to_string(),
+        room: room.clone(),
+        api_key: a.api_key.is_some(),
+        read_key: a.read_key.is_some(),
+        approve_workers: a.approve_workers,
+    });
+    let sessions = Arc::new(Sessions::default());
     // The router is built once the coordinator exists; the embedded server
     // starts first (the coordinator joins through it), so it forwards to a
     // router filled in later.
@@ -236,6 +265,7 @@ async fn serve(mut a: Args) -> Result<()> {
                 revocations_file: Some(state_dir.join("revoked")),
                 extra_routes: Some(forward.clone()),
                 health: Some(health),
+                observer: Some(observer(audit.clone(), sessions.clone())),
                 ..SignalConfig::default()
             })
             .await
@@ -282,14 +312,17 @@ async fn serve(mut a: Args) -> Result<()> {
         None => a.join_token.as_ref().map(|t| format!("{join_prefix}{t}")),
     };
     let join_tokens = server.as_ref().map(|s| {
-        Arc::new(JoinTokens::new(
-            secret.clone(),
-            &room,
-            Duration::from_secs(a.join_ttl),
-            s.revoker(),
-            join_prefix.clone(),
-            Some(state_dir.join("tokens.json")),
-        ))
+        Arc::new(
+            JoinTokens::new(
+                secret.clone(),
+                &room,
+                Duration::from_secs(a.join_ttl),
+                s.revoker(),
+                join_prefix.clone(),
+                Some(state_dir.join("tokens.json")),
+            )
+            .with_audit(audit.clone()),
+        )
     });
     let mut link = if ip.is_loopback() {
         LinkConfig::loopback()
@@ -315,6 +348,9 @@ async fn serve(mut a: Args) -> Result<()> {
         model_cap: Some(secret.derive(&format!("model:{}", model.display()))),
         wait_timeout: Duration::from_secs(a.wait_timeout),
         step_timeout: Duration::from_secs(120),
+        audit: audit.clone(),
+        approve_workers: a.approve_workers,
+        sessions: server.as_ref().map(|_| sessions.clone()),
     })
     .await?;
     let _ = late_coord.set(coord.shared.clone());
@@ -376,6 +412,11 @@ async fn serve(mut a: Args) -> Result<()> {
     if let Some(j) = coord.shared.join_url() {
         println!("join:        {j}");
     }
+    if a.approve_workers {
+        println!(
+            "approval:    workers wait for the admin's approval on the dashboard before they are placed"
+        );
+    }
     if let Some(t) = &join_tokens {
         println!(
             "join tokens: valid {} s; `cairn token list|new|revoke` manage them",
@@ -383,8 +424,83 @@ async fn serve(mut a: Args) -> Result<()> {
         );
     }
     let _server = server;
-    tokio::signal::ctrl_c().await?;
+    shutdown_asked().await?;
+    audit.record(Event::Stop);
+    audit.close();
     Ok(())
+}
+
+/// Ctrl-C, or (on Unix) SIGTERM as a service manager sends: either ends
+/// `serve` with the audit log's `stop` record written.
+async fn shutdown_asked() -> Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r?,
+            _ = term.recv() => {}
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await?;
+        Ok(())
+    }
+}
+
+/// Records the embedded signaling server's sessions: who joined with which
+/// token from where, who was refused, who left.
+fn observer(audit: Arc<AuditLog>, sessions: Arc<Sessions>) -> SessionObserver {
+    SessionObserver(Arc::new(move |event| {
+        match &event {
+            SessionEvent::Joined {
+                peer_id,
+                token_id,
+                addr,
+                ..
+            } => sessions.joined(
+                peer_id.clone(),
+                Session {
+                    token_id: token_id.clone(),
+                    addr: *addr,
+                },
+            ),
+            SessionEvent::Left { peer_id, .. } => sessions.left(peer_id),
+            SessionEvent::Refused { .. } => {}
+        }
+        audit.record(match event {
+            SessionEvent::Joined {
+                peer_id,
+                role,
+                token_id,
+                addr,
+                ..
+            } => Event::Joined {
+                peer: peer_id.to_string(),
+                role: role.as_str().to_owned(),
+                token_id: Some(token_id),
+                addr: addr.map(|a| a.to_string()),
+            },
+            SessionEvent::Refused {
+                token_id,
+                addr,
+                reason,
+                ..
+            } => Event::JoinRefused {
+                reason,
+                token_id,
+                addr: addr.map(|a| a.to_string()),
+            },
+            SessionEvent::Left {
+                peer_id, token_id, ..
+            } => Event::Left {
+                peer: peer_id.to_string(),
+                token_id: Some(token_id),
+            },
+        });
+    }))
 }
 
 fn urlencode(s: &str) -> String {

@@ -3,14 +3,19 @@
 //! and is renewed before it runs out, so a leaked link stops working within
 //! a token's lifetime, and the operator can end it sooner by revoking it.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use cairn_signal::protocol::PeerId;
 use cairn_signal::token::{self, MAX_TTL, unix_now};
 use cairn_signal::{Claims, Revoker, Role, Secret};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
+
+use crate::audit::{AuditLog, Event};
 
 /// A token this coordinator issued, as `cairn token list` shows it (never
 /// the token itself, only its id).
@@ -33,6 +38,7 @@ pub struct JoinTokens {
     url_prefix: String,
     /// Where the list is kept across restarts (`<state dir>/tokens.json`).
     file: Option<PathBuf>,
+    audit: Option<Arc<AuditLog>>,
     inner: Mutex<Inner>,
 }
 
@@ -79,10 +85,23 @@ impl JoinTokens {
             revoker,
             url_prefix,
             file,
+            audit: None,
             inner: Mutex::new(Inner {
                 issued,
                 current: None,
             }),
+        }
+    }
+
+    /// Records issues and revocations in `audit`.
+    pub fn with_audit(mut self, audit: Arc<AuditLog>) -> Self {
+        self.audit = Some(audit);
+        self
+    }
+
+    fn record(&self, event: Event) {
+        if let Some(a) = &self.audit {
+            a.record(event);
         }
     }
 
@@ -109,7 +128,12 @@ impl JoinTokens {
         let mut inner = self.lock();
         inner.issued.push(record.clone());
         self.save(&inner);
+        drop(inner);
         info!(token_id = %record.id, expires_at = record.expires_at, "join token issued");
+        self.record(Event::TokenIssued {
+            token_id: record.id.clone(),
+            expires_at: record.expires_at,
+        });
         (record, token)
     }
 
@@ -171,7 +195,12 @@ impl JoinTokens {
             }
             self.save(&inner);
         }
-        Ok(self.revoker.revoke(id))
+        let dropped = self.revoker.revoke(id);
+        self.record(Event::TokenRevoked {
+            token_id: id.to_owned(),
+            dropped,
+        });
+        Ok(dropped)
     }
 
     fn save(&self, inner: &Inner) {
@@ -180,6 +209,61 @@ impl JoinTokens {
         if let Err(e) = crate::state_dir::write_private(path, &body) {
             warn!(error = %e, path = %path.display(), "cannot keep the list of join tokens");
         }
+    }
+}
+
+/// Who is in the embedded signaling server's room with which token and
+/// from where (its session observer tells), and the operator's decisions
+/// on tokens (`--approve-workers`): a worker that comes back with an
+/// approved token is let in without asking again, for this run.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    inner: Mutex<SessionsInner>,
+}
+
+#[derive(Debug, Default)]
+struct SessionsInner {
+    peers: HashMap<PeerId, Session>,
+    decided: HashMap<String, bool>,
+}
+
+/// A peer's way in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub token_id: String,
+    pub addr: Option<IpAddr>,
+}
+
+impl Sessions {
+    fn lock(&self) -> MutexGuard<'_, SessionsInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn joined(&self, peer: PeerId, session: Session) {
+        self.lock().peers.insert(peer, session);
+    }
+
+    pub fn left(&self, peer: &PeerId) {
+        self.lock().peers.remove(peer);
+    }
+
+    pub fn get(&self, peer: &PeerId) -> Option<Session> {
+        self.lock().peers.get(peer).cloned()
+    }
+
+    /// The operator approved (or rejected) `peer`: its token is remembered.
+    pub fn decide(&self, peer: &PeerId, approved: bool) -> Option<String> {
+        let mut inner = self.lock();
+        let token = inner.peers.get(peer).map(|s| s.token_id.clone())?;
+        inner.decided.insert(token.clone(), approved);
+        Some(token)
+    }
+
+    /// What the operator decided on `peer`'s token before, if anything.
+    pub fn decided(&self, peer: &PeerId) -> Option<bool> {
+        let inner = self.lock();
+        let token = &inner.peers.get(peer)?.token_id;
+        inner.decided.get(token).copied()
     }
 }
 
@@ -243,5 +327,26 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn a_decision_on_a_worker_holds_for_its_token_not_its_peer_id() {
+        let s = Sessions::default();
+        let (a, again, other) = (PeerId("a".into()), PeerId("a2".into()), PeerId("b".into()));
+        let way_in = |t: &str| Session {
+            token_id: t.into(),
+            addr: None,
+        };
+        s.joined(a.clone(), way_in("t1"));
+        s.joined(other.clone(), way_in("t2"));
+        assert_eq!(s.decided(&a), None);
+        assert_eq!(s.decide(&a, true).as_deref(), Some("t1"));
+        s.left(&a);
+        assert_eq!(s.get(&a), None);
+        // The same token, a new session: approved without asking.
+        s.joined(again.clone(), way_in("t1"));
+        assert_eq!(s.decided(&again), Some(true));
+        assert_eq!(s.decided(&other), None);
+        assert_eq!(s.decide(&PeerId("nobody".into()), true), None);
     }
 }

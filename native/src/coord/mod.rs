@@ -41,6 +41,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, info, warn};
 
 use self::core::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
+use crate::audit::{AuditLog, Event, StageRecord};
 use crate::link::{Link, LinkConfig, LinkError, LinkSender, LinkStats, Mesh, MeshEvent};
 pub use model::ServedModel;
 pub use pipeline::{FinishReason, GenEvent, GenRequest};
@@ -82,6 +83,12 @@ pub struct CoordinatorOptions {
     pub wait_timeout: Duration,
     /// How long one stage may take to answer one step before it counts as lost.
     pub step_timeout: Duration,
+    /// Where joins, admissions, placements and key uses are recorded.
+    pub audit: Arc<AuditLog>,
+    /// Workers wait for the admin's approval before they are placed.
+    pub approve_workers: bool,
+    /// Who joined the embedded signaling server with which token, from where.
+    pub sessions: Option<Arc<join::Sessions>>,
 }
 
 /// A stage's answer to one `Forward`, or why there is none.
@@ -139,6 +146,9 @@ pub struct Shared {
     /// Whether the coordinator is still in its room (its signaling session
     /// is open): without it no worker can join or link again.
     in_room: std::sync::atomic::AtomicBool,
+    /// The epoch of the placement last recorded in the audit log (`None`:
+    /// none serving).
+    audited_epoch: Mutex<Option<u64>>,
 }
 
 /// The cluster's state, borrowed from the core for reading (and for the
@@ -290,13 +300,91 @@ impl Shared {
                     });
                 }
                 ClusterOutput::FailRuns { peer, why } => self.fail_runs(&peer, &why),
-                ClusterOutput::Changed => self.touch(),
+                ClusterOutput::Changed => {
+                    self.audit_placement();
+                    self.touch();
+                }
                 other @ (ClusterOutput::Connect(_) | ClusterOutput::Close { .. }) => {
                     rest.push(other);
                 }
             }
         }
         rest
+    }
+
+    /// Records the placement that serves, when it is not the one recorded last.
+    fn audit_placement(&self) {
+        let (epoch, stages) = {
+            let st = self.state();
+            match &st.active {
+                Some(a) => (
+                    Some(a.epoch),
+                    a.stages
+                        .iter()
+                        .map(|s| StageRecord {
+                            peer: s.peer.to_string(),
+                            first: s.start,
+                            last: s.end.saturating_sub(1),
+                        })
+                        .collect(),
+                ),
+                None => (None, Vec::new()),
+            }
+        };
+        let mut audited = self
+            .audited_epoch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *audited == epoch {
+            return;
+        }
+        let previous = std::mem::replace(&mut *audited, epoch);
+        drop(audited);
+        // None serving: recorded with the epoch that ended.
+        self.opts.audit.record(Event::Placement {
+            epoch: epoch.or(previous).unwrap_or(0),
+            stages,
+        });
+    }
+
+    /// Workers waiting for the admin's approval (`--approve-workers`).
+    pub fn pending_workers(&self) -> Vec<(PeerId, core::PendingWorker)> {
+        self.cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pending()
+            .iter()
+            .map(|(p, w)| (p.clone(), w.clone()))
+            .collect()
+    }
+
+    /// The admin approved or rejected a waiting worker; its token is
+    /// remembered for its next session. Whether it was waiting.
+    pub fn decide_worker(&self, peer: &PeerId, approved: bool) -> bool {
+        if !self
+            .cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pending()
+            .contains_key(peer)
+        {
+            return false;
+        }
+        let token_id = self
+            .opts
+            .sessions
+            .as_ref()
+            .and_then(|s| s.decide(peer, approved));
+        self.opts.audit.record(Event::Approval {
+            peer: peer.to_string(),
+            token_id,
+            approved,
+        });
+        self.input(ClusterInput::Approve {
+            peer: peer.clone(),
+            approved,
+        });
+        true
     }
 
     /// Fails every run that has a stage on `peer`.
@@ -354,6 +442,7 @@ impl Coordinator {
                     .unwrap_or_default()
             ),
             cost: model.cost.clone(),
+            approve_workers: opts.approve_workers,
         };
         let cluster = Cluster::new(cfg, opts.manual.clone());
         let (feedback, feedback_rx) = mpsc::unbounded_channel();
@@ -373,6 +462,7 @@ impl Coordinator {
             queue: pipeline::Queue::new(opts_parallel),
             started: Instant::now(),
             in_room: std::sync::atomic::AtomicBool::new(true),
+            audited_epoch: Mutex::new(None),
         });
         tokio::spawn(event_loop(shared.clone(), mesh, link));
         tokio::spawn(timer(shared.clone(), feedback_rx));
@@ -449,6 +539,16 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh, link: LinkConfig) {
         let Some(event) = event else { break };
         match event {
             MeshEvent::PeerJoined(p) => {
+                // The embedded signaling server records joins itself, with
+                // the token and the address; an outside one tells neither.
+                if shared.opts.join_tokens.is_none() {
+                    shared.opts.audit.record(Event::Joined {
+                        peer: p.peer_id.to_string(),
+                        role: p.role.as_str().to_owned(),
+                        token_id: None,
+                        addr: None,
+                    });
+                }
                 let joined = ClusterInput::PeerJoined {
                     peer: p.peer_id,
                     worker: p.role == Role::Worker,
@@ -461,6 +561,12 @@ async fn event_loop(shared: Arc<Shared>, mut mesh: Mesh, link: LinkConfig) {
             }
             MeshEvent::PeerMeta(_) | MeshEvent::Signal { .. } => {}
             MeshEvent::PeerLeft(peer) => {
+                if shared.opts.join_tokens.is_none() {
+                    shared.opts.audit.record(Event::Left {
+                        peer: peer.to_string(),
+                        token_id: None,
+                    });
+                }
                 shared.input(ClusterInput::PeerLeft { peer });
             }
             MeshEvent::LinkUp(link) => {
@@ -504,6 +610,17 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
                 stats: link.stats_watch(),
             },
         );
+    // A worker back with a token the admin decided on is not asked about again.
+    let decided = shared
+        .opts
+        .approve_workers
+        .then(|| shared.opts.sessions.as_ref().and_then(|s| s.decided(&peer)));
+    if decided == Some(Some(true)) {
+        shared.input(ClusterInput::Approve {
+            peer: peer.clone(),
+            approved: true,
+        });
+    }
     let up = ClusterInput::LinkUp {
         peer: peer.clone(),
         capabilities: link.remote_hello().capabilities.clone(),
@@ -511,6 +628,10 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
     };
     for output in shared.input(up) {
         if let ClusterOutput::Close { reason, .. } = output {
+            shared.opts.audit.record(Event::Refused {
+                peer: peer.to_string(),
+                why: reason.clone(),
+            });
             let mut links = shared.links.lock().unwrap_or_else(PoisonError::into_inner);
             if links.get(&peer).is_some_and(|l| l.generation == generation) {
                 links.remove(&peer);
@@ -519,6 +640,20 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
             link.close(&reason);
             return;
         }
+    }
+    let admitted = shared.state().peers.get(&peer).map(|p| Event::Admitted {
+        peer: peer.to_string(),
+        device: p.caps.device.name.clone(),
+        memory_budget_bytes: p.caps.memory_budget_bytes,
+    });
+    if let Some(event) = admitted {
+        shared.opts.audit.record(event);
+    }
+    if decided == Some(Some(false)) {
+        shared.input(ClusterInput::Approve {
+            peer: peer.clone(),
+            approved: false,
+        });
     }
     tokio::spawn(read_link(shared.clone(), link, generation));
 }

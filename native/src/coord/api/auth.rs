@@ -18,6 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
+use crate::audit::Event;
 use crate::coord::Shared;
 
 /// What the caller's key lets it do; handlers read it from the request's
@@ -56,6 +57,25 @@ fn needs(method: &Method, path: &str) -> Needs {
             Needs::Read
         }
         _ => Needs::Admin,
+    }
+}
+
+/// The kind of route the audit log names for a request (never its full
+/// path: a model file name or a token id stays out of the log).
+pub fn route_class(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" | "/v1/completions" | "/api/generate" | "/api/chat" => "inference",
+        "/v1/models" | "/api/tags" | "/api/ps" | "/api/show" | "/api/version" => "models",
+        "/api/cluster" | "/api/events" => "cluster",
+        "/metrics" => "metrics",
+        "/api/join-qr.svg" => "join",
+        "/" | "/join" | "/healthz" => "page",
+        p if p.starts_with("/api/placement") => "placement",
+        p if p.starts_with("/api/tokens") => "tokens",
+        p if p.starts_with("/api/workers") => "workers",
+        p if p.starts_with("/api/model/") => "model_file",
+        p if p.starts_with("/pkg/") => "page",
+        _ => "other",
     }
 }
 
@@ -175,10 +195,36 @@ pub async fn admit(State(shared): State<Arc<Shared>>, request: Request, next: Ne
         h.insert(header::VARY, HeaderValue::from_static("origin"));
         return r;
     }
+    // Recorded once answered: a request that showed a key, or was refused
+    // for its key. The key itself never reaches the log.
+    let audit = shared.opts.api_key.is_some().then(|| {
+        (
+            scope_of(&shared, &request),
+            request.headers().contains_key(header::AUTHORIZATION),
+            request.method().to_string(),
+            route_class(request.uri().path()),
+        )
+    });
     let mut response = match checked(&shared, request, next).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
+    if let Some((scope, presented, method, route)) = audit {
+        let status = response.status();
+        if presented || status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            shared.opts.audit.record(Event::ApiKey {
+                scope: match scope {
+                    Scope::Admin => "admin",
+                    Scope::Read => "read",
+                    Scope::None => "none",
+                }
+                .into(),
+                method,
+                route: route.into(),
+                status: status.as_u16(),
+            });
+        }
+    }
     if let Some(origin) = origin {
         let h = response.headers_mut();
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
@@ -243,6 +289,15 @@ mod tests {
         ] {
             assert_eq!(needs(&m, p), Needs::Admin, "{m} {p}");
         }
+    }
+
+    #[test]
+    fn the_audit_log_sees_route_kinds_not_paths() {
+        assert_eq!(route_class("/v1/chat/completions"), "inference");
+        assert_eq!(route_class("/api/tokens/abc123"), "tokens");
+        assert_eq!(route_class("/api/model/secret-name.gguf"), "model_file");
+        assert_eq!(route_class("/api/placement/preview"), "placement");
+        assert_eq!(route_class("/nope"), "other");
     }
 
     #[test]

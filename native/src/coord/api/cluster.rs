@@ -31,6 +31,24 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
     } else {
         None
     };
+    // Before the state's lock: the waiting workers are read under the same one.
+    let pending: Vec<Value> = shared
+        .pending_workers()
+        .into_iter()
+        .map(|(peer, w)| {
+            let session = shared.opts.sessions.as_ref().and_then(|s| s.get(&peer));
+            json!({
+                "peer_id": peer.to_string(),
+                "kind": w.caps.kind,
+                "backend": w.caps.backend,
+                "device": w.caps.device.name,
+                "memory_budget_bytes": w.caps.memory_budget_bytes,
+                "token_id": session.as_ref().map(|s| s.token_id.clone()),
+                "addr": session.and_then(|s| s.addr).map(|a| a.to_string()),
+                "waiting_s": w.since.elapsed().as_secs(),
+            })
+        })
+        .collect();
     let st = shared.state();
     let mut peers = Vec::new();
     let mut links = Vec::new();
@@ -205,6 +223,8 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
             "list": requests,
         },
         "warnings": warnings,
+        "approve_workers": shared.opts.approve_workers,
+        "pending_approval": pending,
     })
 }
 
@@ -373,6 +393,25 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "cairn_relayed_hops_total",
         "Hops between stages the coordinator relayed (no direct link between the workers).",
         m.relayed.load(Ordering::Relaxed),
+    );
+    let audit = shared.opts.audit.stats();
+    counter(
+        &mut s,
+        "cairn_audit_records_total",
+        "Records written to the audit log.",
+        audit.written.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_audit_dropped_total",
+        "Audit records dropped: more at once than the writer's queue holds.",
+        audit.dropped.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut s,
+        "cairn_audit_write_errors_total",
+        "Audit records that could not be written (see the log's first error).",
+        audit.write_errors.load(Ordering::Relaxed),
     );
     counter(
         &mut s,

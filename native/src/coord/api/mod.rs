@@ -9,6 +9,7 @@ mod ollama;
 mod openai;
 mod tokens;
 mod web;
+mod workers;
 
 use std::sync::Arc;
 
@@ -39,7 +40,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
             post(cluster::set_placement).delete(cluster::clear_placement),
         )
         .route("/api/tokens", get(tokens::list).post(tokens::issue))
-        .route("/api/tokens/{id}", delete(tokens::revoke));
+        .route("/api/tokens/{id}", delete(tokens::revoke))
+        .route("/api/workers/{id}/approve", post(workers::approve))
+        .route("/api/workers/{id}/reject", post(workers::reject));
     let open = Router::new()
         .route("/healthz", get(cluster::health))
         .route("/api/cluster", get(cluster::cluster))

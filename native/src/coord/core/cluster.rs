@@ -16,6 +16,7 @@ use cairn_engine::worker::{Capabilities, PeerKind, Role};
 use cairn_signal::protocol::PeerId;
 use tracing::{debug, info, warn};
 
+use super::approval::{Approval, PendingWorker};
 use super::peers::{Replace, after_condition, after_loss};
 use super::placing::{Debounce, Loading, load_timeout};
 use super::plan::{chain_routes, describe, target, unchanged};
@@ -41,6 +42,9 @@ pub struct ClusterConfig {
     /// Where workers download the model (`LoadShard::source`).
     pub source: String,
     pub cost: ModelCost,
+    /// Workers wait for the operator's approval before they are
+    /// calibrated and placed (`--approve-workers`).
+    pub approve_workers: bool,
 }
 
 /// What happened, as the shell tells the core.
@@ -86,6 +90,11 @@ pub enum ClusterInput {
     },
     /// `--placement` or `POST /api/placement` (`None`: automatic again).
     SetManual(Option<Vec<Stage>>),
+    /// The operator approved or rejected `peer` (`--approve-workers`).
+    Approve {
+        peer: PeerId,
+        approved: bool,
+    },
 }
 
 /// What the core asks the shell to do.
@@ -130,12 +139,14 @@ pub struct Cluster {
     deferred: Option<Replace>,
     /// When to look again after a failed placement.
     retry_at: Option<Instant>,
+    approval: Approval,
     out: VecDeque<ClusterOutput>,
 }
 
 impl Cluster {
     pub fn new(cfg: ClusterConfig, manual: Option<Vec<Stage>>) -> Cluster {
         Cluster {
+            approval: Approval::new(cfg.approve_workers),
             cfg,
             state: State::new(manual),
             debounce: Debounce::default(),
@@ -148,6 +159,11 @@ impl Cluster {
 
     pub fn state(&self) -> &State {
         &self.state
+    }
+
+    /// Workers linked and waiting for the operator's approval.
+    pub fn pending(&self) -> &std::collections::BTreeMap<PeerId, PendingWorker> {
+        self.approval.pending()
     }
 
     /// For what the shell keeps in the state besides the core's rules (the
@@ -249,6 +265,9 @@ impl Cluster {
                 }
             }
             ClusterInput::PeerLeft { peer } => {
+                if self.approval.left(&peer) {
+                    self.out.push_back(ClusterOutput::Changed);
+                }
                 if self.state.peers.contains_key(&peer) {
                     info!(%peer, "worker left the room");
                     self.lost(&peer, "left the room", now);
@@ -285,6 +304,18 @@ impl Cluster {
                 self.state.manual = manual;
                 self.poke(Replace::Soon, now);
             }
+            ClusterInput::Approve { peer, approved } => {
+                match self.approval.decide(&peer, approved) {
+                    Some(w) => {
+                        info!(%peer, "worker approved");
+                        self.admit(peer, w.caps, w.generation, now);
+                    }
+                    None => {
+                        info!(%peer, approved, "operator's decision on a worker not waiting");
+                        self.out.push_back(ClusterOutput::Changed);
+                    }
+                }
+            }
         }
     }
 
@@ -309,6 +340,22 @@ impl Cluster {
                 return;
             }
         };
+        let Some(caps) = self.approval.admit(&peer, caps, generation, now) else {
+            info!(%peer, "worker linked; waiting for the operator's approval");
+            if self.state.active.is_none() {
+                self.state.message = format!(
+                    "{} worker(s) wait for the admin's approval (the dashboard, or POST /api/workers/ID/approve)",
+                    self.approval.pending().len()
+                );
+            }
+            self.out.push_back(ClusterOutput::Changed);
+            return;
+        };
+        self.admit(peer, caps, generation, now);
+    }
+
+    /// A worker's link goes on to calibration (and then placement).
+    fn admit(&mut self, peer: PeerId, caps: Capabilities, generation: u64, now: Instant) {
         info!(%peer, device = %caps.device.name, backend = %caps.backend, kind = ?caps.kind, "worker linked; calibrating");
         let entry = self
             .state
@@ -342,6 +389,10 @@ impl Cluster {
     }
 
     fn link_down(&mut self, peer: &PeerId, generation: Option<u64>, why: &str, now: Instant) {
+        if self.approval.gone(peer, generation) {
+            self.out.push_back(ClusterOutput::Changed);
+            return;
+        }
         let (current, online) = self.state.peers.get(peer).map_or((false, false), |p| {
             (generation.is_none_or(|g| g == p.link_gen), p.online)
         });

@@ -114,11 +114,16 @@ impl Harness {
     }
 
     fn with_manual(manual: Option<Vec<Stage>>) -> Harness {
+        Harness::with(manual, false)
+    }
+
+    fn with(manual: Option<Vec<Stage>>, approve_workers: bool) -> Harness {
         let cfg = ClusterConfig {
             model_config: MODEL_CONFIG.into(),
             model_id: "m1".into(),
             source: SOURCE.into(),
             cost: cost(),
+            approve_workers,
         };
         let now = Instant::now();
         Harness {
@@ -999,4 +1004,93 @@ fn a_departed_peer_is_forgotten_after_the_grace_period_unless_it_returns() {
     assert_eq!(left, ["b"], "a is forgotten, b came back");
     h.advance(FORGET_AFTER * 2);
     assert_eq!(h.st().peers.len(), 1, "an online peer is never forgotten");
+}
+
+#[test]
+fn with_approval_a_worker_waits_unplaced_until_approved_and_a_rejected_one_stays_out() {
+    let mut h = Harness::with(None, true);
+    let ga = h.link("a", "native", WHOLE);
+    let gb = h.link("b", "native", WHOLE);
+    let out = h.take();
+    assert!(
+        !out.iter().any(|o| matches!(o, ClusterOutput::Send { .. })),
+        "a worker waiting for approval is not calibrated: {out:?}"
+    );
+    assert!(
+        out.contains(&ClusterOutput::Changed),
+        "the dashboard shows it"
+    );
+    assert_eq!(
+        h.core.pending().keys().cloned().collect::<Vec<_>>(),
+        vec![peer("a"), peer("b")]
+    );
+    assert!(h.st().peers.is_empty(), "not in the placement's peers");
+    assert!(h.st().message.contains("approval"), "{}", h.st().message);
+    assert_eq!(h.core.poll_timeout(), None, "nothing to place");
+
+    let rejected = peer("b");
+    h.input(ClusterInput::Approve {
+        peer: rejected.clone(),
+        approved: false,
+    });
+    h.input(ClusterInput::Approve {
+        peer: peer("a"),
+        approved: true,
+    });
+    let out = h.take();
+    assert!(out.contains(&ClusterOutput::Send {
+        peer: peer("a"),
+        generation: ga,
+        msg: Message::Calibrate {
+            config: MODEL_CONFIG.into()
+        },
+    }));
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, ClusterOutput::Send { peer, .. } if peer == &rejected)),
+        "the rejected worker is not calibrated"
+    );
+    assert!(h.core.pending().is_empty());
+    h.say("a", Message::Calibration(calibration()));
+    h.say("b", Message::Calibration(calibration()));
+    let loads = h.place_and_load();
+    assert!(
+        loads.iter().all(|l| l.peer == peer("a")),
+        "only the approved worker is placed: {loads:?}"
+    );
+    assert_eq!(h.epoch(), Some(1));
+    let _ = gb;
+
+    // Approved ahead of its link (a token approved before): it goes on at once.
+    h.input(ClusterInput::Approve {
+        peer: peer("c"),
+        approved: true,
+    });
+    h.take();
+    let gc = h.link("c", "native", WHOLE);
+    assert!(h.take().contains(&ClusterOutput::Send {
+        peer: peer("c"),
+        generation: gc,
+        msg: Message::Calibrate {
+            config: MODEL_CONFIG.into()
+        },
+    }));
+    // A waiting worker whose link ends stops waiting.
+    let gd = h.link("d", "native", WHOLE);
+    assert_eq!(h.core.pending().len(), 1);
+    h.input(ClusterInput::LinkDown {
+        peer: peer("d"),
+        generation: Some(gd),
+        why: "gone".into(),
+    });
+    assert!(h.core.pending().is_empty());
+    assert!(!h.st().peers.contains_key(&peer("d")));
+    // An approval ends with the peer's time in the room.
+    h.input(ClusterInput::Approve {
+        peer: peer("e"),
+        approved: true,
+    });
+    h.input(ClusterInput::PeerLeft { peer: peer("e") });
+    h.link("e", "native", WHOLE);
+    assert_eq!(h.core.pending().len(), 1, "asked again after leaving");
 }

@@ -13,6 +13,8 @@
 //!   runs on a lost worker, the state changed. It owns the peer table, the
 //!   debounce, the placement being loaded, the active placement with its
 //!   epoch and the retry after a failure.
+//! - `approval.rs`: workers waiting for the operator's approval
+//!   (`--approve-workers`): linked, neither calibrated nor placed.
 //! - `plan.rs`: which placement to run (device profiles, manual or
 //!   automatic, unchanged) and each stage's `next`/`prev`.
 //! - `peers.rs`: what a worker's condition or loss means for placing again.
@@ -24,6 +26,7 @@
 //!   seeing the cluster through [`ClusterView`] (`view.rs`).
 
 mod admission;
+mod approval;
 mod cluster;
 mod peers;
 mod placing;
@@ -39,6 +42,7 @@ mod peers_tests;
 mod tests;
 
 pub use admission::{Admission, Admit};
+pub use approval::PendingWorker;
 pub use cluster::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
 pub use peers::{condition, runs_lost};
 pub use plan::profiles;
