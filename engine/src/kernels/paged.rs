@@ -184,6 +184,26 @@ impl<'a> OpSpec<'a> for PagedAttention<'a> {
     }
 }
 
+/// Every query token's table slice lies within `table` and names blocks within the pool.
+pub(crate) fn check_tables(
+    rows: &[u32],
+    table: &[u32],
+    p: &PagedAttentionParams,
+) -> backend::Result<()> {
+    let block = p.block.max(1) as usize;
+    for t in 0..p.tokens as usize {
+        let (start, n_keys) = (rows[2 * t] as usize, rows[2 * t + 1] as usize);
+        let end = start + n_keys.div_ceil(block);
+        if end > table.len() {
+            return Err(out_of_pool("table entry", end as u32, table.len() as u32));
+        }
+        if let Some(&b) = table[start..end].iter().find(|&&b| b >= p.pool_blocks) {
+            return Err(out_of_pool("block", b, p.pool_blocks));
+        }
+    }
+    Ok(())
+}
+
 /// The reference of [`PagedAttention`].
 pub fn paged_attention(
     q: &[f32],

@@ -21,24 +21,71 @@ pub(crate) fn attention(
     [heads, kv_heads, head_dim, tokens, pos0]: [usize; 5],
     scale: f32,
 ) {
+    let shape = [heads, kv_heads, head_dim, tokens];
+    let work = tokens * heads * (pos0 + tokens) * head_dim * 2;
+    attend(
+        v,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        shape,
+        scale,
+        work,
+        |t| pos0 + t + 1,
+        |_, p| p,
+    );
+}
+
+/// [`crate::kernels::PagedAttention`]: token `t` attends to `keys(t)` keys, key `p` of it in
+/// row `slot(t, p)` of the pools. Every index was checked by the caller.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_attention(
+    v: &VecF32,
+    q: &[f32],
+    k_pool: &[f32],
+    v_pool: &[f32],
+    out: &mut [f32],
+    shape: [usize; 4],
+    scale: f32,
+    keys: impl Fn(usize) -> usize + Sync,
+    slot: impl Fn(usize, usize) -> usize + Sync,
+) {
+    let [heads, _, head_dim, tokens] = shape;
+    let work = (0..tokens).map(&keys).sum::<usize>() * heads * head_dim * 2;
+    attend(v, q, k_pool, v_pool, out, shape, scale, work, keys, slot);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    v: &VecF32,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+    [heads, kv_heads, head_dim, tokens]: [usize; 4],
+    scale: f32,
+    work: usize,
+    keys: impl Fn(usize) -> usize + Sync,
+    slot: impl Fn(usize, usize) -> usize + Sync,
+) {
     if head_dim == 0 || heads == 0 {
         return;
     }
     let group = heads / kv_heads.max(1);
     let kv_stride = kv_heads * head_dim;
     let out = &mut out[..tokens * heads * head_dim];
-    let work = tokens * heads * (pos0 + tokens) * head_dim * 2;
     par_chunks(out, head_dim, work, |first, o| {
         let th = first / head_dim;
         let (t, h) = (th / heads, th % heads);
-        let n_keys = pos0 + t + 1;
+        let n_keys = keys(t);
         let kvh = h / group.max(1);
         let qv = &q[th * head_dim..][..head_dim];
         SCORES.with_borrow_mut(|scores| {
             scores.clear();
             let mut max = f32::NEG_INFINITY;
             for p in 0..n_keys {
-                let kv = &k_cache[p * kv_stride + kvh * head_dim..][..head_dim];
+                let kv = &k_cache[slot(t, p) * kv_stride + kvh * head_dim..][..head_dim];
                 let s = (v.dot)(qv, kv) * scale;
                 max = max.max(s);
                 scores.push(s);
@@ -50,7 +97,7 @@ pub(crate) fn attention(
             }
             o.fill(0.0);
             for (p, s) in scores.iter().enumerate() {
-                let vv = &v_cache[p * kv_stride + kvh * head_dim..][..head_dim];
+                let vv = &v_cache[slot(t, p) * kv_stride + kvh * head_dim..][..head_dim];
                 (v.axpy)(o, s / sum, vv);
             }
         });

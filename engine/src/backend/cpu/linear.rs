@@ -14,8 +14,15 @@ use crate::quant::GgmlType;
 /// Weight rows per tile: with the widest rows of small models (a few KiB) a tile stays
 /// within L1/L2 while a block of tokens runs against it.
 const TILE_ROWS: usize = 16;
-/// At or below this many tokens an op is split by output rows.
-const DECODE_TOKENS: usize = 4;
+/// At or below this many tokens (a decode step, or a batch of sequences' decode steps) an op
+/// is split by output rows, each weight row read once for every token.
+const DECODE_TOKENS: usize = 32;
+
+thread_local! {
+    /// A skinny product's output, row-major by weight row (`rows × tokens`), before it is
+    /// turned into the token-major `y`; only grows.
+    static BY_ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 /// Below this much work (multiply-adds) the pool costs more than it saves.
 #[cfg(not(target_arch = "wasm32"))]
 const PARALLEL_WORK: usize = 1 << 16;
@@ -53,21 +60,49 @@ pub(crate) fn linear(
     let work = rows * cols * tokens;
     let y = &mut y[..rows * tokens];
 
+    let dot4 = isa.dot4(wtype);
+    let tile = tile_rows(rows);
+    if tokens == 1 {
+        let x = q8.row(0);
+        par_chunks(y, tile, work, |first, out| {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = dot(wrow(first + j), x);
+            }
+        });
+        return;
+    }
     if tokens <= DECODE_TOKENS {
-        // Each token's output row is split the same way; with one token that is `y`.
-        let tile = tile_rows(rows);
-        for (t, yt) in y.chunks_exact_mut(rows).enumerate() {
-            let x = q8.row(t);
-            par_chunks(yt, tile, work / tokens, |first, out| {
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o = dot(wrow(first + j), x);
+        // A batch of decode steps: tiles of weight rows, each row against every token (four
+        // at a time), so the weights stream once for the whole batch.
+        BY_ROW.with_borrow_mut(|by_row| {
+            by_row.clear();
+            by_row.resize(rows * tokens, 0.0);
+            par_chunks(by_row, tile * tokens, work, |first, out| {
+                let r0 = first / tokens;
+                for (i, o) in out.chunks_exact_mut(tokens).enumerate() {
+                    let w = wrow(r0 + i);
+                    let mut j = 0;
+                    if let Some(dot4) = dot4 {
+                        while j + 4 <= tokens {
+                            let xs: [_; 4] = std::array::from_fn(|k| q8.row(j + k));
+                            o[j..j + 4].copy_from_slice(&dot4(w, xs));
+                            j += 4;
+                        }
+                    }
+                    for (t, v) in o.iter_mut().enumerate().skip(j) {
+                        *v = dot(w, q8.row(t));
+                    }
                 }
             });
-        }
+            for (r, per_token) in by_row.chunks_exact(tokens).enumerate() {
+                for (t, &v) in per_token.iter().enumerate() {
+                    y[t * rows + r] = v;
+                }
+            }
+        });
         return;
     }
 
-    let dot4 = isa.dot4(wtype);
     let per = tokens.div_ceil(threads() * 2).max(1);
     par_chunks(y, per * rows, work, |first, out| {
         let t0 = first / rows;

@@ -146,6 +146,7 @@ impl CpuBackend {
             match op {
                 Op::Linear(l) if !self.f32_linear => self.linear(l)?,
                 Op::Attention(a) => self.attention(a)?,
+                Op::PagedAttention(a) => self.paged_attention(a)?,
                 _ => with_op!(op, o => o.cpu())?,
             }
         }
@@ -157,6 +158,34 @@ impl CpuBackend {
         let mut o = wr(a.out)?;
         let shape = [a.heads, a.kv_heads, a.head_dim, a.tokens, a.pos0].map(|n| n as usize);
         attention::attention(&self.vec, f(&q), f(&k), f(&v), fm(&mut o), shape, a.scale);
+        Ok(())
+    }
+
+    /// The reference's checks first (every table entry and block within bounds), then the
+    /// pool's parallel, vectorized attention.
+    fn paged_attention(&self, a: &crate::kernels::PagedAttention<'_>) -> Result<()> {
+        let p = crate::kernels::OpSpec::params(a);
+        let rows = rd(a.rows)?[..2 * a.tokens as usize].to_vec();
+        let table = rd(a.table)?[..a.table_len as usize].to_vec();
+        crate::kernels::paged::check_tables(&rows, &table, &p)?;
+        let (q, k, v) = (rd(a.q)?, rd(a.k_pool)?, rd(a.v_pool)?);
+        let mut o = wr(a.out)?;
+        let block = a.block as usize;
+        let shape = [a.heads, a.kv_heads, a.head_dim, a.tokens].map(|n| n as usize);
+        attention::paged_attention(
+            &self.vec,
+            f(&q),
+            f(&k),
+            f(&v),
+            fm(&mut o),
+            shape,
+            a.scale,
+            |t| rows[2 * t + 1] as usize,
+            |t, j| {
+                let start = rows[2 * t] as usize;
+                table[start + j / block] as usize * block + j % block
+            },
+        );
         Ok(())
     }
 
