@@ -179,6 +179,10 @@ impl Drop for Buffer {
     }
 }
 
+/// Tokens the cuda backend's `Linear` runs as matrix-vector products (its fused kernels and
+/// scratch are sized for at most this many).
+pub const CUDA_MATVEC_MAX_TOKENS: usize = 4;
+
 enum Inner {
     Cpu(cpu::CpuBackend),
     Wgpu(Box<wgpu::WgpuBackend>),
@@ -329,6 +333,23 @@ impl Device {
 
     /// Kernel launches of the latest `run`, where the backend turns ops into launches other
     /// than one by one (`cuda` fuses decode ops); `None` elsewhere.
+    /// The most rows a pass of batched decode steps should hold here, where more would be
+    /// slower than the sequences one pass each: the cuda backend's matrix-vector kernels take
+    /// up to [`CUDA_MATVEC_MAX_TOKENS`] tokens, past which its tiled fp32 product (about as
+    /// slow for 16 rows as for 256: an 8B-shaped model on an H200 gave 0.3x one sequence's
+    /// tokens/s with 16 at once) takes over. The WGSL matrix-vector kernel takes one token,
+    /// and the tiled one is slower for a few rows than a pass per row (vulkan on an H200,
+    /// 8B shape: 4 at once 0.23x one), so wgpu and vulkan run a decode batch a row per pass
+    /// until they have kernels for small batches. `None`: no such limit (the cpu backend
+    /// streams each weight row once for up to 32 rows).
+    pub fn decode_rows_per_pass(&self) -> Option<usize> {
+        match self.kind() {
+            BackendKind::Cuda => Some(CUDA_MATVEC_MAX_TOKENS),
+            BackendKind::Wgpu | BackendKind::Vulkan => Some(1),
+            BackendKind::Cpu => None,
+        }
+    }
+
     pub fn launches_in_last_run(&self) -> Option<usize> {
         match &self.inner {
             Inner::Cuda(b) => b.launches_in_last_run(),

@@ -243,6 +243,12 @@ impl Shard {
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
+        // A batch of decode steps alone keeps to what the device runs well in one pass.
+        let decode_only = rows.iter().all(|&n| n <= 1);
+        let per_pass = match self.dev.decode_rows_per_pass() {
+            Some(n) if decode_only => n.clamp(1, self.max_batch),
+            _ => self.max_batch,
+        };
         let mut done = vec![0usize; items.len()];
         let mut hidden: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
         let s = self.scratch.lock().await;
@@ -259,15 +265,15 @@ impl Shard {
             return Err(ModelError::WrongInput("batch buffers vanished"));
         };
         loop {
-            // This pass: (item, first row, rows) in item order, up to max_batch rows.
+            // This pass: (item, first row, rows) in item order, up to per_pass rows.
             let mut pass: Vec<(usize, usize, usize)> = Vec::new();
             let mut total = 0;
             for i in 0..items.len() {
                 let left = rows[i] - done[i];
-                if left == 0 || total == self.max_batch {
+                if left == 0 || total == per_pass {
                     continue;
                 }
-                let take = left.min(self.max_batch - total);
+                let take = left.min(per_pass - total);
                 pass.push((i, done[i], take));
                 total += take;
             }

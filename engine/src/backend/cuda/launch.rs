@@ -15,7 +15,7 @@ pub(crate) const PARAM_WORDS: usize = 16;
 
 /// Up to this many tokens, `Linear` runs as one matrix-vector pass per token (weights are
 /// re-read per token, which costs less than a tiled product's setup for so few).
-pub(crate) const MATVEC_MAX_TOKENS: u32 = 4;
+pub(crate) const MATVEC_MAX_TOKENS: u32 = crate::backend::CUDA_MATVEC_MAX_TOKENS as u32;
 
 /// From this many lane steps per row up, a matrix-vector product splits each row's columns
 /// across the block (`linear_matvec_split`) instead of giving each row one warp: one warp per
