@@ -1,9 +1,5 @@
-// Rotary position embedding in place: one invocation per rotated pair. `factors` (rope_dim / 2
-// divisors of the angle, Llama 3.1's rope_freqs) is read only when p.flags has ROPE_FACTORS,
-// and `positions` (one per token, overriding pos0 + t) only with ROPE_POSITIONS; the plan binds
-// another buffer (possibly `x`) in an absent one's place. Both are declared read_write although
-// only read: wgpu refuses a buffer bound read-only and read-write in one dispatch, and `x` may
-// be that stand-in.
+// Rotary position embedding in place: one invocation per rotated pair, token t at pos0 + t.
+// With frequency factors or per-token positions the plan runs rope_tables.wgsl instead.
 
 struct Params {
     heads: u32,
@@ -18,12 +14,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> factors: array<f32>;
-@group(0) @binding(3) var<storage, read_write> positions: array<u32>;
 
 const TAU: f32 = 6.283185307179586;
-const ROPE_FACTORS: u32 = 1u;
-const ROPE_POSITIONS: u32 = 2u;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -37,14 +29,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let th = idx / half;
     let t = th / p.heads;
     let base = th * p.head_dim;
-    var pos = p.pos0 + t;
-    if ((p.flags & ROPE_POSITIONS) != 0u) {
-        pos = positions[t];
-    }
-    var theta = f32(pos) * pow(p.freq_base, -2.0 * f32(i) / f32(p.rope_dim));
-    if ((p.flags & ROPE_FACTORS) != 0u) {
-        theta = theta / factors[i];
-    }
+    let theta = f32(p.pos0 + t) * pow(p.freq_base, -2.0 * f32(i) / f32(p.rope_dim));
     // Reduce the angle first: some GPUs lose precision on sin/cos of large arguments.
     let a = theta - TAU * floor(theta / TAU);
     let s = sin(a);

@@ -33,6 +33,7 @@ kernels! {
     LINEAR_MATVEC_SUBGROUP = "linear_matvec_subgroup", true;
     RMSNORM = "rmsnorm", false;
     ROPE = "rope", false;
+    ROPE_TABLES = "rope_tables", false;
     SOFTMAX = "softmax", false;
     SILU_MUL = "silu_mul", false;
     ADD = "add", false;

@@ -133,20 +133,24 @@ impl<'a> WgpuOp<'a> for RmsNorm<'a> {
 }
 
 impl<'a> WgpuOp<'a> for Rope<'a> {
-    const KERNELS: &'static [Kernel] = &[shaders::ROPE];
+    const KERNELS: &'static [Kernel] = &[shaders::ROPE, shaders::ROPE_TABLES];
 
     fn step(&self, max_dim: u32) -> Result<Step<'a>> {
         let pairs = self.tokens * self.heads * (self.rope_dim / 2);
         let groups = grid(pairs.div_ceil(256), max_dim)?;
-        // The kernel reads factors and positions only as `flags` says; an absent one is bound
-        // to a buffer the dispatch already names, which the kernel then never reads.
-        let stand_in = self.factors.or(self.positions).unwrap_or(self.x);
-        let buffers = vec![
-            self.x,
-            self.factors.unwrap_or(stand_in),
-            self.positions.unwrap_or(stand_in),
-        ];
-        dispatch(self, shaders::ROPE, None, buffers, groups)
+        // An absent table is bound to the present one, which the kernel then never reads: both
+        // are read-only there, and `x` (written) must not be bound twice (browsers refuse it).
+        match self.factors.or(self.positions) {
+            Some(table) => {
+                let buffers = vec![
+                    self.x,
+                    self.factors.unwrap_or(table),
+                    self.positions.unwrap_or(table),
+                ];
+                dispatch(self, shaders::ROPE_TABLES, None, buffers, groups)
+            }
+            None => dispatch(self, shaders::ROPE, None, vec![self.x], groups),
+        }
     }
 }
 
@@ -391,8 +395,9 @@ mod tests {
         assert_eq!(covered, all);
     }
 
-    /// The one rope kernel always binds factors and positions; an absent one is a buffer the
-    /// dispatch already names (a read-only stand-in for the read-write `x` would be refused).
+    /// Plain rope binds `x` alone; with a table, the tables kernel binds the absent table to the
+    /// present one (both read-only), never `x` twice (a browser's WebGPU refuses aliased
+    /// writable bindings, and a writable and read-only binding of one buffer).
     #[test]
     fn rope_binds_a_stand_in_for_what_is_absent() {
         let d = crate::backend::Device::new_cpu(crate::device::info::describe_cpu());
@@ -423,12 +428,16 @@ mod tests {
             else {
                 panic!("rope is a dispatch");
             };
-            assert_eq!(kernel, shaders::ROPE);
+            let tables = factors.is_some() || positions.is_some();
+            assert_eq!(kernel == shaders::ROPE_TABLES, tables);
+            assert_eq!(kernel == shaders::ROPE, !tables);
             let ids: Vec<u64> = buffers.iter().map(|b| b.id()).collect();
+            // `x` (written) is never bound twice: a browser's WebGPU refuses that.
+            assert_eq!(ids.iter().filter(|&&i| i == x.id()).count(), 1);
             (ids, params[7])
         };
         let flags = (crate::kernels::ROPE_FACTORS, crate::kernels::ROPE_POSITIONS);
-        assert_eq!(bound(None, None), (vec![x.id(); 3], 0));
+        assert_eq!(bound(None, None), (vec![x.id()], 0));
         assert_eq!(
             bound(Some(&f), None),
             (vec![x.id(), f.id(), f.id()], flags.0)
