@@ -1,26 +1,12 @@
 //! Batched passes through a paged pool against each sequence run alone with its own cache,
 //! on the cpu backend.
 
-use std::sync::Arc;
-
 use super::kv_pool::SeqKv;
 use super::shard::BatchItem;
 use super::synthetic::SyntheticModel;
 use super::{ModelConfig, ModelError, Shard, ShardInput, ShardOutput, Want};
-use crate::backend::Device;
 use crate::kernels::SampleParams;
-
-fn cpu() -> Arc<Device> {
-    let sel = crate::Selection {
-        backend: Some("cpu".into()),
-        device: None,
-    };
-    Arc::new(
-        crate::device::discover_blocking()
-            .open_blocking(&sel)
-            .expect("cpu backend"),
-    )
-}
+use crate::worker::tests::cpu;
 
 fn config() -> ModelConfig {
     let mut cfg = ModelConfig::synthetic("135m").expect("135m shape");

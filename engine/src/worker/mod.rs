@@ -18,7 +18,7 @@ mod capabilities;
 mod host;
 mod stage;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use calibrate::calibrate;
 pub use capabilities::{Capabilities, PeerKind, Role};
