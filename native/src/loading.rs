@@ -27,7 +27,8 @@ pub struct Loaded {
 pub struct DeviceArgs {
     #[arg(long, help = backend_help())]
     pub backend: Option<String>,
-    /// Device id from `cairn devices`.
+    /// Device id from `cairn devices`; for a worker, several ids separated by commas (or
+    /// `all`) split its layers over those devices of this host.
     #[arg(long)]
     pub device: Option<String>,
     #[command(flatten)]
@@ -60,6 +61,47 @@ impl DeviceArgs {
             device: self.device.clone(),
         }
     }
+}
+
+/// Every device `--device` names: a comma-separated list of ids (`cuda:0,cuda:1`; an id may
+/// repeat, which opens that device again as a device of its own) or `all` (every device of
+/// the chosen backend); otherwise the one device `--backend`/`--device` select.
+pub fn open_devices(args: &DeviceArgs) -> Result<Vec<Arc<Device>>> {
+    let Some(list) = args.device.as_deref() else {
+        return Ok(vec![open_device(args)?]);
+    };
+    let found = cairn_engine::device::discover_blocking_with(args.engine.options());
+    let ids: Vec<String> = if list == "all" {
+        let kind = found.choose(&args.selection())?.backend;
+        found
+            .devices
+            .iter()
+            .filter(|d| d.backend == kind)
+            .map(|d| d.id.clone())
+            .collect()
+    } else {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    if ids.len() <= 1 {
+        return Ok(vec![open_device(args)?]);
+    }
+    let mut devices = Vec::with_capacity(ids.len());
+    for id in ids {
+        let sel = Selection {
+            backend: args.backend.clone(),
+            device: Some(id.clone()),
+        };
+        let dev = found
+            .open_blocking(&sel)
+            .with_context(|| format!("opening device {id} of --device {list}"))?;
+        tracing::info!(device = %dev.info().id, name = %dev.info().name, backend = %dev.kind(), "device");
+        devices.push(Arc::new(dev));
+    }
+    Ok(devices)
 }
 
 pub fn open_device(args: &DeviceArgs) -> Result<Arc<Device>> {

@@ -7,6 +7,7 @@ pub mod family;
 pub mod generate;
 pub mod kv_pool;
 pub mod shard;
+pub mod stack;
 pub mod synthetic;
 pub mod tiny;
 pub mod weights;
@@ -18,6 +19,7 @@ pub use cache::KvCache;
 pub use config::ModelConfig;
 pub use kv_pool::{KV_BLOCK, KvPool, SeqKv};
 pub use shard::{Shard, ShardInput, ShardOutput, Want};
+pub use stack::{ShardStack, StackItem, StackPool, StackSeq};
 
 use crate::backend::BackendError;
 use crate::gguf::GgufError;

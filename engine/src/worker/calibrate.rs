@@ -4,6 +4,7 @@ use web_time::Instant;
 
 use crate::backend::Device;
 use crate::kernels::SampleParams;
+use crate::model::stack::split_range;
 use crate::model::synthetic::SyntheticModel;
 use crate::model::{ModelConfig, ModelError, Shard, ShardInput, Want};
 use crate::protocol::Calibration;
@@ -46,6 +47,35 @@ pub async fn calibrate(dev: Arc<Device>, cfg: &ModelConfig) -> Result<Calibratio
         call_overhead_s,
         head_s,
     })
+}
+
+/// Measures a stage split over several local devices ([`crate::model::ShardStack`]): each
+/// device alone, then weighted by the share of layers it would hold of a whole model
+/// ([`split_range`] by the bytes each offers). Each piece is its own call, so the call
+/// overheads add up (each includes handing its hidden states on through the host); the
+/// head is the last piece's.
+pub async fn calibrate_devices(
+    devices: &[(Arc<Device>, u64)],
+    cfg: &ModelConfig,
+) -> Result<Calibration, ModelError> {
+    if let [(dev, _)] = devices {
+        return calibrate(Arc::clone(dev), cfg).await;
+    }
+    let weights: Vec<f64> = devices.iter().map(|(_, b)| *b as f64).collect();
+    let layers = cfg.n_layers.max(1);
+    let parts = split_range(0, layers, &weights);
+    let mut sum = Calibration::default();
+    for (i, a, b) in parts {
+        let one = calibrate(Arc::clone(&devices[i].0), cfg).await?;
+        let share = (b - a) as f64 / layers as f64;
+        sum.decode_s_per_layer += share * one.decode_s_per_layer;
+        sum.prefill_s_per_layer_token += share * one.prefill_s_per_layer_token;
+        sum.call_overhead_s += one.call_overhead_s;
+        if b == layers {
+            sum.head_s = one.head_s;
+        }
+    }
+    Ok(sum)
 }
 
 /// (seconds per decode call, seconds per prefill call) of layers `start..end`.

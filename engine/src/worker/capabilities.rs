@@ -27,6 +27,10 @@ pub struct Capabilities {
     /// `wgpu` or `cpu`.
     pub backend: String,
     pub device: DeviceInfo,
+    /// Every local device the worker splits its layers over, when it drives more than one
+    /// (`device` is the first of them); empty for a one-device worker.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceInfo>,
     /// Bytes this peer offers for weights, KV caches and scratch.
     pub memory_budget_bytes: u64,
     /// Ids (`gguf::model_id`) of the model files this peer holds locally.
@@ -47,6 +51,7 @@ impl Capabilities {
             kind,
             backend: device.backend.name().to_owned(),
             device: device.clone(),
+            devices: Vec::new(),
             memory_budget_bytes: (device.memory_bytes as f64 * budget_fraction.clamp(0.0, 1.0))
                 as u64,
             models: Vec::new(),

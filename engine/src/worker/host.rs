@@ -9,13 +9,10 @@
 //! timers, where the stage runs (the native worker's stage thread, the
 //! page's loop).
 
-use std::sync::Arc;
-
-use crate::backend::Device;
 use crate::gguf::TensorSource;
 use crate::protocol::{Battery, LayerRange, Message, Telemetry, Thermal, Visibility, error_code};
 
-use super::stage::{Route, StageServer, load_shard};
+use super::stage::{Route, StageServer, load_stack};
 
 /// A checked `LoadShard`: the layers to load, from where, and where their
 /// outputs go.
@@ -298,10 +295,10 @@ impl ShardSlot {
         src: &dyn TensorSource,
     ) -> Message {
         self.clear(server);
-        let device: Arc<Device> = Arc::clone(server.device());
-        match load_shard(device, src, plan.start, plan.end).await {
-            Ok((shard, loaded)) => {
-                server.set_shard(shard);
+        let devices = server.devices().to_vec();
+        match load_stack(&devices, src, plan.start, plan.end).await {
+            Ok((stack, loaded)) => {
+                server.set_stack(stack);
                 server.set_route(plan.route);
                 self.loaded = Some((plan.model, plan.start, plan.end));
                 loaded

@@ -20,7 +20,7 @@ mod stage;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use calibrate::calibrate;
+pub use calibrate::{calibrate, calibrate_devices};
 pub use capabilities::{Capabilities, PeerKind, Role};
 pub use host::{Condition, HostAction, LoadPlan, PressureRule, ShardSlot, WorkerHost};
-pub use stage::{Outgoing, Pass, Route, StageServer, load_shard};
+pub use stage::{Outgoing, Pass, Route, StageServer, load_shard, load_stack};

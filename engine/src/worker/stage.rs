@@ -7,8 +7,10 @@ use crate::backend::Device;
 use crate::gguf::TensorSource;
 use crate::kernels::SampleParams;
 use crate::model::shard::DEFAULT_MAX_BATCH;
-use crate::model::shard::{BatchItem, MAX_BATCH_SEQS};
-use crate::model::{KvPool, ModelError, SeqKv, Shard, ShardInput, ShardOutput, Want};
+use crate::model::shard::MAX_BATCH_SEQS;
+use crate::model::{
+    ModelError, Shard, ShardInput, ShardOutput, ShardStack, StackItem, StackPool, StackSeq, Want,
+};
 use crate::protocol::{
     Chain, DType, Hop, KvReport, LayerRange, Message, Telemetry, Tensor, error_code,
 };
@@ -20,12 +22,14 @@ pub const MAX_REQUESTS: usize = 64;
 /// A worker's serving state: its shard, where its output goes, and each
 /// request's share of the stage's key/value pool.
 pub struct StageServer {
-    device: Arc<Device>,
-    shard: Option<Shard>,
+    /// The devices the stage's layers are split over (one for most workers), each with the
+    /// bytes it offers (the split's weights).
+    devices: Vec<(Arc<Device>, u64)>,
+    shard: Option<ShardStack>,
     route: Route,
     caches: HashMap<u64, Entry>,
     /// Made on the first step after a shard is installed.
-    pool: Option<KvPool>,
+    pool: Option<StackPool>,
     /// The pool's budget in bytes; `None`: from the device's free memory.
     kv_budget: Option<u64>,
     /// Sequences run by the window's forward passes (their mean is the batch size).
@@ -41,7 +45,7 @@ pub struct StageServer {
 
 /// One request's blocks in the pool and the run (`Forward::seq`) that filled them.
 struct Entry {
-    kv: SeqKv,
+    kv: StackSeq,
     seq: u32,
 }
 
@@ -187,10 +191,49 @@ pub async fn load_shard(
     Ok((shard, loaded))
 }
 
+/// Loads layers `start..end` from `src` split over `devices` (each with the bytes it
+/// offers: [`crate::model::stack::split_range`]) and waits until they are on the devices;
+/// returns the stack and the `ShardLoaded` message that reports it.
+pub async fn load_stack(
+    devices: &[(Arc<Device>, u64)],
+    src: &dyn TensorSource,
+    start: usize,
+    end: usize,
+) -> Result<(ShardStack, Message), ModelError> {
+    if devices.len() == 1 {
+        let (shard, loaded) = load_shard(Arc::clone(&devices[0].0), src, start, end).await?;
+        return Ok((ShardStack::single(shard), loaded));
+    }
+    let t0 = Instant::now();
+    let live = |ds: &[(Arc<Device>, u64)]| ds.iter().map(|(d, _)| d.live_bytes()).sum::<u64>();
+    let before = live(devices);
+    let stack = ShardStack::load(devices, src, start, end, &mut |_, _| {})?;
+    for (d, _) in devices {
+        d.sync().await?;
+    }
+    let loaded = Message::ShardLoaded {
+        layers: LayerRange {
+            start: start as u32,
+            end: end as u32,
+        },
+        weight_bytes: live(devices).saturating_sub(before),
+        load_ms: t0.elapsed().as_millis().min(u32::MAX as u128) as u32,
+    };
+    Ok((stack, loaded))
+}
+
 impl StageServer {
     pub fn new(device: Arc<Device>) -> StageServer {
+        let bytes = device.info().memory_bytes;
+        Self::with_devices(vec![(device, bytes)])
+    }
+
+    /// A stage over several local devices, each with the bytes it offers (its share of the
+    /// layers follows them). The first device is [`Self::device`]. An empty list is one
+    /// cpu device's worth of nothing: callers give at least one.
+    pub fn with_devices(devices: Vec<(Arc<Device>, u64)>) -> StageServer {
         StageServer {
-            device,
+            devices,
             shard: None,
             route: Route::default(),
             caches: HashMap::new(),
@@ -206,15 +249,26 @@ impl StageServer {
         }
     }
 
+    /// The first (or only) device.
     pub fn device(&self) -> &Arc<Device> {
-        &self.device
+        &self.devices[0].0
+    }
+
+    /// Every device of the stage, with the bytes each offers.
+    pub fn devices(&self) -> &[(Arc<Device>, u64)] {
+        &self.devices
     }
 
     /// Installs a loaded shard; the old one's caches go with it.
     pub fn set_shard(&mut self, shard: Shard) {
+        self.set_stack(ShardStack::single(shard));
+    }
+
+    /// Installs a loaded stack (layers over several devices); the old one's caches go with it.
+    pub fn set_stack(&mut self, stack: ShardStack) {
         self.caches.clear();
         self.pool = None;
-        self.shard = Some(shard);
+        self.shard = Some(stack);
     }
 
     /// Bounds the key/value pool to `bytes` (from the next shard or cleared pool on); by
@@ -270,7 +324,7 @@ impl StageServer {
             }
             Message::Calibrate { config } => {
                 Some(Outgoing::Reply(match serde_json::from_str(&config) {
-                    Ok(cfg) => match super::calibrate(self.device.clone(), &cfg).await {
+                    Ok(cfg) => match super::calibrate_devices(&self.devices, &cfg).await {
                         Ok(c) => Message::Calibration(c),
                         Err(e) => Message::Error {
                             code: error_code::INTERNAL,
@@ -462,10 +516,10 @@ impl StageServer {
             .collect();
         let t0 = Instant::now();
         let result = {
-            let mut items: Vec<BatchItem> = ready
+            let mut items: Vec<StackItem> = ready
                 .iter()
                 .zip(entries.iter_mut())
-                .map(|(r, (_, e))| BatchItem {
+                .map(|(r, (_, e))| StackItem {
                     seq: &mut e.kv,
                     input: match &r.input {
                         Input::Tokens(t) => ShardInput::Tokens(t),
@@ -573,6 +627,7 @@ impl StageServer {
         }
         let cfg = shard.config();
         let context = cfg.context_length.max(1);
+        let pieces = shard.pieces().len();
         let input = match tensor.dtype() {
             DType::U32 if shard.is_first() => match tensor.to_values::<u32>() {
                 Ok(v) => Input::Tokens(v),
@@ -595,16 +650,24 @@ impl StageServer {
         };
         let pos0 = pos0 as usize;
         if self.pool.is_none() {
-            let budget = self.kv_budget.unwrap_or_else(|| {
-                let free = self
-                    .device
-                    .info()
-                    .memory_bytes
-                    .saturating_sub(self.device.live_bytes());
-                let most = shard.kv_bytes_per_position()
-                    * (MAX_REQUESTS * cfg.context_length.max(1)) as u64;
-                ((free as f64 * KV_SHARE_OF_FREE) as u64).min(most)
-            });
+            // Each piece's pool: its share of an explicit budget (by its layers), else half
+            // of what its device has free after the weights, capped at what MAX_REQUESTS
+            // full contexts would take.
+            let total_per_position = shard.kv_bytes_per_position().max(1);
+            let budget = |piece: &Shard| {
+                let per_position = piece.kv_bytes_per_position();
+                match self.kv_budget {
+                    Some(b) => {
+                        (b as u128 * per_position as u128 / total_per_position as u128) as u64
+                    }
+                    None => {
+                        let dev = piece.device();
+                        let free = dev.info().memory_bytes.saturating_sub(dev.live_bytes());
+                        let most = per_position * (MAX_REQUESTS * cfg.context_length.max(1)) as u64;
+                        ((free as f64 * KV_SHARE_OF_FREE) as u64).min(most)
+                    }
+                }
+            };
             match shard.new_pool(budget) {
                 Ok(pool) => self.pool = Some(pool),
                 Err(e) => return fail(error_code::OVERLOADED, e.to_string()),
@@ -645,7 +708,7 @@ impl StageServer {
             self.caches.insert(
                 request,
                 Entry {
-                    kv: SeqKv::new(limit),
+                    kv: StackSeq::new(pieces, limit),
                     seq,
                 },
             );
@@ -680,8 +743,12 @@ impl StageServer {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             queue_depth: 0,
             tokens_per_s: (self.window_tokens as f64 / window) as f32,
-            memory_used_bytes: self.device.live_bytes(),
-            memory_total_bytes: self.device.info().memory_bytes,
+            memory_used_bytes: self.devices.iter().map(|(d, _)| d.live_bytes()).sum(),
+            memory_total_bytes: self
+                .devices
+                .iter()
+                .map(|(d, _)| d.info().memory_bytes)
+                .sum(),
             utilization: (self.window_busy_s / window).min(1.0),
             kernel_ms: self.last_kernel_ms,
             // The mean over this window's calls: steadier than the last.
@@ -691,12 +758,17 @@ impl StageServer {
             requests: self.caches.len().try_into().unwrap_or(u32::MAX),
             mean_batch: (self.window_calls > 0)
                 .then(|| (self.window_seqs as f64 / self.window_calls as f64) as f32),
-            kv: self.pool.as_ref().map(|p| KvReport {
-                blocks_used: p.book().used() as u32,
-                blocks_allocated: p.book().allocated() as u32,
-                blocks_budget: p.book().budget() as u32,
-                block_positions: crate::model::KV_BLOCK as u32,
-            }),
+            // Every piece holds the same sequences; the tightest pool is what binds.
+            kv: self
+                .pool
+                .as_ref()
+                .and_then(|p| p.pools().iter().min_by_key(|k| k.book().budget()))
+                .map(|k| KvReport {
+                    blocks_used: k.book().used() as u32,
+                    blocks_allocated: k.book().allocated() as u32,
+                    blocks_budget: k.book().budget() as u32,
+                    block_positions: crate::model::KV_BLOCK as u32,
+                }),
             layers: self.layers().map(|(start, end)| LayerRange {
                 start: start as u32,
                 end: end as u32,

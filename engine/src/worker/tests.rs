@@ -511,3 +511,81 @@ fn steps_of_an_older_run_are_dropped() {
         ));
     });
 }
+
+/// A stage over three local devices (its layers split over them, hidden states handed on
+/// inside the process) draws the same greedy tokens as the whole model on one device, for
+/// two requests batched in each pass; their blocks are held and given back on every piece.
+#[test]
+fn a_stage_over_several_devices_matches_one_device() {
+    pollster::block_on(async {
+        let cfg = small_config();
+        let model = SyntheticModel::new(&cfg, 5);
+        let prompts = [vec![3u32, 14, 15, 92, 65], vec![2u32, 7, 1, 8]];
+        let steps = 6;
+        let dev = cpu();
+        let mut expect = Vec::new();
+        for p in &prompts {
+            expect.push(whole_model_tokens(&model, &dev, p, steps).await);
+        }
+        // Three devices of their own (separate accounting), the first offering twice the bytes.
+        let devices = vec![
+            (cpu(), 2_000_000_000),
+            (cpu(), 1_000_000_000),
+            (cpu(), 1_000_000_000),
+        ];
+        let mut server = StageServer::with_devices(devices.clone());
+        let (stack, loaded) = load_stack(&devices, &model, 0, 4).await.unwrap();
+        let ranges: Vec<(usize, usize)> = stack.pieces().iter().map(|p| p.range()).collect();
+        assert_eq!(
+            ranges,
+            vec![(0, 2), (2, 3), (3, 4)],
+            "split by the bytes offered"
+        );
+        for (piece, (d, _)) in stack.pieces().iter().zip(&devices) {
+            assert!(
+                Arc::ptr_eq(piece.device(), d),
+                "each piece on its own device"
+            );
+            assert!(d.live_bytes() > 0, "weights on every device");
+        }
+        assert!(matches!(loaded, Message::ShardLoaded { weight_bytes, .. } if weight_bytes > 0));
+        server.set_stack(stack);
+        let step = |request: u64, pos0: usize, ids: &[u32]| Message::Forward {
+            request,
+            seq: 1,
+            layers: LayerRange { start: 0, end: 4 },
+            pos0: pos0 as u32,
+            max_len: 32,
+            sample: Some(SampleParams::default()),
+            chain: None,
+            tensor: Tensor::from_values(DType::U32, vec![ids.len() as u64], ids).unwrap(),
+        };
+        let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+        let mut inputs: Vec<Vec<u32>> = prompts.to_vec();
+        let mut pos = vec![0usize; prompts.len()];
+        for _ in 0..steps {
+            let msgs = (0..prompts.len())
+                .map(|r| wire(step(r as u64, pos[r], &inputs[r])))
+                .collect();
+            for out in server.handle_forwards(msgs).await {
+                let Outgoing::Reply(Message::Token { request, id, .. }) = out else {
+                    panic!("expected a token, got {out:?}");
+                };
+                let r = request as usize;
+                pos[r] += inputs[r].len();
+                got[r].push(id);
+                inputs[r] = vec![id];
+            }
+        }
+        assert_eq!(got, expect);
+        let t = server.telemetry();
+        let kv = t.kv.expect("pool report");
+        assert!(kv.blocks_used > 0);
+        assert_eq!(t.mean_batch, Some(2.0));
+        let total: u64 = devices.iter().map(|(d, _)| d.info().memory_bytes).sum();
+        assert_eq!(t.memory_total_bytes, total, "memory over every device");
+        server.handle(Message::EndRequest { request: 0 }).await;
+        server.handle(Message::EndRequest { request: 1 }).await;
+        assert_eq!(server.telemetry().kv.map(|k| k.blocks_used), Some(0));
+    });
+}

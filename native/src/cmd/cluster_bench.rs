@@ -57,6 +57,11 @@ pub struct Args {
     /// Requests at once for the aggregate figure (0 skips it).
     #[arg(long, default_value_t = 4)]
     concurrent: usize,
+    /// Give the N devices to one worker (`cairn worker --device d0,d1,...`, its layers split
+    /// over them in one process) instead of starting N workers: the multi-device worker
+    /// against the chain across processes. Needs N ids in --devices.
+    #[arg(long)]
+    one_worker: bool,
     /// Skip killing a worker on the largest cluster.
     #[arg(long)]
     no_recovery: bool,
@@ -369,6 +374,7 @@ impl Cluster {
         model: &Path,
         logs: &Path,
         name: &str,
+        devices: Option<String>,
     ) -> Result<()> {
         let mut args: Vec<String> = [
             "worker",
@@ -385,7 +391,9 @@ impl Cluster {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        if !a.devices.is_empty() {
+        if let Some(d) = devices {
+            args.extend(["--device".to_owned(), d]);
+        } else if !a.devices.is_empty() {
             let d = &a.devices[self.workers.len() % a.devices.len()];
             args.extend(["--device".to_owned(), d.clone()]);
         }
@@ -571,10 +579,19 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         say(format!("{n} worker(s): starting"));
         let tag = format!("w{n}");
         let mut c = Cluster::start(a, exe, &model, logs, &tag)?;
-        for i in 0..n {
-            c.add_worker(a, exe, &model, logs, &format!("{tag}-worker{i}"))?;
-        }
-        let stages = c.place(&even_split(cfg.n_layers, n)).await?;
+        let stages = if a.one_worker && n > 1 {
+            if a.devices.len() < n {
+                bail!("--one-worker with {n} devices needs {n} ids in --devices");
+            }
+            let ids = a.devices[..n].join(",");
+            c.add_worker(a, exe, &model, logs, &format!("{tag}-worker0"), Some(ids))?;
+            c.place(&even_split(cfg.n_layers, 1)).await?
+        } else {
+            for i in 0..n {
+                c.add_worker(a, exe, &model, logs, &format!("{tag}-worker{i}"), None)?;
+            }
+            c.place(&even_split(cfg.n_layers, n)).await?
+        };
         let preview = c
             .api
             .get(&format!(
@@ -628,6 +645,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         let single_e2e = median(e2e);
         let mut row = json!({
             "workers": n,
+            "one_worker": a.one_worker && n > 1,
             "stages": stages.iter().map(|(p, s, e)| json!({"peer_id": p, "start": s, "end": e})).collect::<Vec<_>>(),
             "decode_tokens_per_s": decode_tok_s,
             "vs_one_device": decode_tok_s / base_tok_s,
@@ -665,7 +683,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
                 "outputs_identical": identical,
             });
         }
-        if n == largest && n >= 2 && !a.no_recovery {
+        if n == largest && n >= 2 && !a.no_recovery && !a.one_worker {
             recovery = measure_recovery(a, &mut c, &prompt, &reference).await?;
             say(format!(
                 "  recovery after killing a worker: stall {:.0} ms (steps {:.0} ms), recovered: {}, output identical: {}",

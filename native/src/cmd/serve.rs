@@ -371,7 +371,7 @@ async fn serve(mut a: Args) -> Result<()> {
         let Some(wt) = worker_token.clone() else {
             bail!("a local worker needs a worker token: pass --join-token, or --no-local-worker");
         };
-        let device = loading::open_device(&a.device)?;
+        let devices = loading::open_devices(&a.device)?;
         let opts = WorkerOptions {
             signal_url: signal_url.clone(),
             room: room.clone(),
@@ -382,7 +382,7 @@ async fn serve(mut a: Args) -> Result<()> {
             memory_budget: a.memory_budget,
         };
         tokio::spawn(async move {
-            if let Err(e) = worker::serve(device, opts, None).await {
+            if let Err(e) = worker::serve(devices, opts, None).await {
                 tracing::error!(error = %format!("{e:#}"), "the local worker stopped");
             }
         });

@@ -69,7 +69,7 @@ async fn serve(a: Args) -> Result<()> {
             first.url
         }
     };
-    let device = loading::open_device(&a.device)?;
+    let devices = loading::open_devices(&a.device)?;
     let cache_dir = a
         .cache_dir
         .clone()
@@ -92,7 +92,7 @@ async fn serve(a: Args) -> Result<()> {
         },
         memory_budget: a.memory_budget,
     };
-    let task = tokio::spawn(worker::serve(device, opts, Some(tx)));
+    let task = tokio::spawn(worker::serve(devices, opts, Some(tx)));
     if let Ok(peer) = rx.await {
         println!("joined room {room} as {peer}");
     }

@@ -67,7 +67,7 @@ enum Ended {
 /// stage thread and the layers it holds kept. A first join that fails, or a
 /// token refused, ends it. `joined` receives our first peer id.
 pub async fn serve(
-    device: Arc<Device>,
+    devices: Vec<Arc<Device>>,
     opts: WorkerOptions,
     mut joined: Option<oneshot::Sender<PeerId>>,
 ) -> Result<()> {
@@ -77,22 +77,43 @@ pub async fn serve(
         ),
         None => None,
     };
-    let info = device.info();
-    // GPUs keep room for the driver and other programs; a CPU worker shares the host.
-    let share = if info.backend == cairn_engine::BackendKind::Cpu {
-        0.5
-    } else {
-        0.85
+    let Some(first) = devices.first() else {
+        anyhow::bail!("a worker needs at least one device");
     };
-    let mut caps = Capabilities::worker(PeerKind::Native, info, share);
+    let mut caps = Capabilities::worker(PeerKind::Native, first.info(), offered_share(first));
+    // Each device offers its share; an explicit budget is split by the devices' memory.
+    let mut offered: Vec<u64> = devices
+        .iter()
+        .map(|d| (d.info().memory_bytes as f64 * offered_share(d)) as u64)
+        .collect();
     if let Some(b) = opts.memory_budget {
-        caps.memory_budget_bytes = b;
+        let total: u128 = devices
+            .iter()
+            .map(|d| u128::from(d.info().memory_bytes))
+            .sum();
+        offered = devices
+            .iter()
+            .map(|d| (u128::from(b) * u128::from(d.info().memory_bytes) / total.max(1)) as u64)
+            .collect();
+    }
+    caps.memory_budget_bytes = offered.iter().sum();
+    if devices.len() > 1 {
+        caps.devices = devices.iter().map(|d| d.info().clone()).collect();
+        info!(
+            devices = devices.len(),
+            ids = %devices.iter().map(|d| d.info().id.as_str()).collect::<Vec<_>>().join(","),
+            "one worker over several devices: its layers are split over them"
+        );
     }
     caps.models = local_id.iter().cloned().collect();
     let mut link_config = opts.link.clone();
     link_config.capabilities = caps.to_json();
     let routes: SharedRoutes = Arc::default();
-    let stage = StageThread::spawn(device.clone(), String::new(), routes.clone())?;
+    let stage = StageThread::spawn(
+        devices.iter().cloned().zip(offered).collect(),
+        String::new(),
+        routes.clone(),
+    )?;
     let source = Arc::new(source::ShardSource {
         local: opts.model.clone().zip(local_id),
         cache_dir: opts.cache_dir.clone(),
@@ -115,6 +136,16 @@ pub async fn serve(
         first = false;
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(REJOIN_MAX);
+    }
+}
+
+/// The share of a device's memory a worker offers: GPUs keep room for the driver and other
+/// programs; a CPU worker shares the host.
+fn offered_share(device: &Device) -> f64 {
+    if device.info().backend == cairn_engine::BackendKind::Cpu {
+        0.5
+    } else {
+        0.85
     }
 }
 

@@ -132,7 +132,8 @@ pub struct StageThread {
 
 /// What the stage thread works with besides its server.
 struct Context {
-    device: Arc<Device>,
+    /// The stage's devices, each with the bytes it offers.
+    devices: Vec<(Arc<Device>, u64)>,
     routes: SharedRoutes,
     jobs: mpsc::UnboundedSender<Job>,
     /// Tests, `dev-hooks` builds: loses a chosen pass to another worker.
@@ -141,14 +142,14 @@ struct Context {
 
 impl StageThread {
     pub fn spawn(
-        device: Arc<Device>,
+        devices: Vec<(Arc<Device>, u64)>,
         local_id: String,
         routes: SharedRoutes,
     ) -> std::io::Result<StageThread> {
         let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
         lock(&routes).set_local_id(local_id);
         let cx = Context {
-            device,
+            devices,
             routes,
             jobs: jobs.clone(),
             lose_pass: LosePass::from_env(),
@@ -156,7 +157,7 @@ impl StageThread {
         std::thread::Builder::new()
             .name("cairn-stage".into())
             .spawn(move || {
-                let mut server = StageServer::new(cx.device.clone());
+                let mut server = StageServer::with_devices(cx.devices.clone());
                 let mut slot = ShardSlot::default();
                 // A job taken off the queue while gathering a batch, served next.
                 let mut held: Option<Job> = None;

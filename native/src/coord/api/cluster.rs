@@ -75,6 +75,12 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
                 "device_type": p.caps.device.device_type,
                 "memory_bytes": p.caps.device.memory_bytes,
             },
+            // A worker over several local devices lists them; its layers are split over them.
+            "devices": p.caps.devices.iter().map(|d| json!({
+                "id": d.id,
+                "name": d.name,
+                "memory_bytes": d.memory_bytes,
+            })).collect::<Vec<_>>(),
             "memory_budget_bytes": p.caps.memory_budget_bytes,
             "status": status,
             "paused": p.paused,

@@ -1,0 +1,310 @@
+//! A stage's layers split over several devices of one host, run back to back.
+//!
+//! A worker that drives several local devices (two GPUs, say) serves one layer range as a
+//! stack of [`Shard`]s, one per device, each over a contiguous part of the range. A pass
+//! runs the pieces in order and hands each piece's hidden states to the next inside the
+//! process, so the only cost between devices is the copy of a few rows of activations,
+//! never a network hop. Each piece keeps its own key/value pool on its own device, and
+//! each sequence holds blocks in every piece's pool.
+//!
+//! A single device is a stack of one, so the stage has one code path.
+
+use std::sync::Arc;
+
+use super::shard::{BatchItem, DEFAULT_MAX_BATCH};
+use super::{KvPool, ModelConfig, ModelError, SeqKv, Shard, ShardInput, ShardOutput, Want};
+use crate::backend::Device;
+use crate::gguf::TensorSource;
+
+/// Layers `start..end` over several devices, in order.
+pub struct ShardStack {
+    pieces: Vec<Shard>,
+}
+
+/// One key/value pool per piece, each on its piece's device.
+pub struct StackPool {
+    pools: Vec<KvPool>,
+}
+
+/// One sequence's blocks in every piece's pool.
+pub struct StackSeq {
+    seqs: Vec<SeqKv>,
+}
+
+/// One sequence's part of a batched pass over a stack.
+pub struct StackItem<'a> {
+    pub seq: &'a mut StackSeq,
+    pub input: ShardInput<'a>,
+    pub want: Want,
+}
+
+/// Splits `start..end` into one contiguous part per weight (in order), each part's layer
+/// count proportional to its weight (a device's memory, as llama.cpp splits layers across
+/// local GPUs), every part at least one layer while there are enough. Parts of zero layers
+/// are left out; the result lists `(index, start, end)`.
+pub fn split_range(start: usize, end: usize, weights: &[f64]) -> Vec<(usize, usize, usize)> {
+    let layers = end.saturating_sub(start);
+    let usable: Vec<f64> = weights
+        .iter()
+        .map(|w| if w.is_finite() && *w > 0.0 { *w } else { 0.0 })
+        .collect();
+    let total: f64 = usable.iter().sum();
+    let n = usable.len();
+    if n == 0 || layers == 0 {
+        return Vec::new();
+    }
+    // Counts by largest remainder, so they sum to `layers` exactly.
+    let mut counts: Vec<usize> = vec![0; n];
+    if total > 0.0 {
+        let exact: Vec<f64> = usable.iter().map(|w| w / total * layers as f64).collect();
+        for (c, e) in counts.iter_mut().zip(&exact) {
+            *c = e.floor() as usize;
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| {
+            let ra = exact[a] - exact[a].floor();
+            let rb = exact[b] - exact[b].floor();
+            rb.total_cmp(&ra).then(a.cmp(&b))
+        });
+        let mut left = layers - counts.iter().sum::<usize>();
+        for &i in order.iter().cycle().take(n * 2) {
+            if left == 0 {
+                break;
+            }
+            if usable[i] > 0.0 {
+                counts[i] += 1;
+                left -= 1;
+            }
+        }
+    } else {
+        counts[0] = layers;
+    }
+    // Every usable part holds at least one layer when there are layers enough: take it
+    // from the largest part.
+    for i in 0..n {
+        if usable[i] > 0.0 && counts[i] == 0 {
+            if let Some(big) = (0..n).filter(|&j| counts[j] > 1).max_by_key(|&j| counts[j]) {
+                counts[big] -= 1;
+                counts[i] += 1;
+            }
+        }
+    }
+    let mut parts = Vec::new();
+    let mut at = start;
+    for (i, c) in counts.into_iter().enumerate() {
+        if c > 0 {
+            parts.push((i, at, at + c));
+            at += c;
+        }
+    }
+    parts
+}
+
+impl ShardStack {
+    /// One piece per part of `start..end` ([`split_range`] by each device's memory budget),
+    /// each loaded onto its device; `progress(done, total)` reports bytes over all pieces.
+    pub fn load(
+        devices: &[(Arc<Device>, u64)],
+        src: &dyn TensorSource,
+        start: usize,
+        end: usize,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<ShardStack, ModelError> {
+        let weights: Vec<f64> = devices.iter().map(|(_, b)| *b as f64).collect();
+        let parts = split_range(start, end, &weights);
+        if parts.is_empty() {
+            return Err(ModelError::WrongInput("no device to load a stage onto"));
+        }
+        let mut pieces = Vec::with_capacity(parts.len());
+        for (i, a, b) in parts {
+            let dev = Arc::clone(&devices[i].0);
+            pieces.push(Shard::load(dev, src, a, b, DEFAULT_MAX_BATCH, progress)?);
+        }
+        Ok(ShardStack { pieces })
+    }
+
+    /// A stack of one shard.
+    pub fn single(shard: Shard) -> ShardStack {
+        ShardStack {
+            pieces: vec![shard],
+        }
+    }
+
+    pub fn pieces(&self) -> &[Shard] {
+        &self.pieces
+    }
+
+    fn first(&self) -> &Shard {
+        &self.pieces[0]
+    }
+
+    fn last(&self) -> &Shard {
+        &self.pieces[self.pieces.len() - 1]
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.first().config()
+    }
+
+    pub fn range(&self) -> (usize, usize) {
+        (self.first().range().0, self.last().range().1)
+    }
+
+    pub fn is_first(&self) -> bool {
+        self.first().is_first()
+    }
+
+    pub fn is_last(&self) -> bool {
+        self.last().is_last()
+    }
+
+    /// Device bytes one position of one sequence takes over all pieces.
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        self.pieces.iter().map(Shard::kv_bytes_per_position).sum()
+    }
+
+    /// A pool per piece; `budget(piece)` gives each its bytes.
+    pub fn new_pool(&self, budget: impl Fn(&Shard) -> u64) -> Result<StackPool, ModelError> {
+        let pools = self
+            .pieces
+            .iter()
+            .map(|p| p.new_pool(budget(p)))
+            .collect::<Result<_, _>>()?;
+        Ok(StackPool { pools })
+    }
+
+    /// Runs every item's rows through the pieces in order ([`Shard::forward_batch`] on
+    /// each): a piece's hidden states are the next piece's input. An item that fails on a
+    /// piece fails alone and skips the rest; an error of a device fails the call.
+    pub async fn forward_batch(
+        &self,
+        pool: &mut StackPool,
+        items: &mut [StackItem<'_>],
+    ) -> Result<Vec<Result<ShardOutput, ModelError>>, ModelError> {
+        let n = items.len();
+        let mut results: Vec<Option<Result<ShardOutput, ModelError>>> =
+            (0..n).map(|_| None).collect();
+        // Hidden states between pieces, per item.
+        let mut carried: Vec<Option<Vec<f32>>> = vec![None; n];
+        let last = self.pieces.len() - 1;
+        for (p, (shard, kv)) in self.pieces.iter().zip(pool.pools.iter_mut()).enumerate() {
+            let live: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
+            if live.is_empty() {
+                break;
+            }
+            let outs = {
+                let mut batch: Vec<BatchItem> = Vec::with_capacity(live.len());
+                // Each live item, with its input for this piece.
+                for (i, item) in items.iter_mut().enumerate() {
+                    if results[i].is_some() {
+                        continue;
+                    }
+                    let input = if p == 0 {
+                        item.input
+                    } else {
+                        match &carried[i] {
+                            Some(h) => ShardInput::Hidden(h),
+                            None => ShardInput::Hidden(&[]),
+                        }
+                    };
+                    batch.push(BatchItem {
+                        seq: &mut item.seq.seqs[p],
+                        input,
+                        want: if p == last { item.want } else { Want::Hidden },
+                    });
+                }
+                shard.forward_batch(kv, &mut batch).await?
+            };
+            for (i, out) in live.into_iter().zip(outs) {
+                match out {
+                    Ok(ShardOutput::Hidden(h)) if p < last => carried[i] = Some(h),
+                    Ok(other) if p < last => {
+                        results[i] = Some(Ok(other));
+                    }
+                    Ok(out) => results[i] = Some(Ok(out)),
+                    Err(e) => results[i] = Some(Err(e)),
+                }
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(ModelError::WrongInput("a piece gave no output"))))
+            .collect())
+    }
+}
+
+impl StackPool {
+    /// Takes back every piece's blocks of `seq`.
+    pub fn release(&mut self, seq: &mut StackSeq) {
+        for (pool, s) in self.pools.iter_mut().zip(&mut seq.seqs) {
+            pool.release(s);
+        }
+    }
+
+    pub fn pools(&self) -> &[KvPool] {
+        &self.pools
+    }
+}
+
+impl StackSeq {
+    /// A sequence of up to `limit` positions over a stack of `pieces`, holding nothing yet.
+    pub fn new(pieces: usize, limit: usize) -> StackSeq {
+        StackSeq {
+            seqs: (0..pieces.max(1)).map(|_| SeqKv::new(limit)).collect(),
+        }
+    }
+
+    /// Positions held (every piece holds the same).
+    pub fn len(&self) -> usize {
+        self.seqs.first().map_or(0, SeqKv::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        for s in &mut self.seqs {
+            s.truncate(len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_range;
+
+    #[test]
+    fn split_follows_the_weights_and_covers_the_range() {
+        assert_eq!(
+            split_range(0, 30, &[1.0, 1.0]),
+            vec![(0, 0, 15), (1, 15, 30)]
+        );
+        assert_eq!(
+            split_range(4, 14, &[3.0, 1.0]),
+            vec![(0, 4, 12), (1, 12, 14)],
+            "7.5 and 2.5 round to 8 and 2 (largest remainder, the first on a tie)"
+        );
+        // Every device gets a layer while there are enough, even a small one.
+        assert_eq!(split_range(0, 4, &[100.0, 1.0]), vec![(0, 0, 3), (1, 3, 4)]);
+        // Fewer layers than devices: the first ones get them.
+        assert_eq!(split_range(0, 1, &[1.0, 1.0]), vec![(0, 0, 1)]);
+        // A device with no budget (or a NaN one) gets nothing.
+        assert_eq!(
+            split_range(0, 6, &[1.0, 0.0, f64::NAN, 1.0]),
+            vec![(0, 0, 3), (3, 3, 6)]
+        );
+        assert_eq!(split_range(0, 5, &[0.0, 0.0]), vec![(0, 0, 5)]);
+        assert!(split_range(3, 3, &[1.0]).is_empty());
+        for n in 1..40 {
+            let parts = split_range(2, 2 + n, &[5.0, 3.0, 2.0, 7.0]);
+            assert_eq!(parts.first().map(|p| p.1), Some(2));
+            assert_eq!(parts.last().map(|p| p.2), Some(2 + n));
+            assert!(
+                parts
+                    .windows(2)
+                    .all(|w| w[0].2 == w[1].1 && w[0].0 < w[1].0)
+            );
+        }
+    }
+}
