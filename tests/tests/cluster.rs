@@ -1591,3 +1591,91 @@ fn the_ollama_client_lists_shows_generates_and_chats() {
         r["bad_option"]
     );
 }
+
+/// One worker over three local devices (`--device cpu,cpu,cpu`: its layers split over them
+/// in one process, hidden states handed on without a network hop) serves the same greedy
+/// completion as `cairn run`; killed (SIGKILL) in the middle of a stream, its request is
+/// recovered on a worker that joins afterwards, with the identical output.
+#[test]
+fn one_worker_over_several_devices_serves_and_is_recovered() {
+    let dir = artifacts("cluster-devices");
+    let (ref_tokens, ref_text) = reference();
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let serve = Serve::embedded(
+        &dir,
+        model,
+        &["--no-mdns", "--ctx", "256", "--wait-timeout", "120"],
+    );
+    let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
+    // 100 MB per device: no device could hold the model alone.
+    let (mut multi, multi_id) = cpu_worker(
+        signal,
+        token,
+        &dir,
+        "worker-multi",
+        &[
+            "--memory-budget",
+            "300000000",
+            "--model",
+            model,
+            "--device",
+            "cpu,cpu,cpu",
+        ],
+        &[],
+    );
+    let placed = wait_for(
+        Duration::from_secs(180),
+        "a placement on the worker",
+        || {
+            let s = stages(api);
+            (!s.is_empty()).then_some(s)
+        },
+    );
+    assert_eq!(placed, vec![(multi_id.clone(), 0, 30)]);
+    let cluster = get_json(&format!("{api}/api/cluster")).expect("cluster");
+    let peer = cluster["peers"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["peer_id"] == multi_id.as_str()))
+        .cloned()
+        .expect("the worker is listed");
+    assert_eq!(
+        peer["devices"].as_array().map(Vec::len),
+        Some(3),
+        "its devices are listed: {peer}"
+    );
+    assert_eq!(peer["memory_budget_bytes"], 300_000_000u64);
+
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["cairn"]["tokens"],
+        json!(ref_tokens),
+        "the layers split over three devices give another output than cairn run"
+    );
+    let log = std::fs::read_to_string(dir.join("worker-multi.log")).unwrap_or_default();
+    assert!(
+        log.contains("split over them"),
+        "the worker did not say it splits its layers: {log}"
+    );
+
+    // Killed mid-stream; a worker that joins afterwards takes the request over.
+    let mut joined = None;
+    let (text, finish) = read_stream_for(api, PROMPT, 5, || {
+        multi.kill();
+        joined = Some(cpu_worker(
+            signal,
+            token,
+            &dir,
+            "worker-after",
+            &["--memory-budget", "400000000", "--model", model],
+            &[],
+        ));
+    });
+    assert!(joined.is_some(), "the stream ended before 5 pieces");
+    assert_eq!(finish.as_deref(), Some("length"));
+    assert_eq!(
+        text, ref_text,
+        "the stream across the loss of the multi-device worker differs"
+    );
+}
