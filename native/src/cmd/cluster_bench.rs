@@ -666,8 +666,46 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         if a.concurrent > 0 {
             let t0 = Instant::now();
             let runs = (0..a.concurrent).map(|_| c.api.stream(&prompt, a.gen_tokens, |_| {}));
-            let done = futures::future::try_join_all(runs).await?;
+            // While they run, each stage's busy share and batch size as its worker reports
+            // them (telemetry windows of about a second).
+            let finished = std::sync::atomic::AtomicBool::new(false);
+            let all = async {
+                let r = futures::future::try_join_all(runs).await;
+                finished.store(true, std::sync::atomic::Ordering::SeqCst);
+                r
+            };
+            let poll = async {
+                let mut samples = Vec::new();
+                while !finished.load(std::sync::atomic::Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    if let Ok(s) = c.api.get("/api/cluster").await {
+                        samples.push(s);
+                    }
+                }
+                samples
+            };
+            let (done, samples) = futures::future::join(all, poll).await;
+            let done = done?;
             let wall = t0.elapsed().as_secs_f64();
+            let stage_load: Vec<Value> = stages
+                .iter()
+                .map(|(id, _, _)| {
+                    let of = |key: &str| {
+                        let v: Vec<f64> = samples
+                            .iter()
+                            .filter_map(|s| {
+                                s["peers"]
+                                    .as_array()?
+                                    .iter()
+                                    .find(|p| p["peer_id"] == id.as_str())?["telemetry"][key]
+                                    .as_f64()
+                            })
+                            .collect();
+                        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+                    };
+                    json!({"peer_id": id, "busy": of("utilization"), "mean_batch": of("mean_batch")})
+                })
+                .collect();
             let tokens: u64 = done.iter().map(|s| s.completion_tokens).sum();
             let identical = done.iter().all(|s| s.text == reference);
             say(format!(
@@ -681,6 +719,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
                 "aggregate_tokens_per_s": tokens as f64 / wall,
                 "vs_single_request": tokens as f64 / wall / single_e2e,
                 "outputs_identical": identical,
+                "stages": stage_load,
             });
         }
         if n == largest && n >= 2 && !a.no_recovery && !a.one_worker {
