@@ -1594,8 +1594,10 @@ fn the_ollama_client_lists_shows_generates_and_chats() {
 
 /// One worker over three local devices (`--device cpu,cpu,cpu`: its layers split over them
 /// in one process, hidden states handed on without a network hop) serves the same greedy
-/// completion as `cairn run`; killed (SIGKILL) in the middle of a stream, its request is
-/// recovered on a worker that joins afterwards, with the identical output.
+/// completion as `cairn run`. When one of its devices fails a pass (a `dev-hooks` fault), it
+/// joins again over the other two and the stream in flight is recovered with the identical
+/// output; killed (SIGKILL) in the middle of a stream, its request is recovered on a worker
+/// that joins afterwards, again identical.
 #[test]
 fn one_worker_over_several_devices_serves_and_is_recovered() {
     let dir = artifacts("cluster-devices");
@@ -1622,7 +1624,9 @@ fn one_worker_over_several_devices_serves_and_is_recovered() {
             "--device",
             "cpu,cpu,cpu",
         ],
-        &[],
+        // Device 2 fails the 25th pass: the fifth of the second request (the first takes
+        // one prefill and 19 decode passes).
+        &[("CAIRN_DEBUG_FAIL_DEVICE", std::path::Path::new("2:25"))],
     );
     let placed = wait_for(
         Duration::from_secs(180),
@@ -1658,6 +1662,35 @@ fn one_worker_over_several_devices_serves_and_is_recovered() {
         log.contains("split over them"),
         "the worker did not say it splits its layers: {log}"
     );
+
+    // A device fails mid-stream: the worker leaves, joins again over two devices (their
+    // 200 MB hold the model) and the request goes on there.
+    let (text, finish) = read_stream_for(api, PROMPT, 0, || {});
+    assert_eq!(finish.as_deref(), Some("length"));
+    assert_eq!(
+        text, ref_text,
+        "the stream across the loss of one device differs"
+    );
+    let log = std::fs::read_to_string(dir.join("worker-multi.log")).unwrap_or_default();
+    assert!(
+        log.contains("joining the room again over the others"),
+        "the worker did not carry on without its device: {log}"
+    );
+    let rejoined = wait_for(
+        Duration::from_secs(60),
+        "the worker over two devices, placed",
+        || {
+            let c = get_json(&format!("{api}/api/cluster"))?;
+            let peers = c["peers"].as_array()?.clone();
+            let p = peers
+                .iter()
+                .find(|p| p["devices"].as_array().map(Vec::len) == Some(2))?;
+            let id = p["peer_id"].as_str()?.to_owned();
+            (stages(api) == vec![(id.clone(), 0, 30)]).then_some((id, p.clone()))
+        },
+    );
+    assert_ne!(rejoined.0, multi_id, "a new peer after the device's loss");
+    assert_eq!(rejoined.1["memory_budget_bytes"], 200_000_000u64);
 
     // Killed mid-stream; a worker that joins afterwards takes the request over.
     let mut joined = None;

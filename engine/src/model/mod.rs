@@ -52,4 +52,7 @@ pub enum ModelError {
     PoolFull(String),
     #[error("{0}")]
     WrongInput(&'static str),
+    /// One device of a stage split over several failed a pass (`index` in the stage's list).
+    #[error("device {index} of the stage failed: {text}")]
+    DeviceFailed { index: usize, text: String },
 }

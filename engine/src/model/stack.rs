@@ -19,6 +19,11 @@ use crate::gguf::TensorSource;
 /// Layers `start..end` over several devices, in order.
 pub struct ShardStack {
     pieces: Vec<Shard>,
+    /// Each piece's index in the device list it was loaded over.
+    devices: Vec<usize>,
+    /// Tests (`dev-hooks` builds): the device whose next pass fails, as a lost GPU's would.
+    #[cfg(feature = "dev-hooks")]
+    fail: std::sync::Mutex<Option<usize>>,
 }
 
 /// One key/value pool per piece, each on its piece's device.
@@ -116,17 +121,46 @@ impl ShardStack {
             return Err(ModelError::WrongInput("no device to load a stage onto"));
         }
         let mut pieces = Vec::with_capacity(parts.len());
+        let mut indices = Vec::with_capacity(parts.len());
         for (i, a, b) in parts {
             let dev = Arc::clone(&devices[i].0);
             pieces.push(Shard::load(dev, src, a, b, DEFAULT_MAX_BATCH, progress)?);
+            indices.push(i);
         }
-        Ok(ShardStack { pieces })
+        Ok(ShardStack::of(pieces, indices))
+    }
+
+    fn of(pieces: Vec<Shard>, devices: Vec<usize>) -> ShardStack {
+        ShardStack {
+            pieces,
+            devices,
+            #[cfg(feature = "dev-hooks")]
+            fail: std::sync::Mutex::new(None),
+        }
     }
 
     /// A stack of one shard.
     pub fn single(shard: Shard) -> ShardStack {
-        ShardStack {
-            pieces: vec![shard],
+        ShardStack::of(vec![shard], vec![0])
+    }
+
+    /// Tests (`dev-hooks` builds): the next pass fails on device `index` of the list the
+    /// stack was loaded over, as a lost device's would.
+    #[cfg(feature = "dev-hooks")]
+    pub fn fail_device(&self, index: usize) {
+        if let Ok(mut f) = self.fail.lock() {
+            *f = Some(index);
+        }
+    }
+
+    /// An error of piece `p`'s device, named by its index in the device list.
+    fn device_failed(&self, p: usize, e: ModelError) -> ModelError {
+        match e {
+            ModelError::Backend(b) if self.pieces.len() > 1 => ModelError::DeviceFailed {
+                index: self.devices[p],
+                text: b.to_string(),
+            },
+            other => other,
         }
     }
 
@@ -161,6 +195,11 @@ impl ShardStack {
     /// Device bytes one position of one sequence takes over all pieces.
     pub fn kv_bytes_per_position(&self) -> u64 {
         self.pieces.iter().map(Shard::kv_bytes_per_position).sum()
+    }
+
+    /// Each piece's index in the device list the stack was loaded over.
+    pub fn device_indices(&self) -> &[usize] {
+        &self.devices
     }
 
     /// A pool per piece; `budget(piece)` gives each its bytes.
@@ -213,7 +252,20 @@ impl ShardStack {
                         want: if p == last { item.want } else { Want::Hidden },
                     });
                 }
-                shard.forward_batch(kv, &mut batch).await?
+                #[cfg(feature = "dev-hooks")]
+                if let Ok(mut f) = self.fail.lock()
+                    && *f == Some(self.devices[p])
+                {
+                    *f = None;
+                    return Err(ModelError::DeviceFailed {
+                        index: self.devices[p],
+                        text: "failed on purpose (CAIRN_DEBUG_FAIL_DEVICE)".into(),
+                    });
+                }
+                shard
+                    .forward_batch(kv, &mut batch)
+                    .await
+                    .map_err(|e| self.device_failed(p, e))?
             };
             for (i, out) in live.into_iter().zip(outs) {
                 match out {

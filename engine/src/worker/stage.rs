@@ -41,6 +41,9 @@ pub struct StageServer {
     window_tokens: u64,
     window_start: Instant,
     last_kernel_ms: f64,
+    /// A device of a stage over several that failed a pass (its index in `devices`),
+    /// until the worker takes note ([`Self::take_failed_device`]).
+    failed_device: Option<usize>,
 }
 
 /// One request's blocks in the pool and the run (`Forward::seq`) that filled them.
@@ -246,6 +249,21 @@ impl StageServer {
             window_tokens: 0,
             window_start: Instant::now(),
             last_kernel_ms: 0.0,
+            failed_device: None,
+        }
+    }
+
+    /// The device (index in [`Self::devices`]) that failed a pass, once: a worker over several
+    /// devices then carries on without it.
+    pub fn take_failed_device(&mut self) -> Option<usize> {
+        self.failed_device.take()
+    }
+
+    /// Tests (`dev-hooks` builds): the next pass fails on device `index`, as a lost one's would.
+    #[cfg(feature = "dev-hooks")]
+    pub fn fail_device(&self, index: usize) {
+        if let Some(s) = &self.shard {
+            s.fail_device(index);
         }
     }
 
@@ -540,6 +558,9 @@ impl StageServer {
         let results = match result {
             Ok(r) => r,
             Err(e) => {
+                if let ModelError::DeviceFailed { index, .. } = &e {
+                    self.failed_device = Some(*index);
+                }
                 // The device failed the pass: every request in it starts over.
                 for (_, mut e) in entries {
                     pool.release(&mut e.kv);

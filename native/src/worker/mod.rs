@@ -66,8 +66,12 @@ enum Ended {
 /// restarted, or dropped us), joins again with backoff and serves on, the
 /// stage thread and the layers it holds kept. A first join that fails, or a
 /// token refused, ends it. `joined` receives our first peer id.
+///
+/// A worker over several devices whose device fails a pass leaves the room and joins again
+/// over the others, as a new peer: the coordinator recovers the requests it held as after
+/// any worker's loss, and places the model again with what is left.
 pub async fn serve(
-    devices: Vec<Arc<Device>>,
+    mut devices: Vec<Arc<Device>>,
     opts: WorkerOptions,
     mut joined: Option<oneshot::Sender<PeerId>>,
 ) -> Result<()> {
@@ -77,10 +81,9 @@ pub async fn serve(
         ),
         None => None,
     };
-    let Some(first) = devices.first() else {
+    if devices.is_empty() {
         anyhow::bail!("a worker needs at least one device");
-    };
-    let mut caps = Capabilities::worker(PeerKind::Native, first.info(), offered_share(first));
+    }
     // Each device offers its share; an explicit budget is split by the devices' memory.
     let mut offered: Vec<u64> = devices
         .iter()
@@ -96,6 +99,71 @@ pub async fn serve(
             .map(|d| (u128::from(b) * u128::from(d.info().memory_bytes) / total.max(1)) as u64)
             .collect();
     }
+    let source = Arc::new(source::ShardSource {
+        local: opts.model.clone().zip(local_id.clone()),
+        cache_dir: opts.cache_dir.clone(),
+    });
+    loop {
+        let (failed_tx, mut failed_rx) = mpsc::unbounded_channel::<usize>();
+        let link_config = worker_link_config(&opts, &devices, &offered, &local_id);
+        let routes: SharedRoutes = Arc::default();
+        let stage = StageThread::spawn(
+            devices
+                .iter()
+                .cloned()
+                .zip(offered.iter().copied())
+                .collect(),
+            String::new(),
+            routes.clone(),
+            failed_tx,
+        )?;
+        let mut first = true;
+        let mut wait = REJOIN_FIRST;
+        let failed = loop {
+            let ended = tokio::select! {
+                ended = stay(&opts, &link_config, &stage, &source, &routes, &mut joined) => ended,
+                Some(index) = failed_rx.recv() => break index,
+            };
+            match ended {
+                Ok(()) => return Ok(()),
+                Err(Ended::SignalClosed) => {
+                    wait = REJOIN_FIRST;
+                    warn!(retry_in = ?wait, "the signaling session ended; joining the room again");
+                }
+                Err(Ended::Join { error, refused }) if first || refused => return Err(error),
+                Err(Ended::Join { error, .. }) => {
+                    warn!(error = %format!("{error:#}"), retry_in = ?wait, "cannot join the room again yet");
+                }
+            }
+            first = false;
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(REJOIN_MAX);
+        };
+        // Leaving the room (the stay above is dropped) closes every link: the coordinator
+        // sees this peer go and recovers its requests elsewhere.
+        if failed >= devices.len() || devices.len() == 1 {
+            anyhow::bail!("the worker's last device failed");
+        }
+        let lost = devices.remove(failed);
+        offered.remove(failed);
+        warn!(
+            device = %lost.info().id,
+            left = devices.len(),
+            "a device failed; joining the room again over the others"
+        );
+    }
+}
+
+/// What the worker tells the room about itself: its devices (all of them when several),
+/// the bytes they offer and the model files it holds.
+fn worker_link_config(
+    opts: &WorkerOptions,
+    devices: &[Arc<Device>],
+    offered: &[u64],
+    local_id: &Option<String>,
+) -> LinkConfig {
+    let first = &devices[0];
+    let mut caps = Capabilities::worker(PeerKind::Native, first.info(), offered_share(first));
     caps.memory_budget_bytes = offered.iter().sum();
     if devices.len() > 1 {
         caps.devices = devices.iter().map(|d| d.info().clone()).collect();
@@ -108,35 +176,7 @@ pub async fn serve(
     caps.models = local_id.iter().cloned().collect();
     let mut link_config = opts.link.clone();
     link_config.capabilities = caps.to_json();
-    let routes: SharedRoutes = Arc::default();
-    let stage = StageThread::spawn(
-        devices.iter().cloned().zip(offered).collect(),
-        String::new(),
-        routes.clone(),
-    )?;
-    let source = Arc::new(source::ShardSource {
-        local: opts.model.clone().zip(local_id),
-        cache_dir: opts.cache_dir.clone(),
-    });
-    let mut first = true;
-    let mut wait = REJOIN_FIRST;
-    loop {
-        let ended = stay(&opts, &link_config, &stage, &source, &routes, &mut joined).await;
-        match ended {
-            Ok(()) => return Ok(()),
-            Err(Ended::SignalClosed) => {
-                wait = REJOIN_FIRST;
-                warn!(retry_in = ?wait, "the signaling session ended; joining the room again");
-            }
-            Err(Ended::Join { error, refused }) if first || refused => return Err(error),
-            Err(Ended::Join { error, .. }) => {
-                warn!(error = %format!("{error:#}"), retry_in = ?wait, "cannot join the room again yet");
-            }
-        }
-        first = false;
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(REJOIN_MAX);
-    }
+    link_config
 }
 
 /// The share of a device's memory a worker offers: GPUs keep room for the driver and other

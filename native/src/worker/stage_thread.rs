@@ -9,7 +9,7 @@ use cairn_engine::model::shard::MAX_BATCH_SEQS;
 use cairn_engine::protocol::{LinkReport, Message, Telemetry};
 use cairn_engine::worker::{LoadPlan, Outgoing, ShardSlot, StageServer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::lose_pass::LosePass;
 use crate::link::{LinkSender, LinkStats};
@@ -138,13 +138,23 @@ struct Context {
     jobs: mpsc::UnboundedSender<Job>,
     /// Tests, `dev-hooks` builds: loses a chosen pass to another worker.
     lose_pass: LosePass,
+    /// Tests, `dev-hooks` builds: `CAIRN_DEBUG_FAIL_DEVICE=INDEX:PASS` fails device INDEX
+    /// of a worker over several at its PASSth pass.
+    #[cfg(feature = "dev-hooks")]
+    fail_device: Option<(usize, u64)>,
+    passes: std::cell::Cell<u64>,
+    /// Told the index of a device that failed a pass; the thread stops serving then.
+    failed: mpsc::UnboundedSender<usize>,
 }
 
 impl StageThread {
+    /// `failed` hears of a device of the stage that failed a pass; the thread then stops,
+    /// and the worker carries on over the others with a new stage thread.
     pub fn spawn(
         devices: Vec<(Arc<Device>, u64)>,
         local_id: String,
         routes: SharedRoutes,
+        failed: mpsc::UnboundedSender<usize>,
     ) -> std::io::Result<StageThread> {
         let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
         lock(&routes).set_local_id(local_id);
@@ -153,6 +163,13 @@ impl StageThread {
             routes,
             jobs: jobs.clone(),
             lose_pass: LosePass::from_env(),
+            #[cfg(feature = "dev-hooks")]
+            fail_device: std::env::var("CAIRN_DEBUG_FAIL_DEVICE").ok().and_then(|v| {
+                let (i, n) = v.split_once(':')?;
+                Some((i.parse().ok()?, n.parse().ok()?))
+            }),
+            passes: std::cell::Cell::new(0),
+            failed,
         };
         std::thread::Builder::new()
             .name("cairn-stage".into())
@@ -182,8 +199,12 @@ impl StageThread {
                                     }
                                 }
                             }
-                            cx.serve_batch(&mut server, batch);
-                            continue;
+                            if cx.serve_batch(&mut server, batch) {
+                                continue;
+                            }
+                            // A device failed: this stage is done; the worker goes on
+                            // without it.
+                            break;
                         }
                         Taken::Dropped => continue,
                         Taken::Other(job) => job,
@@ -275,10 +296,33 @@ impl Context {
         }
     }
 
-    fn serve_batch(&self, server: &mut StageServer, steps: Vec<Message>) {
-        for out in pollster::block_on(server.handle_forwards(steps)) {
+    /// Runs one batched pass and sends its outputs on; false when a device of the stage
+    /// failed it: the worker is told, and the pass's requests are left to the coordinator,
+    /// which recovers them when this worker leaves (their error replies would only make it
+    /// retry here first).
+    fn serve_batch(&self, server: &mut StageServer, steps: Vec<Message>) -> bool {
+        self.passes.set(self.passes.get() + 1);
+        #[cfg(feature = "dev-hooks")]
+        if let Some((index, at)) = self.fail_device
+            && at == self.passes.get()
+        {
+            warn!(
+                index,
+                pass = at,
+                "failing a device on purpose (CAIRN_DEBUG_FAIL_DEVICE)"
+            );
+            server.fail_device(index);
+        }
+        let outs = pollster::block_on(server.handle_forwards(steps));
+        if let Some(index) = server.take_failed_device() {
+            warn!(index, "a device of this worker failed a pass");
+            let _ = self.failed.send(index);
+            return false;
+        }
+        for out in outs {
             self.dispatch(out);
         }
+        true
     }
 
     /// Sends a stage's output on its way: to the next stage where we have a
