@@ -44,7 +44,13 @@ pub struct StageServer {
     /// A device of a stage over several that failed a pass (its index in `devices`),
     /// until the worker takes note ([`Self::take_failed_device`]).
     failed_device: Option<usize>,
+    /// Prompts part-way through their prefill: each round runs the next chunk of each.
+    partial: Vec<Ready>,
 }
+
+/// Rows of one prompt run in one round: a longer prompt goes on in the next rounds, so the
+/// steps of other requests that arrive meanwhile join them instead of waiting for it all.
+pub const PREFILL_CHUNK: usize = DEFAULT_MAX_BATCH;
 
 /// One request's blocks in the pool and the run (`Forward::seq`) that filled them.
 struct Entry {
@@ -56,6 +62,9 @@ struct Entry {
 struct Ready {
     step: Step,
     input: Input,
+    /// Rows of `input` run in earlier rounds, and (below the last stage) their hidden states.
+    done: usize,
+    hidden: Vec<f32>,
 }
 
 /// What a `Forward` is once checked.
@@ -250,7 +259,14 @@ impl StageServer {
             window_start: Instant::now(),
             last_kernel_ms: 0.0,
             failed_device: None,
+            partial: Vec::new(),
         }
+    }
+
+    /// Whether a prompt is part-way through its prefill: [`Self::step_forwards`] with no new
+    /// steps runs its next chunk.
+    pub fn has_partial(&self) -> bool {
+        !self.partial.is_empty()
     }
 
     /// The device (index in [`Self::devices`]) that failed a pass, once: a worker over several
@@ -284,6 +300,7 @@ impl StageServer {
 
     /// Installs a loaded stack (layers over several devices); the old one's caches go with it.
     pub fn set_stack(&mut self, stack: ShardStack) {
+        self.partial.clear();
         self.caches.clear();
         self.pool = None;
         self.shard = Some(stack);
@@ -312,12 +329,14 @@ impl StageServer {
 
     /// Drops every request's cache, keeping the shard.
     pub fn clear_requests(&mut self) {
+        self.partial.clear();
         self.caches.clear();
         self.pool = None;
     }
 
     /// Drops the shard and every cache (frees device memory).
     pub fn clear(&mut self) {
+        self.partial.clear();
         self.caches.clear();
         self.pool = None;
         self.shard = None;
@@ -465,6 +484,7 @@ impl StageServer {
 
     /// Drops `request`'s blocks (back to the pool at once).
     fn end(&mut self, request: u64) {
+        self.partial.retain(|p| p.step.request != request);
         if let Some(mut e) = self.caches.remove(&request)
             && let Some(pool) = self.pool.as_mut()
         {
@@ -478,7 +498,20 @@ impl StageServer {
     /// outputs, in no promised order; a step of a run older than its request's cache gets
     /// none.
     pub async fn handle_forwards(&mut self, msgs: Vec<Message>) -> Vec<Outgoing> {
+        let mut outs = self.step_forwards(msgs).await;
+        while self.has_partial() {
+            outs.extend(self.step_forwards(Vec::new()).await);
+        }
+        outs
+    }
+
+    /// As [`Self::handle_forwards`], but a prompt longer than [`PREFILL_CHUNK`] runs only its
+    /// next chunk in this call (its output comes with its last chunk): a caller that feeds in
+    /// the steps arrived meanwhile and calls again while [`Self::has_partial`] interleaves
+    /// other requests' decode steps with a long prefill.
+    pub async fn step_forwards(&mut self, msgs: Vec<Message>) -> Vec<Outgoing> {
         let mut outs = Vec::new();
+        let mut first = true;
         let mut round: Vec<Message> = Vec::new();
         for m in msgs {
             let Message::Forward { request, .. } = &m else {
@@ -489,18 +522,19 @@ impl StageServer {
                 .any(|r| matches!(r, Message::Forward { request: q, .. } if q == request));
             if repeat || round.len() == MAX_BATCH_SEQS {
                 let batch = std::mem::take(&mut round);
-                outs.extend(self.run_round(batch).await);
+                outs.extend(self.run_round(batch, std::mem::take(&mut first)).await);
             }
             round.push(m);
         }
-        if !round.is_empty() {
-            outs.extend(self.run_round(round).await);
+        if !round.is_empty() || (first && self.has_partial()) {
+            outs.extend(self.run_round(round, first).await);
         }
         outs
     }
 
-    /// One batched pass over steps of distinct requests.
-    async fn run_round(&mut self, msgs: Vec<Message>) -> Vec<Outgoing> {
+    /// One batched pass over steps of distinct requests, with the prompts part-way through
+    /// their prefill when `partials`.
+    async fn run_round(&mut self, msgs: Vec<Message>, partials: bool) -> Vec<Outgoing> {
         let mut outs = Vec::new();
         let mut ready = Vec::with_capacity(msgs.len());
         for m in msgs {
@@ -510,17 +544,34 @@ impl StageServer {
                 Prepared::Refused(reply) => outs.push(Outgoing::Reply(reply)),
             }
         }
+        if partials {
+            // A request's new step (a run started again) replaces its unfinished prompt.
+            let mut carried = std::mem::take(&mut self.partial);
+            carried.retain(|p| {
+                self.caches.contains_key(&p.step.request)
+                    && !ready.iter().any(|r| r.step.request == p.step.request)
+            });
+            ready.splice(0..0, carried);
+        }
         if ready.is_empty() {
             return outs;
         }
         let (Some(shard), Some(pool)) = (self.shard.as_ref(), self.pool.as_mut()) else {
             return outs;
         };
+        let dim = shard.config().dim;
+        // This round's rows of each step: the next chunk of a long prompt, else all of it.
+        let chunk = |r: &Ready| {
+            let total = r.rows(dim);
+            r.done..total.min(r.done + PREFILL_CHUNK)
+        };
         let want = |r: &Ready| {
-            if shard.is_last() {
-                Want::Sample(r.step.sample.unwrap_or_default())
-            } else {
-                Want::Hidden
+            let last_chunk = chunk(r).end == r.rows(dim);
+            match (shard.is_last(), last_chunk) {
+                (true, true) => Want::Sample(r.step.sample.unwrap_or_default()),
+                // An earlier chunk only fills the caches; the head's one row is cheap.
+                (true, false) => Want::Logits,
+                (false, _) => Want::Hidden,
             }
         };
         // Each request's entry leaves the map for the pass (the items borrow them).
@@ -540,8 +591,11 @@ impl StageServer {
                 .map(|(r, (_, e))| StackItem {
                     seq: &mut e.kv,
                     input: match &r.input {
-                        Input::Tokens(t) => ShardInput::Tokens(t),
-                        Input::Hidden(h) => ShardInput::Hidden(h),
+                        Input::Tokens(t) => ShardInput::Tokens(&t[chunk(r)]),
+                        Input::Hidden(h) => {
+                            let rows = chunk(r);
+                            ShardInput::Hidden(&h[rows.start * dim..rows.end * dim])
+                        }
                     },
                     want: want(r),
                 })
@@ -549,7 +603,7 @@ impl StageServer {
             shard.forward_batch(pool, &mut items).await
         };
         let took = t0.elapsed().as_secs_f64();
-        let rows: usize = ready.iter().map(|r| r.rows(shard.config().dim)).sum();
+        let rows: usize = ready.iter().map(|r| chunk(r).len()).sum();
         self.window_calls += 1;
         self.window_busy_s += took;
         self.window_tokens += rows as u64;
@@ -601,9 +655,25 @@ impl StageServer {
                 }
             }
         }
-        let dim = shard.config().dim;
-        for (r, out) in routed {
+        for (mut r, out) in routed {
             let rows = r.rows(dim);
+            let end = rows.min(r.done + PREFILL_CHUNK);
+            let out = match out {
+                ShardOutput::Hidden(h) if r.done > 0 || end < rows => {
+                    r.hidden.extend_from_slice(&h);
+                    ShardOutput::Hidden(std::mem::take(&mut r.hidden))
+                }
+                other => other,
+            };
+            if end < rows {
+                // More of the prompt to run: its next chunk joins the next round.
+                if let ShardOutput::Hidden(h) = out {
+                    r.hidden = h;
+                }
+                r.done = end;
+                self.partial.push(r);
+                continue;
+            }
             outs.push(self.route_output(r.step, rows, out));
         }
         outs
@@ -745,6 +815,8 @@ impl StageServer {
         }
         kv.truncate(pos0);
         Prepared::Ready(Ready {
+            done: 0,
+            hidden: Vec::new(),
             step: Step {
                 request,
                 seq,

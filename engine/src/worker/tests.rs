@@ -247,7 +247,7 @@ async fn whole_model_tokens(
     n: usize,
 ) -> Vec<u32> {
     let whole = Shard::load(dev.clone(), model, 0, 4, 32, &mut |_, _| {}).unwrap();
-    let mut cache = whole.new_cache(32).unwrap();
+    let mut cache = whole.new_cache((prompt.len() + n).max(32)).unwrap();
     let mut out = Vec::new();
     let mut input = prompt.to_vec();
     for _ in 0..n {
@@ -587,5 +587,71 @@ fn a_stage_over_several_devices_matches_one_device() {
         server.handle(Message::EndRequest { request: 0 }).await;
         server.handle(Message::EndRequest { request: 1 }).await;
         assert_eq!(server.telemetry().kv.map(|k| k.blocks_used), Some(0));
+    });
+}
+
+/// A prompt longer than a chunk runs a chunk per round: a decode step of another request
+/// arriving meanwhile is answered in the first round, before the prompt is through, and the
+/// prompt's token, when it comes, is the one its whole prefill gives.
+#[test]
+fn a_long_prompt_runs_in_chunks_between_other_steps() {
+    pollster::block_on(async {
+        let mut cfg = small_config();
+        cfg.context_length = 2048;
+        let model = SyntheticModel::new(&cfg, 5);
+        let dev = cpu();
+        let long: Vec<u32> = (0..(2 * PREFILL_CHUNK + 40) as u32)
+            .map(|i| (i * 7 + 3) % 500)
+            .collect();
+        let short = vec![3u32, 14, 15];
+        let expect_long = whole_model_tokens(&model, &dev, &long, 1).await;
+        let expect_short = whole_model_tokens(&model, &dev, &short, 4).await;
+        let mut server = StageServer::new(dev.clone());
+        server.set_shard(load_shard(dev.clone(), &model, 0, 4).await.unwrap().0);
+        let step = |request: u64, pos0: usize, ids: &[u32]| Message::Forward {
+            request,
+            seq: 1,
+            layers: LayerRange { start: 0, end: 4 },
+            pos0: pos0 as u32,
+            max_len: 1024,
+            sample: Some(SampleParams::default()),
+            chain: None,
+            tensor: Tensor::from_values(DType::U32, vec![ids.len() as u64], ids).unwrap(),
+        };
+        let tokens = |outs: Vec<Outgoing>| -> Vec<(u64, u32)> {
+            outs.into_iter()
+                .map(|o| match o {
+                    Outgoing::Reply(Message::Token { request, id, .. }) => (request, id),
+                    other => panic!("expected a token, got {other:?}"),
+                })
+                .collect()
+        };
+        // Round 1: the short prompt and the long one's first chunk.
+        let outs = server
+            .step_forwards(vec![step(1, 0, &long), step(2, 0, &short)])
+            .await;
+        assert_eq!(tokens(outs), vec![(2, expect_short[0])]);
+        assert!(server.has_partial());
+        // Rounds 2 and 3: the short request's decode steps beside the next chunks.
+        let mut pos = short.len();
+        let mut got_long = Vec::new();
+        for i in 1..3 {
+            let outs = server
+                .step_forwards(vec![step(2, pos, &[expect_short[i - 1]])])
+                .await;
+            pos += 1;
+            for (request, id) in tokens(outs) {
+                if request == 1 {
+                    got_long.push(id);
+                } else {
+                    assert_eq!(id, expect_short[i]);
+                }
+            }
+        }
+        assert!(!server.has_partial(), "three chunks cover the long prompt");
+        assert_eq!(got_long, expect_long, "the chunked prefill's token");
+        // The whole call keeps its meaning: every step answered.
+        let outs = server.handle_forwards(vec![step(3, 0, &long)]).await;
+        assert_eq!(tokens(outs), vec![(3, expect_long[0])]);
     });
 }

@@ -179,7 +179,17 @@ impl StageThread {
                 // A job taken off the queue while gathering a batch, served next.
                 let mut held: Option<Job> = None;
                 loop {
-                    let Some(job) = held.take().or_else(|| rx.blocking_recv()) else {
+                    // While a long prompt is part-way through its prefill, only what has
+                    // already arrived joins its next chunk's round; nothing is waited for.
+                    let job = match held.take() {
+                        Some(job) => Some(job),
+                        None if server.has_partial() => rx.try_recv().ok(),
+                        None => rx.blocking_recv(),
+                    };
+                    let Some(job) = job else {
+                        if server.has_partial() && cx.serve_batch(&mut server, Vec::new()) {
+                            continue;
+                        }
                         break;
                     };
                     let job = match step_of(&server, job) {
@@ -313,7 +323,7 @@ impl Context {
             );
             server.fail_device(index);
         }
-        let outs = pollster::block_on(server.handle_forwards(steps));
+        let outs = pollster::block_on(server.step_forwards(steps));
         if let Some(index) = server.take_failed_device() {
             warn!(index, "a device of this worker failed a pass");
             let _ = self.failed.send(index);
