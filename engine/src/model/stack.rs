@@ -87,11 +87,12 @@ pub fn split_range(start: usize, end: usize, weights: &[f64]) -> Vec<(usize, usi
     // Every usable part holds at least one layer when there are layers enough: take it
     // from the largest part.
     for i in 0..n {
-        if usable[i] > 0.0 && counts[i] == 0 {
-            if let Some(big) = (0..n).filter(|&j| counts[j] > 1).max_by_key(|&j| counts[j]) {
-                counts[big] -= 1;
-                counts[i] += 1;
-            }
+        if usable[i] > 0.0
+            && counts[i] == 0
+            && let Some(big) = (0..n).filter(|&j| counts[j] > 1).max_by_key(|&j| counts[j])
+        {
+            counts[big] -= 1;
+            counts[i] += 1;
         }
     }
     let mut parts = Vec::new();

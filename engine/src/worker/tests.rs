@@ -633,13 +633,12 @@ fn a_long_prompt_runs_in_chunks_between_other_steps() {
         assert_eq!(tokens(outs), vec![(2, expect_short[0])]);
         assert!(server.has_partial());
         // Rounds 2 and 3: the short request's decode steps beside the next chunks.
-        let mut pos = short.len();
         let mut got_long = Vec::new();
         for i in 1..3 {
+            let pos = short.len() + i - 1;
             let outs = server
                 .step_forwards(vec![step(2, pos, &[expect_short[i - 1]])])
                 .await;
-            pos += 1;
             for (request, id) in tokens(outs) {
                 if request == 1 {
                     got_long.push(id);
