@@ -35,6 +35,8 @@ pub struct StageServer {
     window_calls: u32,
     window_busy_s: f64,
     window_tokens: u64,
+    /// Every token row run since the stage was made (a browser shows it to its owner).
+    tokens_total: u64,
     window_start: Instant,
     last_kernel_ms: f64,
 }
@@ -201,6 +203,7 @@ impl StageServer {
             window_calls: 0,
             window_busy_s: 0.0,
             window_tokens: 0,
+            tokens_total: 0,
             window_start: Instant::now(),
             last_kernel_ms: 0.0,
         }
@@ -250,6 +253,12 @@ impl StageServer {
         self.pool = None;
         self.shard = None;
         self.route = Route::default();
+    }
+
+    /// Tokens this stage has run through its layers (prompts' and generated ones), over
+    /// every shard it held.
+    pub fn tokens_served(&self) -> u64 {
+        self.tokens_total
     }
 
     /// The loaded layer range.
@@ -481,6 +490,7 @@ impl StageServer {
         self.window_calls += 1;
         self.window_busy_s += took;
         self.window_tokens += rows as u64;
+        self.tokens_total += rows as u64;
         self.window_seqs += ready.len() as u64;
         self.last_kernel_ms = took * 1e3;
         let results = match result {
