@@ -1130,6 +1130,7 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    page.screenshot(&dir.join("browser-served.png")).await;
     drop(browser);
 }
 
