@@ -1061,6 +1061,7 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
     let browser = Browser::launch(&binary, &url, true);
     let mut page = browser.page("/join").await;
     page.wait_status("press the button", WAIT).await;
+    check_cost_lines(&mut page, &api).await;
     page.eval("document.querySelector('#consent').click()")
         .await;
     page.wait_status("joined", WAIT).await;
@@ -1094,6 +1095,7 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         .wait_status(&format!("serving layers 0-{}", SPLIT - 1), WAIT)
         .await;
     assert!(status.contains("joined"), "#status: {status}");
+    let served_before = tokens_served(&status).expect("#status counts the tokens served");
     page.screenshot(&dir.join("browser-joined.png")).await;
 
     let request = json!({"model": "SmolLM2-135M-Instruct", "prompt": PROMPT,
@@ -1113,7 +1115,60 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         tokens, expected,
         "browser + native greedy tokens differ from cairn run's"
     );
+    // The page counts what it served: the prompt and every generated token but the last
+    // passed through its layers.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = page.text("status").await;
+        let served = tokens_served(&status);
+        if served.is_some_and(|n| n >= served_before + TOKENS as u64) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "#status never counted the served tokens: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    page.screenshot(&dir.join("browser-served.png")).await;
     drop(browser);
+}
+
+/// The count in `#status`'s "N tokens served".
+fn tokens_served(status: &str) -> Option<u64> {
+    let before = status.split(" tokens served").next()?;
+    (before.len() < status.len())
+        .then(|| before.rsplit(' ').next()?.parse().ok())
+        .flatten()
+}
+
+/// The consent box's cost lines as the coordinator's estimate makes them (the default
+/// model: 30 layers, 98 MB), and the estimate itself.
+async fn check_cost_lines(page: &mut Page, api: &str) {
+    let download = page.text("cost-download").await;
+    let memory = page.text("cost-memory").await;
+    let power = page.text("cost-power").await;
+    assert!(
+        download.starts_with("about ")
+            && download.contains(" MB, once")
+            && download.contains(" of its 30 layers"),
+        "#cost-download: {download}"
+    );
+    assert!(
+        memory.starts_with("about ") && memory.contains(" MB while serving"),
+        "#cost-memory: {memory}"
+    );
+    assert!(power.contains("Below 20 %"), "#cost-power: {power}");
+    let e: Value = ureq::get(&format!("{api}/join/cost?memory={}", 1u64 << 30))
+        .timeout(Duration::from_secs(10))
+        .call()
+        .expect("/join/cost answers without a key")
+        .into_json()
+        .expect("json");
+    let file = std::fs::metadata(model_path()).expect("model").len();
+    let high = e["download_bytes"]["high"].as_u64().expect("download");
+    assert_eq!(e["layers"]["high"], 30, "{e}");
+    assert!(high > file / 2 && high <= file, "{e}");
 }
 
 /// A fresh, empty directory holding only a copy of the built `cairn` binary.
@@ -1322,7 +1377,17 @@ async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
         "the answer's summary lacks speed or devices: {meta}"
     );
 
-    // Phone-sized screenshots of the dashboard and the join page.
+    // The QR of the join link, fetched with the key (an <img> cannot send it).
+    wait_true(
+        &mut page,
+        "(function () { var i = document.getElementById('join-qr');
+           return !i.hidden && i.src.indexOf('blob:') === 0 && i.complete && i.naturalWidth > 0; })()",
+        "the join QR code showing",
+        WAIT,
+    )
+    .await;
+
+    // Phone-sized screenshots of the dashboard and the join page, light and dark.
     page.call(
         "Emulation.setDeviceMetricsOverride",
         json!({"width": 360, "height": 780, "deviceScaleFactor": 1, "mobile": true}),
@@ -1338,6 +1403,7 @@ async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
         json!(true),
         "the dashboard scrolls sideways at 360 px"
     );
+    dark_too(&mut page, &dir.join("dashboard-360-dark.png")).await;
     // Only the admin key sees the join URL (docs/security.md).
     let join_url = ureq::get(&format!("{api}/api/cluster"))
         .set("Authorization", "Bearer sesame")
@@ -1355,7 +1421,8 @@ async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
         WAIT,
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    page.wait_status("press the button", WAIT).await;
+    check_cost_lines(&mut page, &api).await;
     page.screenshot(&dir.join("join-360.png")).await;
     let wide = page
         .eval("document.documentElement.scrollWidth <= window.innerWidth + 1")
@@ -1365,6 +1432,25 @@ async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
         json!(true),
         "the join page scrolls sideways at 360 px"
     );
+    dark_too(&mut page, &dir.join("join-360-dark.png")).await;
+}
+
+/// Switches the page to `prefers-color-scheme: dark`, checks that its background follows,
+/// keeps a screenshot at `path` and switches back.
+async fn dark_too(page: &mut Page, path: &Path) {
+    let background = "getComputedStyle(document.body).backgroundColor";
+    let light = page.eval(background).await;
+    let scheme =
+        |value: &str| json!({"features": [{"name": "prefers-color-scheme", "value": value}]});
+    page.call("Emulation.setEmulatedMedia", scheme("dark"))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dark = page.eval(background).await;
+    assert_ne!(dark, light, "the page ignores prefers-color-scheme: dark");
+    assert_eq!(dark, json!("rgb(14, 17, 21)"), "the dark background");
+    page.screenshot(path).await;
+    page.call("Emulation.setEmulatedMedia", scheme("light"))
+        .await;
 }
 
 /// `--approve-workers` on the dashboard: a joined worker shows in the

@@ -945,6 +945,20 @@ fn an_api_key_keeps_strangers_out_and_join_tokens_are_revocable() {
         );
     }
     assert_ne!(call("GET", &format!("{api}/healthz"), None, None).0, 401);
+    // The join page's cost estimate is open, and holds sizes only.
+    let (status, body) = call(
+        "GET",
+        &format!("{api}/join/cost?memory=1073741824"),
+        None,
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"download_bytes\"")
+            && !body.contains("SmolLM")
+            && !body.contains(&serve.worker_token),
+        "{body}"
+    );
     // CORS only for the origin allowed: its preflight is answered, another's is not.
     let preflight = |origin: &str| match ureq::request("OPTIONS", &format!("{api}/api/cluster"))
         .set("Origin", origin)

@@ -19,6 +19,7 @@ use serde_json::{Map, Value, json};
 use wasm_bindgen::prelude::*;
 use web_sys::{Event, HtmlButtonElement};
 
+use crate::cost;
 use crate::fetch;
 use crate::js;
 use crate::link::{self, LinkEvent, PeerLink, SignalPayload};
@@ -306,6 +307,7 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         &describe(&chosen.info, &env, chosen.fallback_reason.as_deref()),
     );
     ui::set_rows("env", &env_rows(&env, &chosen.info));
+    show_cost(chosen.info.memory_bytes, &env).await;
     ui::set_status("ready: press the button to join (nothing is downloaded before)");
     wait_for_consent().await?;
     ui::set_hidden("consent-box", true);
@@ -341,14 +343,7 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
     if caps.device.name.trim().is_empty() {
         caps.device.name = adapter_name(device.info(), &env);
     }
-    if let Some(gib) = env["deviceMemoryGiB"].as_f64() {
-        // A tab should not take more than a quarter of the machine.
-        let budget = (gib * (1u64 << 30) as f64 / 4.0) as u64;
-        caps.memory_budget_bytes = caps
-            .memory_budget_bytes
-            .min(budget)
-            .max(budget.min(1 << 30));
-    }
+    caps.memory_budget_bytes = cost::memory_budget(device.info().memory_bytes, &env);
     let mut extra = env.clone();
     if let Some(reason) = &fallback_reason {
         extra["cpu_fallback"] = Value::String(reason.clone());
@@ -401,6 +396,7 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         slot: ShardSlot::default(),
         ticks: 0,
         last_tick_ms: 0.0,
+        shown_tokens: 0,
     };
     w.meta.insert("role".into(), json!("worker"));
     w.meta.insert("kind".into(), json!("browser"));
@@ -410,6 +406,23 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Fills the consent box's cost lines: the coordinator's estimate for a device offering
+/// what this one would, and the battery. Without an estimate (a page not served by a
+/// coordinator) the page's general wording stays.
+async fn show_cost(device_bytes: u64, env: &Value) {
+    let budget = cost::memory_budget(device_bytes, env);
+    let estimate = js::fetch_json(&format!("/join/cost?memory={budget}")).await;
+    match cost::share_lines(&estimate, budget) {
+        Some((download, memory)) => {
+            ui::set_text("cost-download", &download);
+            ui::set_text("cost-memory", &memory);
+        }
+        None => ui::log("the server gave no cost estimate for this device"),
+    }
+    let battery = serde_json::from_value(env["battery"].clone()).ok();
+    ui::set_text("cost-power", &cost::power_line(battery.as_ref()));
 }
 
 /// Page-level event sources: the telemetry tick, visibility, pressure, pagehide.
@@ -495,6 +508,8 @@ struct Worker {
     slot: ShardSlot,
     ticks: u64,
     last_tick_ms: f64,
+    /// The tokens-served count `#status` shows.
+    shown_tokens: u64,
 }
 
 impl Worker {
@@ -513,15 +528,23 @@ impl Worker {
             "joining the room…".to_owned()
         };
         if let Some((a, b)) = self.stage.layers() {
-            s.push_str(&format!("; serving layers {a}-{}", b - 1));
+            s.push_str(&format!(
+                "; serving layers {a}-{}; {} tokens served",
+                b - 1,
+                self.stage.tokens_served()
+            ));
         }
         if let Some(reason) = self.host.paused() {
             s.push_str(&format!("; paused ({reason})"));
         }
+        if let Some(low) = cost::battery_low(self.host.condition().battery.as_ref()) {
+            s.push_str(&format!("; {low}"));
+        }
         s
     }
 
-    fn show_status(&self) {
+    fn show_status(&mut self) {
+        self.shown_tokens = self.stage.tokens_served();
         ui::set_status(&self.status());
     }
 
@@ -901,6 +924,10 @@ impl Worker {
         }
         if !self.link_up {
             return;
+        }
+        // The counter grows as it serves; a battery reading may change the status too.
+        if self.stage.tokens_served() != self.shown_tokens || self.ticks % 10 == 1 {
+            self.show_status();
         }
         let Some(link) = self.link() else {
             return;

@@ -19,6 +19,8 @@ extern "C" {
     fn cache_get_js(key: &str) -> Promise;
     #[wasm_bindgen(js_name = cachePut)]
     fn cache_put_js(key: &str, bytes: &Uint8Array) -> Promise;
+    #[wasm_bindgen(js_name = fetchJson)]
+    fn fetch_json_js(url: &str) -> Promise;
     #[wasm_bindgen(js_name = bufferedLow)]
     fn buffered_low_js(channel: &web_sys::RtcDataChannel) -> Promise;
 }
@@ -58,6 +60,14 @@ pub async fn probe_environment() -> serde_json::Value {
 /// `{level, charging}` where the Battery API exists, else null.
 pub async fn read_battery() -> serde_json::Value {
     match await_promise(read_battery_js()).await {
+        Ok(v) => to_json(&v),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+/// `url`'s JSON, or null when it cannot be fetched or is not JSON.
+pub async fn fetch_json(url: &str) -> serde_json::Value {
+    match await_promise(fetch_json_js(url)).await {
         Ok(v) => to_json(&v),
         Err(_) => serde_json::Value::Null,
     }

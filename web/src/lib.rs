@@ -18,6 +18,9 @@
 
 #[cfg(target_arch = "wasm32")]
 mod api;
+// Pure data: its tests run natively.
+#[cfg(any(target_arch = "wasm32", test))]
+mod cost;
 #[cfg(target_arch = "wasm32")]
 mod fetch;
 #[cfg(target_arch = "wasm32")]

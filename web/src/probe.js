@@ -180,3 +180,15 @@ export function bufferedLow(channel) {
     channel.addEventListener("close", done);
   });
 }
+
+// A JSON document from the page's own server (the join page's cost estimate), or null when
+// the server has none: the page then says what it can without it.
+export async function fetchJson(url) {
+  try {
+    const r = await fetch(url, { cache: "no-store" });
+    if (!r.ok) return null;
+    return await r.json();
+  } catch (_) {
+    return null;
+  }
+}

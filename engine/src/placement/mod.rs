@@ -32,7 +32,7 @@ mod tests;
 
 use serde::{Deserialize, Serialize};
 
-pub use condition::{DeviceCondition, slowdown};
+pub use condition::{BATTERY_AVOID_BELOW, DeviceCondition, slowdown};
 pub use cost::{MAX_PROFILE_S, Refused, screen};
 pub use error::PlacementError;
 pub use solve::{alternatives, evaluate, place, place_with_cost};

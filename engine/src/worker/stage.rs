@@ -39,6 +39,8 @@ pub struct StageServer {
     window_calls: u32,
     window_busy_s: f64,
     window_tokens: u64,
+    /// Every token row run since the stage was made (a browser shows it to its owner).
+    tokens_total: u64,
     window_start: Instant,
     last_kernel_ms: f64,
     /// A device of a stage over several that failed a pass (its index in `devices`),
@@ -256,6 +258,7 @@ impl StageServer {
             window_calls: 0,
             window_busy_s: 0.0,
             window_tokens: 0,
+            tokens_total: 0,
             window_start: Instant::now(),
             last_kernel_ms: 0.0,
             failed_device: None,
@@ -341,6 +344,12 @@ impl StageServer {
         self.pool = None;
         self.shard = None;
         self.route = Route::default();
+    }
+
+    /// Tokens this stage has run through its layers (prompts' and generated ones), over
+    /// every shard it held.
+    pub fn tokens_served(&self) -> u64 {
+        self.tokens_total
     }
 
     /// The loaded layer range.
@@ -607,6 +616,7 @@ impl StageServer {
         self.window_calls += 1;
         self.window_busy_s += took;
         self.window_tokens += rows as u64;
+        self.tokens_total += rows as u64;
         self.window_seqs += ready.len() as u64;
         self.last_kernel_ms = took * 1e3;
         let results = match result {

@@ -125,6 +125,10 @@ fn two_stages_match_one_shard() {
             input = vec![id];
         }
         assert_eq!(got, expect);
+        // The prompt's 5 tokens and 3 generated ones fed back; telemetry windows do not
+        // reset the running count.
+        let _ = first.telemetry();
+        assert_eq!((first.tokens_served(), last.tokens_served()), (8, 8));
 
         // Rewinding to position 0 and replaying gives the same first token (recovery path).
         let fwd = Message::Forward {

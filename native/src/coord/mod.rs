@@ -23,6 +23,7 @@ mod core;
 pub mod join;
 mod model;
 mod pipeline;
+pub mod share;
 pub mod state;
 
 use std::collections::HashMap;

@@ -40,11 +40,13 @@ enum Needs {
 }
 
 /// Open routes hold no cluster data: the dashboard's and the join page's
-/// shells (their data comes from the API), the wasm package, health.
+/// shells (their data comes from the API), the wasm package, health, and
+/// what joining would cost a device (the model's sizes, which every worker
+/// fetches anyway).
 fn needs(method: &Method, path: &str) -> Needs {
     let read = method == Method::GET || method == Method::HEAD;
     match path {
-        "/" | "/join" | "/healthz" if read => Needs::Nothing,
+        "/" | "/join" | "/join/cost" | "/healthz" if read => Needs::Nothing,
         p if read && p.starts_with("/pkg/") => Needs::Nothing,
         "/api/cluster"
         | "/api/events"
@@ -69,7 +71,7 @@ pub fn route_class(path: &str) -> &'static str {
         "/api/cluster" | "/api/events" => "cluster",
         "/metrics" => "metrics",
         "/api/join-qr.svg" => "join",
-        "/" | "/join" | "/healthz" => "page",
+        "/" | "/join" | "/join/cost" | "/healthz" => "page",
         p if p.starts_with("/api/placement") => "placement",
         p if p.starts_with("/api/tokens") => "tokens",
         p if p.starts_with("/api/workers") => "workers",
@@ -270,7 +272,7 @@ mod tests {
     #[test]
     fn only_data_free_pages_are_open_and_unknown_routes_need_the_admin_key() {
         let get = Method::GET;
-        for p in ["/", "/join", "/healthz", "/pkg/cairn_web.js"] {
+        for p in ["/", "/join", "/join/cost", "/healthz", "/pkg/cairn_web.js"] {
             assert_eq!(needs(&get, p), Needs::Nothing, "{p}");
         }
         for p in ["/api/cluster", "/api/events", "/metrics", "/v1/models"] {

@@ -52,6 +52,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(cluster::metrics))
         .route("/", get(web::dashboard))
         .route("/join", get(web::join_page))
+        .route("/join/cost", get(web::join_cost))
         .route("/api/join-qr.svg", get(web::join_qr))
         .route("/api/model/{file}", get(web::model_file))
         .route("/pkg/{*path}", get(web::pkg));

@@ -4,15 +4,16 @@
 
 use std::sync::Arc;
 
+use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use tower::ServiceExt;
 use tower_http::services::{ServeDir, ServeFile};
 
 use super::ApiError;
-use crate::coord::Shared;
+use crate::coord::{Shared, share};
 use crate::web_assets::{self, WebSource};
 
 const DASHBOARD: &str = include_str!("../../../assets/dashboard.html");
@@ -119,6 +120,32 @@ where
         Ok(r) => r.into_response(),
         Err(e) => match e {},
     }
+}
+
+#[derive(serde::Deserialize)]
+pub struct CostQuery {
+    /// The memory budget the device would advertise, in bytes.
+    memory: Option<u64>,
+}
+
+/// What joining would cost a device with `?memory=BYTES` to lend, for the join page to
+/// say before its button is pressed. Sizes only: no model name, peer or placement.
+pub async fn join_cost(State(shared): State<Arc<Shared>>, Query(q): Query<CostQuery>) -> Response {
+    let Some(budget) = q.memory else {
+        return ApiError::invalid(
+            "say the device's memory budget in bytes: /join/cost?memory=BYTES",
+            Some("memory"),
+        )
+        .into_response();
+    };
+    let devices = shared.state().peers.values().filter(|p| p.online).count();
+    Json(share::estimate(
+        &shared.model.cost,
+        shared.model.file_bytes,
+        budget,
+        devices,
+    ))
+    .into_response()
 }
 
 pub async fn join_qr(State(shared): State<Arc<Shared>>) -> Response {
