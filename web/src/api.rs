@@ -138,9 +138,10 @@ impl Engine {
             let n_layers = cairn_engine::model::ModelConfig::from_gguf(&header.file)
                 .map_err(js_err)?
                 .n_layers;
-            let (src, _) = fetch::fetch_shard(&url, &header, 0, n_layers)
+            let (bytes, _) = fetch::fetch_shard(&url, &header, 0, n_layers)
                 .await
                 .map_err(js_err)?;
+            let src = bytes.into_source(header.file.clone());
             let shard = Shard::load(
                 device.clone(),
                 &src,
