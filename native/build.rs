@@ -114,6 +114,10 @@ fn build_package(root: &Path, out_dir: &Path, pkg: &Path) {
     ] {
         cmd.env_remove(key);
     }
+    // WebAssembly SIMD for the CPU fallback's kernels (engine/src/backend/cpu/dot/simd128.rs):
+    // wasm cannot detect it at run time, so the package is built with it; every current
+    // browser runs it (Chrome 91, Firefox 89, Safari 16.4).
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-feature=+simd128");
     // Cargo reads this script's stdout for directives; the nested build's output is for people.
     cmd.stdout(Stdio::from(std::io::stderr()));
     let status = cmd

@@ -30,6 +30,20 @@ fn js_err(e: impl std::fmt::Display) -> JsValue {
     JsError::new(&e.to_string()).into()
 }
 
+/// Compares this build's SIMD CPU kernels (simd128 where the package was built with it)
+/// with the scalar reference: the browser's own check, since wasm tests have no harness in
+/// a page. Says which instruction sets it compared and how many results.
+#[wasm_bindgen(js_name = checkCpuKernels)]
+pub fn check_cpu_kernels() -> Result<String, JsValue> {
+    let check = cairn_engine::backend::cpu::check_kernels().map_err(js_err)?;
+    let isas = if check.isas.is_empty() {
+        "scalar only".to_owned()
+    } else {
+        check.isas.join(", ")
+    };
+    Ok(format!("{isas}: {} comparisons", check.comparisons))
+}
+
 /// The engine on one device.
 #[wasm_bindgen]
 pub struct Engine {
@@ -138,9 +152,10 @@ impl Engine {
             let n_layers = cairn_engine::model::ModelConfig::from_gguf(&header.file)
                 .map_err(js_err)?
                 .n_layers;
-            let (src, _) = fetch::fetch_shard(&url, &header, 0, n_layers)
+            let (bytes, _) = fetch::fetch_shard(&url, &header, 0, n_layers)
                 .await
                 .map_err(js_err)?;
+            let src = bytes.into_source(header.file.clone());
             let shard = Shard::load(
                 device.clone(),
                 &src,

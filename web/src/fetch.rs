@@ -21,10 +21,13 @@ fn cache_prefix(model_key: &str) -> String {
     model_key.chars().filter(|c| !c.is_control()).collect()
 }
 
-/// A parsed header and its model id.
+/// A parsed header, its model id, and its bytes (the CPU fallback's Web Worker parses them
+/// again: a `GgufFile` does not cross `postMessage`).
 pub struct Header {
     pub file: GgufFile,
     pub model_id: String,
+    pub bytes: Vec<u8>,
+    pub file_len: u64,
 }
 
 /// Fetches and parses the GGUF header of `url`. With `expected_id`, the file's model id
@@ -40,6 +43,8 @@ pub async fn fetch_header(url: &str, expected_id: Option<&str>) -> Result<Header
             return Ok(Header {
                 file,
                 model_id: expected_id.unwrap_or_default().to_owned(),
+                bytes: cached[8..].to_vec(),
+                file_len,
             });
         }
     }
@@ -76,14 +81,20 @@ pub async fn fetch_header(url: &str, expected_id: Option<&str>) -> Result<Header
             }
         }
     };
+    // The header only: the tensor bytes of the prefix are cached with their shard.
+    let header_len = (file.data_offset as usize).min(prefix.len());
+    prefix.truncate(header_len);
     if let Some(key) = &key {
-        // The header only: the tensor bytes of the prefix are cached with their shard.
-        let header_len = (file.data_offset as usize).min(prefix.len());
         let mut stored = file_len.to_le_bytes().to_vec();
-        stored.extend_from_slice(&prefix[..header_len]);
+        stored.extend_from_slice(&prefix);
         js::cache_put(key, &stored).await;
     }
-    Ok(Header { file, model_id: id })
+    Ok(Header {
+        file,
+        model_id: id,
+        bytes: prefix,
+        file_len,
+    })
 }
 
 /// What a shard fetch did.
@@ -93,13 +104,29 @@ pub struct FetchStats {
     pub from_cache: u64,
 }
 
+/// The byte ranges of a shard's tensors, each with its offset in the file.
+pub struct ShardBytes {
+    pub pieces: Vec<(u64, Vec<u8>)>,
+}
+
+impl ShardBytes {
+    /// The pieces as a tensor source over `file`.
+    pub fn into_source(self, file: GgufFile) -> PartialGguf {
+        let mut source = PartialGguf::new(file);
+        for (offset, bytes) in self.pieces {
+            source.insert(offset, bytes);
+        }
+        source
+    }
+}
+
 /// Fetches the tensors of layers `start..end` (cache first), with a progress bar.
 pub async fn fetch_shard(
     url: &str,
     header: &Header,
     start: usize,
     end: usize,
-) -> Result<(PartialGguf, FetchStats), String> {
+) -> Result<(ShardBytes, FetchStats), String> {
     let ranges = shard_ranges(&header.file, start, end).map_err(|e| e.to_string())?;
     let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
     let done = Rc::new(Cell::new(0u64));
@@ -118,7 +145,7 @@ pub async fn fetch_shard(
     });
     ui::set_progress(0, total, &label);
     let prefix = cache_prefix(&header.model_id);
-    let mut source = PartialGguf::new(header.file.clone());
+    let mut pieces = Vec::with_capacity(ranges.len());
     let mut stats = FetchStats::default();
     for range in &ranges {
         let key = format!("{prefix}/{}-{}", range.start, range.end);
@@ -145,8 +172,8 @@ pub async fn fetch_shard(
             }
         };
         stats.bytes += len;
-        source.insert(range.start, &bytes);
+        pieces.push((range.start, bytes));
     }
     ui::set_progress(total, total, &format!("{label}: done"));
-    Ok((source, stats))
+    Ok((ShardBytes { pieces }, stats))
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cairn_engine::device::{DeviceInfo, Discovery};
 use cairn_engine::protocol::{Hello, Message, Visibility};
 use cairn_engine::worker::{
-    Capabilities, HostAction, LoadPlan, PeerKind, PressureRule, ShardSlot, StageServer, WorkerHost,
+    Capabilities, HostAction, LoadPlan, PeerKind, PressureRule, StageServer, WorkerHost,
 };
 use cairn_engine::{BackendKind, Support};
 use futures::StreamExt as _;
@@ -23,6 +23,7 @@ use crate::cost;
 use crate::fetch;
 use crate::js;
 use crate::link::{self, LinkEvent, PeerLink, SignalPayload};
+use crate::offload::{CpuWorker, FromStage, PageStage};
 use crate::signal::{SignalEvent, SignalSocket, ws_url};
 use crate::ui;
 
@@ -291,9 +292,13 @@ enum Input {
     Signal(SignalEvent),
     Link(LinkEvent),
     Tick,
-    Visibility { hidden: bool },
+    Visibility {
+        hidden: bool,
+    },
     Pressure(String),
     PageHide,
+    /// The CPU fallback's Web Worker answered.
+    Stage(FromStage),
 }
 
 /// Runs the join page: probe, consent, join, serve. Errors end up in `#status`.
@@ -353,6 +358,21 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
     let (misc_tx, misc_rx) = unbounded::<Input>();
     let (signal_tx, signal_rx) = unbounded::<SignalEvent>();
     let (link_tx, link_rx) = unbounded::<LinkEvent>();
+    let (stage_tx, stage_rx) = unbounded::<FromStage>();
+    let stage = if device.kind() == BackendKind::Cpu {
+        // The CPU does the work on whatever thread calls it: not the page's, which keeps
+        // the link's heartbeat and the UI.
+        ui::set_status("starting the CPU worker…");
+        match CpuWorker::spawn(stage_tx).await {
+            Ok(w) => PageStage::Worker(w),
+            Err(e) => {
+                ui::log(&format!("{e}; serving on the page's thread instead"));
+                PageStage::here(StageServer::new(Arc::clone(&device)))
+            }
+        }
+    } else {
+        PageStage::here(StageServer::new(Arc::clone(&device)))
+    };
     let url = ws_url(&params.signal, &params.room, &params.token)?;
     ui::set_status("joining the room…");
     let signal = Rc::new(SignalSocket::open(&url, signal_tx)?);
@@ -360,7 +380,7 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
     let _watchers = install_watchers(&misc_tx, &signal, &current);
     let mut inputs = futures::stream::select(
         futures::stream::select(signal_rx.map(Input::Signal), link_rx.map(Input::Link)),
-        misc_rx,
+        futures::stream::select(misc_rx, stage_rx.map(Input::Stage)),
     );
 
     let mut host = WorkerHost::new(if params.ignore_pressure {
@@ -382,7 +402,7 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         Visibility::Visible
     });
     let mut w = Worker {
-        stage: StageServer::new(Arc::clone(&device)),
+        stage,
         caps,
         signal,
         link_events: link_tx,
@@ -393,7 +413,7 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         link_up: false,
         joined_once: false,
         host,
-        slot: ShardSlot::default(),
+        telemetry_asked: false,
         ticks: 0,
         last_tick_ms: 0.0,
         shown_tokens: 0,
@@ -489,7 +509,7 @@ fn install_watchers(
 }
 
 struct Worker {
-    stage: StageServer,
+    stage: PageStage,
     caps: Capabilities,
     signal: Rc<SignalSocket>,
     link_events: UnboundedSender<LinkEvent>,
@@ -505,7 +525,8 @@ struct Worker {
     joined_once: bool,
     /// Load, close, telemetry and pause rules (the engine's, as native workers have).
     host: WorkerHost,
-    slot: ShardSlot,
+    /// A telemetry request is with the CPU worker (one at a time: a long step holds it).
+    telemetry_asked: bool,
     ticks: u64,
     last_tick_ms: f64,
     /// The tokens-served count `#status` shows.
@@ -568,13 +589,47 @@ impl Worker {
             }
             Input::PageHide => {
                 // Free GPU memory now: the page may live on in the back-forward cache.
-                self.slot.clear(&mut self.stage);
+                self.stage.clear();
                 self.link_up = false;
                 ui::set_status("left the room");
                 return false;
             }
+            Input::Stage(event) => self.on_stage(event).await,
         }
         true
+    }
+
+    /// What the CPU worker said: a reply to pass on, its telemetry, or its end.
+    async fn on_stage(&mut self, event: FromStage) {
+        match event {
+            FromStage::Reply {
+                session,
+                kind,
+                reply,
+            } => {
+                let reply = match reply {
+                    Ok(Some(reply)) => reply,
+                    Ok(None) => return,
+                    Err(e) => {
+                        ui::log(&format!("the CPU worker could not serve {kind}: {e}"));
+                        return;
+                    }
+                };
+                if let Some(link) = self.link_for(&session).filter(|_| self.link_up)
+                    && let Err(e) = link.send(&reply).await
+                {
+                    ui::log(&format!("cannot reply to {kind}: {e}"));
+                }
+            }
+            FromStage::Telemetry(t) => {
+                self.telemetry_asked = false;
+                self.send_telemetry(t);
+            }
+            FromStage::Failed(why) => {
+                ui::log(&why);
+                ui::set_status(&format!("error: {why}"));
+            }
+        }
     }
 
     async fn on_signal(&mut self, event: SignalEvent) {
@@ -857,10 +912,20 @@ impl Worker {
             HostAction::Ignore => {}
             HostAction::Stage(other) => {
                 let kind = other.kind();
-                if let Some(out) = self.stage.handle(other).await
-                    && let Err(e) = link.send(&out.into_reply()).await
-                {
-                    ui::log(&format!("cannot reply to {kind}: {e}"));
+                match &mut self.stage {
+                    PageStage::Here { server, .. } => {
+                        if let Some(out) = server.handle(other).await
+                            && let Err(e) = link.send(&out.into_reply()).await
+                        {
+                            ui::log(&format!("cannot reply to {kind}: {e}"));
+                        }
+                    }
+                    // The reply comes back as an `Input::Stage`.
+                    PageStage::Worker(w) => {
+                        if let Err(e) = w.stage(&link.session, &other) {
+                            ui::log(&format!("cannot hand {kind} to the CPU worker: {e}"));
+                        }
+                    }
                 }
             }
         }
@@ -870,36 +935,40 @@ impl Worker {
     /// `ShardLoaded` or `Error`.
     async fn load(&mut self, plan: LoadPlan) -> Message {
         let (start, end) = (plan.start, plan.end);
-        if let Some(loaded) = self.slot.reuse(&mut self.stage, &plan) {
-            ui::log(&format!(
-                "layers {start}-{} are loaded already",
-                end.saturating_sub(1)
-            ));
-            return loaded;
+        match self.stage.reuse(&plan).await {
+            Ok(Some(loaded)) => {
+                ui::log(&format!(
+                    "layers {start}-{} are loaded already",
+                    end.saturating_sub(1)
+                ));
+                return loaded;
+            }
+            Ok(None) => {}
+            Err(e) => return plan.failed(e),
         }
         ui::set_status(&format!(
             "loading layers {start}-{}…",
             end.saturating_sub(1)
         ));
         // The old shard's memory goes before the new one arrives.
-        self.slot.clear(&mut self.stage);
+        self.stage.clear();
         let fetched = async {
             let expected = (!plan.model.is_empty()).then_some(plan.model.as_str());
             let header = fetch::fetch_header(&plan.source, expected).await?;
-            let (src, stats) = fetch::fetch_shard(&plan.source, &header, start, end).await?;
+            let (shard, stats) = fetch::fetch_shard(&plan.source, &header, start, end).await?;
             ui::log(&format!(
                 "layers {start}-{}: {} ({} from cache)",
                 end.saturating_sub(1),
                 ui::human_bytes(stats.bytes),
                 ui::human_bytes(stats.from_cache)
             ));
-            Ok::<_, String>(src)
+            Ok::<_, String>((header, shard))
         }
         .await;
         let reply = match fetched {
-            Ok(src) => {
+            Ok((header, shard)) => {
                 ui::set_progress(1, 1, "uploading weights to the device");
-                self.slot.load(&mut self.stage, plan, &src).await
+                self.stage.load(plan, header, shard).await
             }
             Err(text) => plan.failed(text),
         };
@@ -929,10 +998,25 @@ impl Worker {
         if self.stage.tokens_served() != self.shown_tokens || self.ticks % 10 == 1 {
             self.show_status();
         }
-        let Some(link) = self.link() else {
+        match &mut self.stage {
+            PageStage::Here { server, .. } => {
+                let t = server.telemetry();
+                self.send_telemetry(t);
+            }
+            // It comes back as an `Input::Stage`, once the worker is between steps.
+            PageStage::Worker(w) if !self.telemetry_asked => {
+                self.telemetry_asked = w.request_telemetry().is_ok();
+            }
+            PageStage::Worker(_) => {}
+        }
+    }
+
+    /// Sends the stage's telemetry with the page's condition, if linked.
+    fn send_telemetry(&mut self, stage: cairn_engine::protocol::Telemetry) {
+        let Some(link) = self.link().filter(|_| self.link_up) else {
             return;
         };
-        let t = self.host.telemetry(self.stage.telemetry());
+        let t = self.host.telemetry(stage);
         let _ = link.send_now(&Message::Telemetry(Box::new(t)));
     }
 

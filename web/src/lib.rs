@@ -10,7 +10,9 @@
 //!
 //! Modules: `join` (the worker's flow and serving loop), `link` (the peer connection and
 //! framing), `ice` (the STUN/TURN servers the coordinator shares), `signal` (the signaling socket), `fetch` (range requests and the weight cache),
-//! `ui` (the page), `js` (bindings to `probe.js`), `api` (the standalone API).
+//! `ui` (the page), `js` (bindings to `probe.js`), `api` (the standalone API), `offload`
+//! (where the page's stage server runs: on the page, or for the CPU fallback in a Web
+//! Worker) and `stage_worker` (that Web Worker's side).
 
 // The engine's APIs share a device as `Arc<Device>`; on wasm32 wgpu's handles are neither
 // `Send` nor `Sync`, and the page is single-threaded.
@@ -33,7 +35,11 @@ mod js;
 #[cfg(target_arch = "wasm32")]
 mod link;
 #[cfg(target_arch = "wasm32")]
+mod offload;
+#[cfg(target_arch = "wasm32")]
 mod signal;
+#[cfg(target_arch = "wasm32")]
+mod stage_worker;
 #[cfg(target_arch = "wasm32")]
 mod ui;
 

@@ -93,6 +93,12 @@ pub async fn discover_with(options: EngineOptions) -> Discovery {
     }
 }
 
+/// The cpu device alone, without asking the other backends for theirs: where probing
+/// them is pointless or cannot work (a browser's Web Worker running the CPU fallback).
+pub fn open_cpu(options: &EngineOptions) -> Device {
+    backend::cpu_discover::open(backend::cpu_discover::describe(), options)
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 pub fn discover_blocking() -> Discovery {
     pollster::block_on(discover())
@@ -253,6 +259,19 @@ mod tests {
             found.devices.last().map(|d| d.backend),
             Some(BackendKind::Cpu)
         );
+    }
+
+    /// The cpu device alone is the one discovery lists, opened without the other backends.
+    #[test]
+    fn open_cpu_opens_the_discovered_cpu_device() {
+        let listed = discover_blocking()
+            .devices
+            .pop()
+            .expect("discovery lists the cpu");
+        let opened = open_cpu(&EngineOptions::default());
+        assert_eq!(opened.kind(), BackendKind::Cpu);
+        assert_eq!(opened.info().id, listed.id);
+        assert_eq!(opened.info().name, listed.name);
     }
 
     /// A backend left out of the build refuses to open a device with an error naming the

@@ -561,6 +561,23 @@ mod body_only {
 }
 
 impl Message {
+    /// The whole encoded message (head and body) in one buffer, unframed: for carriers
+    /// that move messages whole, such as a browser page and its Web Worker.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ProtocolError> {
+        let encoded = encode(self)?;
+        let mut bytes = Vec::with_capacity(encoded.len() as usize);
+        bytes.extend_from_slice(encoded.body);
+        bytes.extend_from_slice(&encoded.tail);
+        Ok(bytes)
+    }
+
+    /// The message [`Message::to_bytes`] made, checked as a received one is.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Message, ProtocolError> {
+        decode(bytes)
+    }
+}
+
+impl Message {
     /// The bytes that travel beside the head: a tensor's elements, a probe's padding.
     fn body(&self) -> &[u8] {
         match self {

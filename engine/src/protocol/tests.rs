@@ -42,6 +42,31 @@ fn tensor_roundtrip_is_bit_exact() {
     );
 }
 
+/// A whole message in one buffer comes back equal, and a cut or damaged one is refused.
+#[test]
+fn whole_message_bytes_roundtrip_and_are_checked() {
+    let values: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+    let message = Message::Forward {
+        request: 3,
+        seq: 2,
+        layers: LayerRange { start: 0, end: 4 },
+        pos0: 9,
+        max_len: 64,
+        sample: None,
+        chain: None,
+        tensor: Tensor::from_f32(vec![2, 500], &values).unwrap(),
+    };
+    let bytes = message.to_bytes().unwrap();
+    assert_eq!(Message::from_bytes(bytes.clone()).unwrap(), message);
+    assert_eq!(
+        Message::from_bytes(Message::Resume.to_bytes().unwrap()).unwrap(),
+        Message::Resume
+    );
+    assert!(Message::from_bytes(bytes[..bytes.len() - 1].to_vec()).is_err());
+    assert!(Message::from_bytes(bytes[1..].to_vec()).is_err());
+    assert!(Message::from_bytes(Vec::new()).is_err());
+}
+
 #[test]
 fn tensors_check_their_shape() {
     assert!(Tensor::new(DType::F32, vec![2, 3], vec![0; 24]).is_ok());

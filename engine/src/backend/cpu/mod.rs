@@ -9,12 +9,15 @@ use super::{BackendError, Buffer, Result, Storage};
 use crate::kernels::{Op, OpSpec, with_op};
 
 mod attention;
+mod check;
 mod dot;
 mod linear;
 mod q8;
 #[cfg(test)]
 mod tests;
 mod vecf32;
+
+pub use check::{KernelCheck, check_kernels};
 
 use access::{bytes, f, fm, rd, wr};
 

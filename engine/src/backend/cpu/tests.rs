@@ -332,3 +332,18 @@ fn four_token_kernels_match_the_one_token_kernels() {
         }
     }
 }
+
+/// The run-time check (what the browser's wasm build runs in headless Chromium) compares
+/// every SIMD kernel this processor has, and passes on the kernels as they are.
+#[test]
+fn the_kernel_check_compares_every_simd_kernel() {
+    let check = super::check_kernels().expect("every kernel matches the reference");
+    let simd: Vec<&str> = Isa::available()
+        .into_iter()
+        .filter(|&i| i != Isa::Scalar)
+        .map(Isa::name)
+        .collect();
+    assert_eq!(check.isas, simd);
+    // Seven formats with SIMD kernels, three shapes each, at least.
+    assert!(check.comparisons >= 21 * simd.len(), "{check:?}");
+}

@@ -17,6 +17,11 @@ impl VecF32 {
                 // SAFETY: as above.
                 axpy: |y, a, x| unsafe { avx2::axpy(y, a, x) },
             },
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Isa::Simd128 => VecF32 {
+                dot: simd128::dot,
+                axpy: simd128::axpy,
+            },
             _ => VecF32 {
                 dot: crate::kernels::linear::dot,
                 axpy,
@@ -89,6 +94,55 @@ mod avx2 {
                 _mm256_storeu_ps(py, r);
             }
             i += 8;
+        }
+        for (y, x) in y[i..n].iter_mut().zip(&x[i..n]) {
+            *y += a * x;
+        }
+    }
+}
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128 {
+    use std::arch::wasm32::*;
+
+    pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (a, b) = (&a[..n], &b[..n]);
+        let mut s = f32x4_splat(0.0);
+        let mut i = 0;
+        while i + 4 <= n {
+            // SAFETY: i + 4 <= n elements are readable in both slices; no alignment needed.
+            let (va, vb) = unsafe {
+                (
+                    v128_load(a.as_ptr().add(i).cast()),
+                    v128_load(b.as_ptr().add(i).cast()),
+                )
+            };
+            s = f32x4_add(s, f32x4_mul(va, vb));
+            i += 4;
+        }
+        f32x4_extract_lane::<0>(s)
+            + f32x4_extract_lane::<1>(s)
+            + f32x4_extract_lane::<2>(s)
+            + f32x4_extract_lane::<3>(s)
+            + a[i..].iter().zip(&b[i..]).map(|(x, y)| x * y).sum::<f32>()
+    }
+
+    pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        let n = y.len().min(x.len());
+        let av = f32x4_splat(a);
+        let mut i = 0;
+        while i + 4 <= n {
+            // SAFETY: i + 4 <= n elements of both slices; `y` is exclusively borrowed.
+            unsafe {
+                let py = y.as_mut_ptr().add(i);
+                let r = f32x4_add(
+                    v128_load(py.cast()),
+                    f32x4_mul(av, v128_load(x.as_ptr().add(i).cast())),
+                );
+                v128_store(py.cast(), r);
+            }
+            i += 4;
         }
         for (y, x) in y[i..n].iter_mut().zip(&x[i..n]) {
             *y += a * x;

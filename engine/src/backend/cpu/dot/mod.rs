@@ -9,6 +9,8 @@ use crate::quant::GgmlType;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub(crate) mod scalar;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128;
 
 /// A weight row's bytes (whole blocks) against the activations of as many elements.
 pub(crate) type DotFn = fn(&[u8], Q8Row<'_>) -> f32;
@@ -22,6 +24,9 @@ pub(crate) enum Isa {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// wasm SIMD, chosen when the build enables it (wasm cannot detect it at run time).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    Simd128,
 }
 
 impl Isa {
@@ -35,18 +40,29 @@ impl Isa {
             {
                 return Isa::Avx2;
             }
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            return Isa::Simd128;
+            #[allow(unreachable_code)]
             Isa::Scalar
         })
     }
 
     /// Every instruction set this processor runs, the scalar reference first.
-    #[cfg(test)]
     pub(crate) fn available() -> Vec<Isa> {
+        #[cfg_attr(
+            not(any(
+                target_arch = "x86_64",
+                all(target_arch = "wasm32", target_feature = "simd128")
+            )),
+            allow(unused_mut)
+        )]
         let mut all = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
         if Isa::detect() == Isa::Avx2 {
             all.push(Isa::Avx2);
         }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        all.push(Isa::Simd128);
         all
     }
 
@@ -55,6 +71,8 @@ impl Isa {
             Isa::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => "avx2",
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Isa::Simd128 => "simd128",
         }
     }
 
@@ -72,6 +90,8 @@ impl Isa {
             Isa::Scalar => scalar_dot(ty)?,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::dot(ty).or_else(|| scalar_dot(ty))?,
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Isa::Simd128 => simd128::dot(ty).or_else(|| scalar_dot(ty))?,
         };
         Some((f, layout))
     }
@@ -88,6 +108,8 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::dot4(ty),
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Isa::Simd128 => None,
         }
     }
 }

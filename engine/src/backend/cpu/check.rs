@@ -1,0 +1,139 @@
+//! This build's SIMD dot products against the scalar reference, as a function: where unit
+//! tests cannot run (the browser's wasm build: headless Chromium calls it through the web
+//! package's `checkCpuKernels`), and natively from the unit tests.
+//!
+//! Every quantized format, on awkward shapes (one block, three, many), random bit patterns
+//! with finite scales, activations with outliers and an all-zero block.
+
+use half::f16;
+
+use super::dot::Isa;
+use super::q8::Q8;
+use super::vecf32::VecF32;
+use crate::quant::{GgmlType, dequantize_row};
+
+/// What [`check_kernels`] compared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelCheck {
+    /// The instruction sets compared with the scalar reference (none: only the reference).
+    pub isas: Vec<&'static str>,
+    /// Dot products compared.
+    pub comparisons: usize,
+}
+
+/// A small deterministic generator (xorshift64*): the check needs no `rand` at run time.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `[-1, 1)`.
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Byte offsets of each block's f16 scales.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    }
+}
+
+/// Compares every SIMD kernel this build runs (the integer dot products and attention's f32
+/// helpers) with the scalar one; `Err` names the first that differs by more than float
+/// rounding.
+pub fn check_kernels() -> Result<KernelCheck, String> {
+    let isas: Vec<Isa> = Isa::available()
+        .into_iter()
+        .filter(|&i| i != Isa::Scalar)
+        .collect();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut comparisons = 0;
+    let mut q8 = Q8::default();
+    for ty in GgmlType::ALL.into_iter().filter(|t| t.block_len() > 1) {
+        let Some((reference, layout)) = Isa::Scalar.dot(ty) else {
+            continue;
+        };
+        let block = ty.block_len();
+        for cols in [block, 3 * block, if block == 32 { 4096 } else { 2048 }] {
+            let row_bytes = ty.row_bytes(cols).ok_or("a row of whole blocks")?;
+            let mut w: Vec<u8> = (0..row_bytes).map(|_| rng.next() as u8).collect();
+            for b in w.chunks_exact_mut(ty.block_bytes()) {
+                for &at in f16_fields(ty) {
+                    let v = f16::from_f32(rng.unit() * 0.05);
+                    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            let mut x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+            for _ in 0..cols / 64 {
+                let i = (rng.next() % cols as u64) as usize;
+                x[i] *= 20.0;
+            }
+            if cols >= 2 * layout.block() {
+                x[layout.block()..2 * layout.block()].fill(0.0);
+            }
+            q8.quantize(layout, &x, cols, 1);
+            let mut deq = vec![0f32; cols];
+            dequantize_row(ty, &w, &mut deq);
+            let magnitude: f64 = deq
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| f64::from((a * b).abs()))
+                .sum();
+            let want = reference(&w, q8.row(0));
+            for &isa in &isas {
+                let Some((dot, _)) = isa.dot(ty) else {
+                    continue;
+                };
+                let got = dot(&w, q8.row(0));
+                comparisons += 1;
+                let err = f64::from((got - want).abs());
+                // NaN fails too.
+                if err.is_nan() || err > 1e-5 * (magnitude * 1.5 + 1e-3) {
+                    return Err(format!(
+                        "{} {} over {cols} columns: {got}, the scalar reference {want}",
+                        isa.name(),
+                        ty.name()
+                    ));
+                }
+            }
+        }
+    }
+    for &isa in &isas {
+        let v = VecF32::new(isa);
+        for n in [1, 3, 4, 7, 8, 15, 16, 17, 64, 100] {
+            let a: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+            let b: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            let got = (v.dot)(&a, &b);
+            let mut y = b.clone();
+            (v.axpy)(&mut y, 0.75, &a);
+            let axpy_ok = y
+                .iter()
+                .zip(a.iter().zip(&b))
+                .all(|(y, (a, b))| (y - (b + 0.75 * a)).abs() <= 1e-6);
+            comparisons += 2;
+            let dot_ok = (got - want).abs() <= 1e-5 * n as f32;
+            if !(dot_ok && axpy_ok) {
+                return Err(format!(
+                    "{} f32 dot or axpy over {n}: dot {got}, the reference {want}",
+                    isa.name()
+                ));
+            }
+        }
+    }
+    Ok(KernelCheck {
+        isas: isas.iter().map(|i| i.name()).collect(),
+        comparisons,
+    })
+}
