@@ -179,6 +179,11 @@ pub struct State {
     pub warnings: Vec<String>,
     /// Times a placement was computed (a join, a loss, a pause…).
     pub placements_computed: u64,
+    /// Workers a spot check caught with a wrong result, and why: never
+    /// linked or placed again in this run.
+    pub evicted: BTreeMap<PeerId, String>,
+    /// Spot checks that found a right token, and a wrong one.
+    pub spot_checks: (u64, u64),
 }
 
 impl State {
@@ -195,6 +200,8 @@ impl State {
             requests: BTreeMap::new(),
             warnings: Vec::new(),
             placements_computed: 0,
+            evicted: BTreeMap::new(),
+            spot_checks: (0, 0),
         }
     }
 
