@@ -89,6 +89,11 @@ impl Proc {
         }
     }
 
+    /// The process id (for reading its memory from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Reads stdout lines until one contains `needle`; returns that line.
     /// Panics (naming the process) if it exits first. Reading blocks, so
     /// only use it for lines the process prints promptly.

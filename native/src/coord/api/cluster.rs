@@ -555,3 +555,8 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s)
 }
+
+/// Whether `body` parses as a placement (see `api::parse_bodies`).
+pub(super) fn parse_placement(body: &[u8]) -> bool {
+    serde_json::from_slice::<PlacementIn>(body).is_ok()
+}
