@@ -543,6 +543,16 @@ fn urlencode(s: &str) -> String {
     out
 }
 
+/// `--spot-check-rate`: a share, 0 to 1.
+fn rate(s: &str) -> Result<f64, String> {
+    let r: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&r) {
+        Ok(r)
+    } else {
+        Err("a share from 0 to 1".into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_placement;
@@ -555,15 +565,5 @@ mod tests {
         assert!(parse_placement("a:3-1").is_err());
         assert!(parse_placement("a").is_err());
         assert!(parse_placement("a:x-2").is_err());
-    }
-}
-
-/// `--spot-check-rate`: a share, 0 to 1.
-fn rate(s: &str) -> Result<f64, String> {
-    let r: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if (0.0..=1.0).contains(&r) {
-        Ok(r)
-    } else {
-        Err("a share from 0 to 1".into())
     }
 }
