@@ -3,7 +3,8 @@
 //! layers it placed there weigh, and the worker reports what loading them
 //! took (`ShardLoaded::weight_bytes`). A report far from what the layers
 //! weigh (nothing at all, or terabytes) means the worker does not say what
-//! it does: it is evicted like one a spot check catches. Speed is not
+//! it does: it is evicted like one a spot check catches. (A worker that keeps the
+//! layers it already held reports 0, which says nothing.) Speed is not
 //! taken from the worker either: placement uses the calibration the
 //! coordinator asks for and times over the link, screened by
 //! `placement::screen`.
@@ -32,8 +33,12 @@ pub fn stage_bytes(cost: &ModelCost, start: usize, end: usize) -> u64 {
 }
 
 /// Whether a worker that loaded a stage of `expected` bytes may say it took
-/// `reported`; why not, when not.
+/// `reported`; why not, when not. Zero says nothing: a worker that already
+/// holds the layers asked for keeps them and measures no load.
 pub fn judge_load(expected: u64, reported: u64) -> Result<(), String> {
+    if reported == 0 {
+        return Ok(());
+    }
     let low = expected / LOAD_FACTOR;
     let high = expected
         .saturating_mul(LOAD_FACTOR)
@@ -60,8 +65,12 @@ mod tests {
             judge_load(2_000_000, 9_000_000).is_ok(),
             "small stages get slack"
         );
-        let zero = judge_load(69_000_000, 0).unwrap_err();
-        assert!(zero.contains("reported 0 bytes"), "{zero}");
+        let tiny = judge_load(69_000_000, 1).unwrap_err();
+        assert!(tiny.contains("reported 1 bytes"), "{tiny}");
+        assert!(
+            judge_load(69_000_000, 0).is_ok(),
+            "a shard kept says nothing"
+        );
         assert!(judge_load(69_000_000, 1 << 40).is_err());
         assert!(judge_load(u64::MAX, u64::MAX).is_ok(), "no overflow");
     }

@@ -1170,12 +1170,12 @@ fn a_worker_whose_loaded_bytes_cannot_be_believed_is_evicted_and_placed_around()
                 start: loads[0].layers.0,
                 end: loads[0].layers.1,
             },
-            weight_bytes: 0,
+            weight_bytes: 1,
             load_ms: 1,
         },
     );
     let why = h.st().evicted.get(&liar).cloned().unwrap_or_default();
-    assert!(why.contains("reported 0 bytes"), "{why}");
+    assert!(why.contains("reported 1 bytes"), "{why}");
     for l in &loads[1..] {
         h.loaded(l);
     }
