@@ -182,8 +182,6 @@ pub struct State {
     /// Workers a spot check caught with a wrong result, and why: never
     /// linked or placed again in this run.
     pub evicted: BTreeMap<PeerId, String>,
-    /// Spot checks that found a right token, and a wrong one.
-    pub spot_checks: (u64, u64),
 }
 
 impl State {
@@ -201,7 +199,6 @@ impl State {
             warnings: Vec::new(),
             placements_computed: 0,
             evicted: BTreeMap::new(),
-            spot_checks: (0, 0),
         }
     }
 
