@@ -148,3 +148,55 @@ pub(crate) struct Incoming<'a> {
     #[serde(borrow)]
     pub meta: Option<&'a serde_json::value::RawValue>,
 }
+
+#[cfg(test)]
+mod garbage_tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::{ClientMessage, ServerMessage};
+
+    /// Messages that parse, to mutate.
+    const SEEDS: [&str; 4] = [
+        r#"{"type":"signal","to":"p1","data":{"sdp":"v=0","type":"offer"}}"#,
+        r#"{"type":"meta","meta":{"role":"worker","memory":1024}}"#,
+        r#"{"type":"welcome","peer_id":"p2","peers":[{"peer_id":"p1","role":"worker","meta":{}}]}"#,
+        r#"{"type":"error","message":"rate limit exceeded"}"#,
+    ];
+
+    fn parse(bytes: &[u8]) {
+        let _ = serde_json::from_slice::<ClientMessage>(bytes);
+        let _ = serde_json::from_slice::<ServerMessage>(bytes);
+    }
+
+    /// What the server reads from peers and what peers read from the
+    /// server, from random and mutated bytes: errors, never a panic (the
+    /// `fuzz/` targets do the same under libFuzzer).
+    #[test]
+    fn random_and_mutated_signaling_messages_never_panic() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        for i in 0..20_000 {
+            let body: Vec<u8> = if i % 2 == 0 {
+                let n = rng.random_range(0..200);
+                (0..n).map(|_| rng.random()).collect()
+            } else {
+                let mut b = SEEDS[i % SEEDS.len()].as_bytes().to_vec();
+                for _ in 0..rng.random_range(1..6) {
+                    let at = rng.random_range(0..b.len());
+                    match rng.random_range(0..3) {
+                        0 => b[at] = rng.random(),
+                        1 => {
+                            b.remove(at);
+                        }
+                        _ => {
+                            const PIECES: &[u8] = br#"{}[]",:0-e.9\u"#;
+                            b.insert(at, PIECES[rng.random_range(0..PIECES.len())]);
+                        }
+                    }
+                }
+                b
+            };
+            parse(&body);
+        }
+        parse("[".repeat(100_000).as_bytes());
+    }
+}

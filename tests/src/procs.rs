@@ -89,6 +89,11 @@ impl Proc {
         }
     }
 
+    /// The process id (for reading its memory from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Reads stdout lines until one contains `needle`; returns that line.
     /// Panics (naming the process) if it exits first. Reading blocks, so
     /// only use it for lines the process prints promptly.
@@ -280,6 +285,12 @@ pub struct Serve {
 impl Serve {
     /// Starts it on `model` with `extra` flags; returns once it printed the join URL.
     pub fn embedded(dir: &Path, model: &str, extra: &[&str]) -> Serve {
+        Serve::start(dir, model, extra, false)
+    }
+
+    /// [`Serve::embedded`] with `cairn serve`'s own local worker (on the
+    /// devices and budget `extra` names) when `local_worker`.
+    pub fn start(dir: &Path, model: &str, extra: &[&str], local_worker: bool) -> Serve {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         // Its own secret, revocations and join tokens, not the user's.
@@ -292,10 +303,12 @@ impl Serve {
             &listen,
             "--state-dir",
             &state,
-            "--no-local-worker",
             "--model",
             model,
         ];
+        if !local_worker {
+            args.push("--no-local-worker");
+        }
         args.extend_from_slice(extra);
         let mut proc = Proc::spawn(&bin("cairn"), &args, dir, "serve");
         let join = proc.wait_line("join:");

@@ -1726,3 +1726,112 @@ fn one_worker_over_several_devices_serves_and_is_recovered() {
         "the stream across the loss of the multi-device worker differs"
     );
 }
+
+/// A worker that reports wrong tokens (a `dev-hooks` build's
+/// `CAIRN_DEBUG_CORRUPT_TOKENS`) is caught by a spot check on the
+/// coordinator's own engine before any wrong token goes out, evicted
+/// (listed in `/api/cluster`, recorded in the audit log, never placed
+/// again), and the request recovers on the honest workers with `cairn
+/// run`'s exact output.
+#[test]
+fn a_worker_returning_wrong_tokens_is_caught_evicted_and_the_request_recovers() {
+    let dir = artifacts("cluster-spot-check");
+    let (ref_tokens, _) = reference();
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    // The local worker is trusted, and too small to hold the model alone.
+    let serve = Serve::start(
+        &dir,
+        model,
+        &[
+            "--no-mdns",
+            "--ctx",
+            "256",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            BUDGET,
+            "--spot-check-rate",
+            "1",
+        ],
+        true,
+    );
+    let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
+    let (_bad, bad) = cpu_worker(
+        signal,
+        token,
+        &dir,
+        "worker-corrupt",
+        &["--memory-budget", BUDGET, "--model", model],
+        &[("CAIRN_DEBUG_CORRUPT_TOKENS", std::path::Path::new("1"))],
+    );
+    let (_good, good) = cpu_worker(
+        signal,
+        token,
+        &dir,
+        "worker-honest",
+        &["--memory-budget", BUDGET, "--model", model],
+        &[],
+    );
+    let local = wait_for(Duration::from_secs(180), "three calibrated workers", || {
+        let c = get_json(&format!("{api}/api/cluster"))?;
+        let peers = c["peers"].as_array()?;
+        let calibrated: Vec<String> = peers
+            .iter()
+            .filter(|p| !p["calibration"].is_null())
+            .filter_map(|p| p["peer_id"].as_str().map(str::to_owned))
+            .collect();
+        (calibrated.len() == 3)
+            .then(|| calibrated.into_iter().find(|p| p != &bad && p != &good))
+            .flatten()
+    });
+    // The trusted local worker first, the corrupt one last (it samples).
+    let (status, body) = post_json(
+        &format!("{api}/api/placement"),
+        &json!({"stages": [
+            {"peer_id": local, "start": 0, "end": 15},
+            {"peer_id": bad, "start": 15, "end": 30},
+        ]}),
+    );
+    assert_eq!(status, 202, "{body}");
+    wait_for(
+        Duration::from_secs(120),
+        "the placement with the corrupt worker",
+        || {
+            let s = stages(api);
+            (s.len() == 2 && s[1].0 == bad).then_some(())
+        },
+    );
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["cairn"]["tokens"],
+        json!(ref_tokens),
+        "the output after the eviction differs from cairn run's"
+    );
+    assert!(body["cairn"]["recoveries"].as_u64() >= Some(1), "{body}");
+    let c = get_json(&format!("{api}/api/cluster")).expect("cluster state");
+    let evicted: Vec<&str> = c["evicted"]
+        .as_array()
+        .expect("an evicted list")
+        .iter()
+        .filter_map(|e| e["peer_id"].as_str())
+        .collect();
+    assert_eq!(evicted, vec![bad.as_str()], "{c}");
+    assert!(c["spot_checks"]["wrong"].as_u64() >= Some(1), "{c}");
+    assert!(c["spot_checks"]["right"].as_u64() >= Some(1), "{c}");
+    let s = stages(api);
+    assert!(s.iter().all(|st| st.0 != bad), "{s:?}");
+    let audit = std::fs::read_to_string(dir.join("serve-state").join("audit.jsonl"))
+        .expect("the audit log");
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"evicted\"") && l.contains(&bad)),
+        "no eviction recorded:\n{audit}"
+    );
+    // Checked again: the honest placement gives the same text.
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
+}

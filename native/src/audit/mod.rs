@@ -72,6 +72,12 @@ pub enum Event {
         token_id: Option<String>,
         approved: bool,
     },
+    /// A spot check caught a worker with a wrong result; it was taken out.
+    Evicted {
+        peer: String,
+        token_id: Option<String>,
+        why: String,
+    },
     TokenIssued {
         token_id: String,
         expires_at: u64,

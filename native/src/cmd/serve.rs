@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use cairn_engine::placement::Stage;
 use cairn_native::audit::{AuditLog, Event, log as audit_log};
 use cairn_native::coord::join::{JoinTokens, Session, Sessions};
-use cairn_native::coord::{Coordinator, CoordinatorOptions, api};
+use cairn_native::coord::{Coordinator, CoordinatorOptions, SpotConfig, api};
 use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
 use cairn_signal::{
@@ -91,6 +91,16 @@ pub struct Args {
     /// token for this run.
     #[arg(long)]
     approve_workers: bool,
+    /// The share of generated tokens recomputed on the coordinator's own
+    /// engine (cpu, the whole model, loaded at the first check) before they
+    /// go out; a worker whose token is wrong is evicted and the request
+    /// recovers without it. 0 turns checks off, 1 checks every token.
+    #[arg(long, default_value_t = SpotConfig::DEFAULT_RATE, value_parser = rate)]
+    spot_check_rate: f64,
+    /// How far (in logits) a worker's token may fall below the trusted
+    /// device's choice and still count as a tie between backends.
+    #[arg(long, default_value_t = SpotConfig::DEFAULT_TOLERANCE)]
+    spot_check_tolerance: f32,
     /// Context positions per request (prompt and completion).
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
@@ -248,46 +258,57 @@ async fn serve(mut a: Args) -> Result<()> {
             }
         })
     };
-    let (signal_url, token, worker_token, local_addr, server) = match &external_signal {
-        Some(url) => {
-            let token = a.token.clone().context("--signal needs --token")?;
-            (url.clone(), token, a.join_token.clone(), a.listen, None)
-        }
-        None => {
-            let server = Server::bind(SignalConfig {
-                listen: a.listen,
-                secret: secret.clone(),
-                mdns: if (a.lan || a.mdns) && !a.no_mdns {
-                    MdnsMode::Lan
-                } else {
-                    MdnsMode::Off
-                },
-                revocations_file: Some(state_dir.join("revoked")),
-                extra_routes: Some(forward.clone()),
-                health: Some(health),
-                observer: Some(observer(audit.clone(), sessions.clone())),
-                ..SignalConfig::default()
-            })
-            .await
-            .with_context(|| format!("starting cairn-signal on {}", a.listen))?;
-            // Both live in this process and are never shown.
-            let ttl = cairn_signal::token::MAX_TTL;
-            let coordinator = cairn_signal::token::issue(
-                server.secret(),
-                &Claims::new(&room, Role::Coordinator, ttl),
-            );
-            let local_worker =
-                cairn_signal::token::issue(server.secret(), &Claims::new(&room, Role::Worker, ttl));
-            let addr = server.local_addr();
-            (
-                server.url(),
-                coordinator,
-                Some(local_worker),
-                addr,
-                Some(server),
-            )
-        }
-    };
+    let (signal_url, token, worker_token, local_addr, server, trusted_token) =
+        match &external_signal {
+            Some(url) => {
+                let token = a.token.clone().context("--signal needs --token")?;
+                (
+                    url.clone(),
+                    token,
+                    a.join_token.clone(),
+                    a.listen,
+                    None,
+                    None,
+                )
+            }
+            None => {
+                let server = Server::bind(SignalConfig {
+                    listen: a.listen,
+                    secret: secret.clone(),
+                    mdns: if (a.lan || a.mdns) && !a.no_mdns {
+                        MdnsMode::Lan
+                    } else {
+                        MdnsMode::Off
+                    },
+                    revocations_file: Some(state_dir.join("revoked")),
+                    extra_routes: Some(forward.clone()),
+                    health: Some(health),
+                    observer: Some(observer(audit.clone(), sessions.clone())),
+                    ..SignalConfig::default()
+                })
+                .await
+                .with_context(|| format!("starting cairn-signal on {}", a.listen))?;
+                // Both live in this process and are never shown.
+                let ttl = cairn_signal::token::MAX_TTL;
+                let coordinator = cairn_signal::token::issue(
+                    server.secret(),
+                    &Claims::new(&room, Role::Coordinator, ttl),
+                );
+                // The local worker's own token: what it computes is trusted
+                // (spot checks never blame it), so no one else may hold it.
+                let local_claims = Claims::new(&room, Role::Worker, ttl);
+                let local_worker = cairn_signal::token::issue(server.secret(), &local_claims);
+                let addr = server.local_addr();
+                (
+                    server.url(),
+                    coordinator,
+                    Some(local_worker),
+                    addr,
+                    Some(server),
+                    (!a.no_local_worker).then_some(local_claims.jti),
+                )
+            }
+        };
     let ip = reachable_ip(&local_addr);
     let host = SocketAddr::new(ip, local_addr.port());
     let public_url = a
@@ -351,6 +372,13 @@ async fn serve(mut a: Args) -> Result<()> {
         audit: audit.clone(),
         approve_workers: a.approve_workers,
         sessions: server.as_ref().map(|_| sessions.clone()),
+        spot: SpotConfig {
+            rate: a.spot_check_rate,
+            tolerance: a.spot_check_tolerance,
+            seed: rand::random(),
+        },
+        trusted_token,
+        engine: a.device.engine.options(),
     })
     .await?;
     let _ = late_coord.set(coord.shared.clone());
@@ -513,6 +541,16 @@ fn urlencode(s: &str) -> String {
         }
     }
     out
+}
+
+/// `--spot-check-rate`: a share, 0 to 1.
+fn rate(s: &str) -> Result<f64, String> {
+    let r: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&r) {
+        Ok(r)
+    } else {
+        Err("a share from 0 to 1".into())
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ mod model;
 mod pipeline;
 pub mod share;
 pub mod state;
+mod verify;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -41,6 +42,7 @@ use cairn_signal::protocol::PeerId;
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, info, warn};
 
+pub use self::core::SpotConfig;
 use self::core::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
 use crate::audit::{AuditLog, Event, StageRecord};
 use crate::link::{Link, LinkConfig, LinkError, LinkSender, LinkStats, Mesh, MeshEvent};
@@ -90,6 +92,14 @@ pub struct CoordinatorOptions {
     pub approve_workers: bool,
     /// Who joined the embedded signaling server with which token, from where.
     pub sessions: Option<Arc<join::Sessions>>,
+    /// Which steps are recomputed on the coordinator's own engine
+    /// (`--spot-check-rate`, `--spot-check-tolerance`).
+    pub spot: SpotConfig,
+    /// The id of the token `cairn serve`'s own local worker joins with:
+    /// workers joined with it are on this machine and never suspected.
+    pub trusted_token: Option<String>,
+    /// The engine options the spot checks' trusted (cpu) device opens with.
+    pub engine: cairn_engine::EngineOptions,
 }
 
 /// A stage's answer to one `Forward`, or why there is none.
@@ -150,6 +160,8 @@ pub struct Shared {
     /// The epoch of the placement last recorded in the audit log (`None`:
     /// none serving).
     audited_epoch: Mutex<Option<u64>>,
+    /// The trusted device spot checks recompute on (none when they are off).
+    verifier: Option<Arc<verify::Verifier>>,
 }
 
 /// The cluster's state, borrowed from the core for reading (and for the
@@ -231,6 +243,47 @@ impl Shared {
 
     fn request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether `peer` joined with the local worker's token.
+    fn trusted(&self, peer: &PeerId) -> bool {
+        match (&self.opts.trusted_token, &self.opts.sessions) {
+            (Some(t), Some(s)) => s.get(peer).is_some_and(|s| &s.token_id == t),
+            _ => false,
+        }
+    }
+
+    /// A spot check caught `peer` with a wrong result: out of the cluster,
+    /// told so, and recorded.
+    fn evict(&self, peer: &PeerId, why: &str) {
+        let token_id = self
+            .opts
+            .sessions
+            .as_ref()
+            .and_then(|s| s.get(peer))
+            .map(|s| s.token_id);
+        self.opts.audit.record(Event::Evicted {
+            peer: peer.to_string(),
+            token_id,
+            why: why.to_owned(),
+        });
+        let sender = self
+            .links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(peer)
+            .map(|l| l.sender.clone());
+        // The core refuses its links from now on; the close only tells it.
+        let _ = self.input(ClusterInput::Evict {
+            peer: peer.clone(),
+            why: why.to_owned(),
+        });
+        if let Some(sender) = sender {
+            let reason = format!("evicted: {why}");
+            tokio::spawn(async move {
+                let _ = sender.send(Message::Close { reason }).await;
+            });
+        }
     }
 
     /// `peer` is gone, as a request found out.
@@ -446,6 +499,13 @@ impl Coordinator {
             approve_workers: opts.approve_workers,
         };
         let cluster = Cluster::new(cfg, opts.manual.clone());
+        let verifier = (opts.spot.rate > 0.0).then(|| {
+            Arc::new(verify::Verifier::new(
+                opts.model_path.clone(),
+                opts.engine.clone(),
+                opts.spot.tolerance,
+            ))
+        });
         let (feedback, feedback_rx) = mpsc::unbounded_channel();
         let opts_parallel = opts.parallel;
         let shared = Arc::new(Shared {
@@ -464,6 +524,7 @@ impl Coordinator {
             started: Instant::now(),
             in_room: std::sync::atomic::AtomicBool::new(true),
             audited_epoch: Mutex::new(None),
+            verifier,
         });
         tokio::spawn(event_loop(shared.clone(), mesh, link));
         tokio::spawn(timer(shared.clone(), feedback_rx));

@@ -14,7 +14,9 @@ use cairn_signal::protocol::PeerId;
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
-use super::core::{Admission, Admit, ClusterView, Count, Input, Output, Request, RequestConfig};
+use super::core::{
+    Admission, Admit, ClusterView, Count, Input, Output, Request, RequestConfig, SpotCheck, Verdict,
+};
 use super::state::{Active, RequestView};
 use super::{Pending, Shared, StageReply};
 
@@ -66,6 +68,12 @@ pub struct Metrics {
     pub relayed: AtomicU64,
     /// Tokens the last stage handed straight to the first stage.
     pub passed_on: AtomicU64,
+    /// Spot checks that found the workers' token right (or near a tie).
+    pub spot_right: AtomicU64,
+    /// Spot checks that found it wrong (its workers evicted).
+    pub spot_wrong: AtomicU64,
+    /// Spot checks the trusted device could not run.
+    pub spot_unchecked: AtomicU64,
     /// Generated tokens with the time they came, for the live rate.
     pub recent: std::sync::Mutex<std::collections::VecDeque<std::time::Instant>>,
 }
@@ -300,6 +308,12 @@ fn cluster_view(shared: &Shared) -> (ClusterView, Option<Active>) {
             .map(|(id, _)| id.clone())
             .collect(),
         message: st.message.clone(),
+        trusted: st
+            .peers
+            .keys()
+            .filter(|id| shared.trusted(id))
+            .cloned()
+            .collect(),
     };
     (view, st.active.clone())
 }
@@ -321,6 +335,10 @@ struct Driver<'a> {
     core: Request,
     placements: HashMap<u64, Active>,
     events: mpsc::UnboundedSender<(PeerId, u32, StageReply)>,
+    /// Spot checks' verdicts, by step.
+    checks: mpsc::UnboundedSender<(u32, Verdict)>,
+    /// For the spot checks' tasks, which outlive a borrow.
+    owner: Arc<Shared>,
     registered: Option<u32>,
 }
 
@@ -432,10 +450,42 @@ impl Driver<'_> {
                     }
                 },
                 Output::Blame { peer, why } => self.shared.peer_lost(&peer, &why),
+                Output::Check(check) => self.spot_check(check),
+                Output::Evict { peers, why } => {
+                    for peer in &peers {
+                        self.shared.evict(peer, &why);
+                    }
+                }
                 Output::Finished(result) => return Some(result),
             }
         }
         None
+    }
+}
+
+impl Driver<'_> {
+    /// Recomputes a held step on the trusted device, off the async threads;
+    /// the verdict comes back through `checks`.
+    fn spot_check(&self, check: SpotCheck) {
+        let step = check.step;
+        let tx = self.checks.clone();
+        let Some(verifier) = self.shared.verifier.clone() else {
+            let _ = tx.send((step, Verdict::Unchecked("spot checks are off".into())));
+            return;
+        };
+        let shared = self.owner.clone();
+        tokio::spawn(async move {
+            let verdict = tokio::task::spawn_blocking(move || verifier.check(&check))
+                .await
+                .unwrap_or_else(|e| Verdict::Unchecked(format!("the check stopped: {e}")));
+            let counter = match &verdict {
+                Verdict::Right => &shared.metrics.spot_right,
+                Verdict::Wrong(_) => &shared.metrics.spot_wrong,
+                Verdict::Unchecked(_) => &shared.metrics.spot_unchecked,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            let _ = tx.send((step, verdict));
+        });
     }
 }
 
@@ -463,8 +513,10 @@ async fn drive(
         wait_timeout: shared.opts.wait_timeout,
         step_timeout: shared.opts.step_timeout,
         end_ids: shared.model.tokenizer.end_of_generation_ids(),
+        spot: shared.opts.spot,
     };
     let (events_tx, mut events) = mpsc::unbounded_channel();
+    let (checks_tx, mut checks) = mpsc::unbounded_channel();
     let mut changes = shared.subscribe();
     let mut d = Driver {
         shared,
@@ -472,6 +524,8 @@ async fn drive(
         core: Request::new(cfg, req, Instant::now()),
         placements: HashMap::new(),
         events: events_tx,
+        checks: checks_tx,
+        owner: shared.clone(),
         registered: None,
     };
     // The core's first view decides whether it runs at once or waits.
@@ -486,6 +540,7 @@ async fn drive(
                 Some((from, seq, reply)) => Wake::Input(Input::Reply { from, seq, reply }),
                 None => Wake::Input(Input::Cancel),
             },
+            Some((step, verdict)) = checks.recv() => Wake::Input(Input::Checked { step, verdict }),
             changed = changes.changed() => {
                 if changed.is_err() {
                     return Err("the coordinator stopped".into());

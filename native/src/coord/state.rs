@@ -179,6 +179,9 @@ pub struct State {
     pub warnings: Vec<String>,
     /// Times a placement was computed (a join, a loss, a pause…).
     pub placements_computed: u64,
+    /// Workers a spot check caught with a wrong result, and why: never
+    /// linked or placed again in this run.
+    pub evicted: BTreeMap<PeerId, String>,
 }
 
 impl State {
@@ -195,6 +198,7 @@ impl State {
             requests: BTreeMap::new(),
             warnings: Vec::new(),
             placements_computed: 0,
+            evicted: BTreeMap::new(),
         }
     }
 

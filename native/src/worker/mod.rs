@@ -12,6 +12,7 @@
 //! (the signaling server vouches for their role), but only `Forward`s from
 //! the stage before ours are served on them.
 
+mod corrupt;
 pub mod host;
 mod lose_pass;
 mod source;

@@ -11,6 +11,7 @@ use cairn_engine::worker::{LoadPlan, Outgoing, ShardSlot, StageServer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
+use super::corrupt::CorruptTokens;
 use super::lose_pass::LosePass;
 use crate::link::{LinkSender, LinkStats};
 
@@ -145,6 +146,8 @@ struct Context {
     passes: std::cell::Cell<u64>,
     /// Told the index of a device that failed a pass; the thread stops serving then.
     failed: mpsc::UnboundedSender<usize>,
+    /// Tests, `dev-hooks` builds: reports wrong tokens.
+    corrupt: CorruptTokens,
 }
 
 impl StageThread {
@@ -170,6 +173,7 @@ impl StageThread {
             }),
             passes: std::cell::Cell::new(0),
             failed,
+            corrupt: CorruptTokens::from_env(),
         };
         std::thread::Builder::new()
             .name("cairn-stage".into())
@@ -339,7 +343,7 @@ impl Context {
     /// link to it, else to the coordinator, which relays it.
     fn dispatch(&self, out: Outgoing) {
         let mut pass = match out {
-            Outgoing::Reply(m) => return self.to_coordinator(m),
+            Outgoing::Reply(m) => return self.to_coordinator(self.corrupt.message(m)),
             Outgoing::Pass(p) => p,
         };
         let note = pass.delivered();
@@ -354,7 +358,7 @@ impl Context {
                 .map(|l| l.sender.clone());
             let Some(link) = link else {
                 debug!(peer = %pass.to, "no link to the next stage yet; the coordinator relays");
-                return self.to_coordinator(pass.undelivered());
+                return self.to_coordinator(self.corrupt.message(pass.undelivered()));
             };
             let forward = std::mem::replace(&mut pass.forward, Message::Resume);
             if self.lose_pass.lose_this() {
@@ -364,11 +368,11 @@ impl Context {
             if let Err((back, e)) = pollster::block_on(link.send_or_return(forward)) {
                 debug!(peer = %pass.to, error = %e, "the link to the next stage is down; the coordinator relays");
                 pass.forward = back;
-                return self.to_coordinator(pass.undelivered());
+                return self.to_coordinator(self.corrupt.message(pass.undelivered()));
             }
         }
         if let Some(note) = note {
-            self.to_coordinator(note);
+            self.to_coordinator(self.corrupt.message(note));
         }
     }
 

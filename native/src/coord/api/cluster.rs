@@ -229,6 +229,18 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
             "list": requests,
         },
         "warnings": warnings,
+        "spot_checks": {
+            "rate": shared.opts.spot.rate,
+            "tolerance": shared.opts.spot.tolerance,
+            "right": m.spot_right.load(Ordering::Relaxed),
+            "wrong": m.spot_wrong.load(Ordering::Relaxed),
+            "unchecked": m.spot_unchecked.load(Ordering::Relaxed),
+        },
+        "evicted": st
+            .evicted
+            .iter()
+            .map(|(peer, why)| json!({"peer_id": peer.to_string(), "why": why}))
+            .collect::<Vec<_>>(),
         "approve_workers": shared.opts.approve_workers,
         "pending_approval": pending,
     })
@@ -419,6 +431,25 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "Audit records that could not be written (see the log's first error).",
         audit.write_errors.load(Ordering::Relaxed),
     );
+    for (name, help, v) in [
+        (
+            "cairn_spot_checks_right_total",
+            "Spot checks that found the workers' token right.",
+            &m.spot_right,
+        ),
+        (
+            "cairn_spot_checks_wrong_total",
+            "Spot checks that found a wrong token (its workers evicted).",
+            &m.spot_wrong,
+        ),
+        (
+            "cairn_spot_checks_unchecked_total",
+            "Spot checks the trusted device could not run.",
+            &m.spot_unchecked,
+        ),
+    ] {
+        counter(&mut s, name, help, v.load(Ordering::Relaxed));
+    }
     counter(
         &mut s,
         "cairn_tokens_passed_on_total",
@@ -529,4 +560,9 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         }
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s)
+}
+
+/// Whether `body` parses as a placement (see `api::parse_bodies`).
+pub(super) fn parse_placement(body: &[u8]) -> bool {
+    serde_json::from_slice::<PlacementIn>(body).is_ok()
 }

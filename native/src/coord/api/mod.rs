@@ -62,3 +62,69 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .layer(middleware::from_fn_with_state(shared.clone(), auth::admit))
         .with_state(shared)
 }
+
+/// Parses `body` as every JSON body the API takes (OpenAI chat and
+/// completions, Ollama show, generate and chat, a placement): how many it
+/// is. For the fuzz targets (`fuzz/`) and the garbage tests: any bytes give
+/// a count or errors, never a panic.
+#[doc(hidden)]
+pub fn parse_bodies(body: &[u8]) -> usize {
+    let bytes = axum::body::Bytes::copy_from_slice(body);
+    openai::parse_bodies(&bytes)
+        + ollama::parse_bodies(&bytes)
+        + usize::from(cluster::parse_placement(body))
+}
+
+#[cfg(test)]
+mod garbage_tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::parse_bodies;
+
+    /// Bodies that parse, to mutate.
+    const SEEDS: [&str; 4] = [
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0.5,"stop":["x"],"stream":true}"#,
+        r#"{"model":"m","prompt":["a","b"],"max_tokens":2,"seed":7,"top_p":0.9}"#,
+        r#"{"model":"m","prompt":"p","options":{"num_predict":3,"temperature":0}}"#,
+        r#"{"stages":[{"peer_id":"a","start":0,"end":15},{"peer_id":"b","start":15,"end":30}]}"#,
+    ];
+
+    #[test]
+    fn the_seed_bodies_parse() {
+        for s in SEEDS {
+            assert!(parse_bodies(s.as_bytes()) >= 1, "{s}");
+        }
+    }
+
+    #[test]
+    fn random_and_mutated_bodies_never_panic() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        for i in 0..20_000 {
+            let body: Vec<u8> = if i % 2 == 0 {
+                let n = rng.random_range(0..200);
+                (0..n).map(|_| rng.random()).collect()
+            } else {
+                let mut b = SEEDS[i % SEEDS.len()].as_bytes().to_vec();
+                for _ in 0..rng.random_range(1..6) {
+                    let at = rng.random_range(0..b.len());
+                    match rng.random_range(0..3) {
+                        0 => b[at] = rng.random(),
+                        1 => {
+                            b.remove(at);
+                        }
+                        _ => {
+                            const PIECES: &[u8] = br#"{}[]",:0-e.9\u"#;
+                            let c = PIECES[rng.random_range(0..PIECES.len())];
+                            b.insert(at, c);
+                        }
+                    }
+                }
+                b
+            };
+            let _ = parse_bodies(&body);
+        }
+        // Deep nesting is refused by serde_json's recursion limit, not a stack overflow.
+        let deep = "[".repeat(100_000);
+        assert_eq!(parse_bodies(deep.as_bytes()), 0);
+    }
+}

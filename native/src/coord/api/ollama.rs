@@ -496,6 +496,13 @@ fn rfc3339(t: SystemTime) -> String {
     )
 }
 
+/// How many of the Ollama bodies `body` parses as (see `api::parse_bodies`).
+pub(super) fn parse_bodies(body: &axum::body::Bytes) -> usize {
+    usize::from(openai::parse::<ShowRequest>(body).is_ok())
+        + usize::from(openai::parse::<GenerateRequest>(body).is_ok())
+        + usize::from(openai::parse::<ChatRequest>(body).is_ok())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -110,6 +110,13 @@ struct CompletionRequest {
     common: Common,
 }
 
+/// How many of the OpenAI bodies `body` parses as (the fuzz targets'
+/// and garbage tests' entry, through `api::parse_bodies`).
+pub(super) fn parse_bodies(body: &Bytes) -> usize {
+    usize::from(parse::<ChatRequest>(body).is_ok())
+        + usize::from(parse::<CompletionRequest>(body).is_ok())
+}
+
 pub(super) fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid(

@@ -17,6 +17,7 @@ use cairn_signal::protocol::PeerId;
 use tracing::{debug, info, warn};
 
 use super::approval::{Approval, PendingWorker};
+use super::claims::{judge_load, stage_bytes};
 use super::peers::{Replace, after_condition, after_loss};
 use super::placing::{Debounce, Loading, load_timeout};
 use super::plan::{chain_routes, describe, target, unchanged};
@@ -94,6 +95,11 @@ pub enum ClusterInput {
     Approve {
         peer: PeerId,
         approved: bool,
+    },
+    /// A spot check caught `peer` with a wrong result: out for good.
+    Evict {
+        peer: PeerId,
+        why: String,
     },
 }
 
@@ -304,6 +310,7 @@ impl Cluster {
                 self.state.manual = manual;
                 self.poke(Replace::Soon, now);
             }
+            ClusterInput::Evict { peer, why } => self.evict(peer, why, now),
             ClusterInput::Approve { peer, approved } => {
                 match self.approval.decide(&peer, approved) {
                     Some(w) => {
@@ -319,7 +326,36 @@ impl Cluster {
         }
     }
 
+    /// Takes `peer` out: its placement is redone without it, its link
+    /// closed, and a link it makes again refused.
+    fn evict(&mut self, peer: PeerId, why: String, now: Instant) {
+        if self.state.evicted.contains_key(&peer) {
+            return;
+        }
+        warn!(%peer, %why, "evicting a worker");
+        self.state.evicted.insert(peer.clone(), why.clone());
+        self.approval.left(&peer);
+        let generation = self.state.peers.get(&peer).map(|p| p.link_gen);
+        self.lost(&peer, &why, now);
+        if let Some(generation) = generation {
+            self.out.push_back(ClusterOutput::Close {
+                peer,
+                generation,
+                reason: format!("evicted: {why}"),
+            });
+        }
+        self.out.push_back(ClusterOutput::Changed);
+    }
+
     fn link_up(&mut self, peer: PeerId, capabilities: &str, generation: u64, now: Instant) {
+        if self.state.evicted.contains_key(&peer) {
+            self.out.push_back(ClusterOutput::Close {
+                peer,
+                generation,
+                reason: "evicted: a spot check found a wrong result".into(),
+            });
+            return;
+        }
         let caps = match Capabilities::from_json(capabilities) {
             Ok(c) if c.role == Role::Worker => c,
             Ok(_) => {
@@ -449,7 +485,22 @@ impl Cluster {
 
     fn worker_says(&mut self, peer: &PeerId, msg: Message, now: Instant) {
         match msg {
-            Message::ShardLoaded { .. } => self.answer(peer, Ok(()), now),
+            Message::ShardLoaded {
+                layers,
+                weight_bytes,
+                ..
+            } => {
+                let expected =
+                    stage_bytes(&self.cfg.cost, layers.start as usize, layers.end as usize);
+                match judge_load(expected, weight_bytes) {
+                    Ok(()) => self.answer(peer, Ok(()), now),
+                    Err(why) => {
+                        let why = format!("its claims do not hold: {why}");
+                        self.answer(peer, Err(why.clone()), now);
+                        self.evict(peer.clone(), why, now);
+                    }
+                }
+            }
             Message::Error { code, text } => {
                 self.answer(peer, Err(format!("error {code}: {text}")), now);
             }
@@ -599,16 +650,7 @@ impl Cluster {
         let cost = &self.cfg.cost;
         let largest = stages
             .iter()
-            .map(|s| {
-                let mut bytes = s.layers() as u64 * cost.layer_weight_bytes;
-                if s.start == 0 {
-                    bytes += cost.first_extra_bytes;
-                }
-                if s.end == cost.n_layers {
-                    bytes += cost.last_extra_bytes;
-                }
-                bytes
-            })
+            .map(|s| stage_bytes(cost, s.start, s.end))
             .max()
             .unwrap_or(0);
         let loading = Loading::new(

@@ -231,7 +231,11 @@ impl Harness {
                     start: load.layers.0,
                     end: load.layers.1,
                 },
-                weight_bytes: 1,
+                weight_bytes: super::claims::stage_bytes(
+                    &cost(),
+                    load.layers.0 as usize,
+                    load.layers.1 as usize,
+                ),
                 load_ms: 1,
             },
         );
@@ -1093,4 +1097,95 @@ fn with_approval_a_worker_waits_unplaced_until_approved_and_a_rejected_one_stays
     h.input(ClusterInput::PeerLeft { peer: peer("e") });
     h.link("e", "native", WHOLE);
     assert_eq!(h.core.pending().len(), 1, "asked again after leaving");
+}
+
+#[test]
+fn an_evicted_worker_is_placed_around_closed_and_never_linked_again() {
+    let mut h = Harness::new();
+    h.join("a", TWO_THIRDS);
+    h.join("b", TWO_THIRDS);
+    h.join("c", TWO_THIRDS);
+    h.place_and_load();
+    let holder = h.active()[0].0.clone();
+    let generation = h.st().peers[&peer(&holder)].link_gen;
+    h.take();
+    h.input(ClusterInput::Evict {
+        peer: peer(&holder),
+        why: "a spot check found a wrong token".into(),
+    });
+    assert_eq!(h.epoch(), None);
+    assert_eq!(
+        h.st().evicted.get(&peer(&holder)).map(String::as_str),
+        Some("a spot check found a wrong token")
+    );
+    let out = h.take();
+    assert!(
+        out.iter().any(
+            |o| matches!(o, ClusterOutput::Close { peer: p, generation: g, reason }
+            if p.as_str() == holder && *g == generation && reason.contains("evicted"))
+        ),
+        "{out:?}"
+    );
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, ClusterOutput::FailRuns { peer: p, .. } if p.as_str() == holder))
+    );
+    h.advance(URGENT_DEBOUNCE);
+    let loads = h.loads();
+    assert!(!loads.is_empty());
+    assert!(loads.iter().all(|l| l.peer.as_str() != holder));
+    for l in &loads {
+        h.loaded(l);
+    }
+    assert_eq!(h.epoch(), Some(2));
+    // It links again: closed at once, neither calibrated nor placed.
+    h.take();
+    let g = h.link(&holder, "native", TWO_THIRDS);
+    let out = h.take();
+    assert_eq!(
+        out,
+        vec![ClusterOutput::Close {
+            peer: peer(&holder),
+            generation: g,
+            reason: "evicted: a spot check found a wrong result".into(),
+        }]
+    );
+    assert!(!h.st().peers[&peer(&holder)].online);
+}
+
+#[test]
+fn a_worker_whose_loaded_bytes_cannot_be_believed_is_evicted_and_placed_around() {
+    let mut h = Harness::new();
+    h.join("a", TWO_THIRDS);
+    h.join("b", TWO_THIRDS);
+    h.join("c", TWO_THIRDS);
+    h.advance(DEBOUNCE);
+    let loads = h.loads();
+    assert!(loads.len() >= 2, "{loads:?}");
+    let liar = loads[0].peer.clone();
+    h.say(
+        liar.as_str(),
+        Message::ShardLoaded {
+            layers: LayerRange {
+                start: loads[0].layers.0,
+                end: loads[0].layers.1,
+            },
+            weight_bytes: 1,
+            load_ms: 1,
+        },
+    );
+    let why = h.st().evicted.get(&liar).cloned().unwrap_or_default();
+    assert!(why.contains("reported 1 bytes"), "{why}");
+    for l in &loads[1..] {
+        h.loaded(l);
+    }
+    assert_eq!(h.epoch(), None, "the load with the liar does not serve");
+    h.advance(RETRY);
+    let loads = h.loads();
+    assert!(!loads.is_empty());
+    assert!(loads.iter().all(|l| l.peer != liar), "{loads:?}");
+    for l in &loads {
+        h.loaded(l);
+    }
+    assert!(h.epoch().is_some());
 }

@@ -15,6 +15,8 @@
 //!   epoch and the retry after a failure.
 //! - `approval.rs`: workers waiting for the operator's approval
 //!   (`--approve-workers`): linked, neither calibrated nor placed.
+//! - `claims.rs`: a worker's claims against what it shows (the bytes its
+//!   loaded layers took against what they weigh).
 //! - `plan.rs`: which placement to run (device profiles, manual or
 //!   automatic, unchanged) and each stage's `next`/`prev`.
 //! - `peers.rs`: what a worker's condition or loss means for placing again.
@@ -24,14 +26,19 @@
 //! - [`Request`] (`request.rs`): one request from admission to its end
 //!   (runs, chain and relays, step and stall timeouts, retries, recovery),
 //!   seeing the cluster through [`ClusterView`] (`view.rs`).
+//! - `spot.rs`: spot checks: which steps a request holds back to recompute
+//!   on a trusted device, how the workers' token is judged against it, and
+//!   whom a wrong one blames (the request evicts them and recovers).
 
 mod admission;
 mod approval;
+mod claims;
 mod cluster;
 mod peers;
 mod placing;
 mod plan;
 mod request;
+mod spot;
 mod view;
 
 #[cfg(test)]
@@ -47,4 +54,5 @@ pub use cluster::{Cluster, ClusterConfig, ClusterInput, ClusterOutput};
 pub use peers::{condition, runs_lost};
 pub use plan::profiles;
 pub use request::{Count, Input, Output, Request, RequestConfig};
+pub use spot::{SpotCheck, SpotConfig, Verdict, judge};
 pub use view::{ClusterView, Placement, StageView};

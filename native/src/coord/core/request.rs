@@ -13,6 +13,7 @@ use cairn_engine::protocol::{Chain, DType, LayerRange, Message, Tensor};
 use cairn_signal::protocol::PeerId;
 use tracing::{info, warn};
 
+use super::spot::{self, SpotCheck, SpotConfig, Verdict};
 use super::view::{ClusterView, Placement};
 use crate::coord::pipeline::{FinishReason, GenRequest};
 use crate::coord::{StageFailure, StageReply, is_request_fault};
@@ -35,6 +36,8 @@ pub struct RequestConfig {
     pub step_timeout: Duration,
     /// The model's end-of-generation ids, sorted.
     pub end_ids: Vec<u32>,
+    /// Which steps are recomputed on a trusted device before they go out.
+    pub spot: SpotConfig,
 }
 
 /// What happens to a request.
@@ -53,6 +56,8 @@ pub enum Input {
     SendFailed { peer: PeerId, error: String },
     /// The client stopped listening.
     Cancel,
+    /// What the trusted device found for the [`Output::Check`] of `step`.
+    Checked { step: u32, verdict: Verdict },
 }
 
 /// Counters the shell keeps for `/metrics`.
@@ -89,6 +94,15 @@ pub enum Output {
     /// `peer` did not answer a step in time: take it out of service.
     Blame {
         peer: PeerId,
+        why: String,
+    },
+    /// Recompute this step on a trusted device and answer with
+    /// [`Input::Checked`]; the step's token and every later one are held
+    /// back until then.
+    Check(SpotCheck),
+    /// `peers` gave a wrong token: take them out of the cluster for good.
+    Evict {
+        peers: Vec<PeerId>,
         why: String,
     },
     /// The request is over (after the `EndRequest`s to every stage it ran on).
@@ -135,7 +149,17 @@ enum Phase {
         shown: bool,
     },
     Running(Run),
+    /// The run is over but a held token's check has not come back.
+    Verifying(FinishReason),
     Done,
+}
+
+/// A spot check under way: the step, and whom a wrong token blames.
+#[derive(Debug)]
+struct Held {
+    step: u32,
+    epoch: u64,
+    suspects: Vec<PeerId>,
 }
 
 pub struct Request {
@@ -144,6 +168,10 @@ pub struct Request {
     view: ClusterView,
     phase: Phase,
     out: Vec<u32>,
+    /// How many of `out` the client has.
+    emitted: usize,
+    /// The check that holds tokens back, if one is under way.
+    held: Option<Held>,
     seq: u32,
     retries: u32,
     recoveries: u32,
@@ -169,6 +197,8 @@ impl Request {
                 shown: false,
             },
             out: Vec::new(),
+            emitted: 0,
+            held: None,
             seq: 0,
             retries: 0,
             recoveries: 0,
@@ -198,6 +228,7 @@ impl Request {
                     self.finish(Err("the client went away".into()));
                 }
             }
+            Input::Checked { step, verdict } => self.on_checked(step, verdict, now),
         }
     }
 
@@ -211,7 +242,8 @@ impl Request {
         match &self.phase {
             Phase::Waiting { deadline, .. } => Some(*deadline),
             Phase::Running(run) => Some(run.last_news + self.limit(run)),
-            Phase::Done => None,
+            // The shell answers every check.
+            Phase::Verifying(_) | Phase::Done => None,
         }
     }
 
@@ -310,7 +342,7 @@ impl Request {
                     self.end_run(end, now);
                 }
             }
-            Phase::Done => {}
+            Phase::Verifying(_) | Phase::Done => {}
         }
     }
 
@@ -527,6 +559,29 @@ impl Request {
         let epoch = run.placement.epoch;
         let first = run.placement.stages[0].peer.clone();
         let waiting_on = answers(&run.placement, self.relay_all, 0);
+        let check = (self.held.is_none() && self.cfg.spot.chosen(self.cfg.id, step))
+            .then(|| spot::suspects(&run.placement, &self.view.trusted))
+            .filter(|s| !s.is_empty());
+        if let Some(suspects) = check {
+            let mut context = self.req.prompt.clone();
+            context.extend_from_slice(&self.out);
+            self.held = Some(Held {
+                step,
+                epoch,
+                suspects: suspects.clone(),
+            });
+            self.queue.push_back(Output::Check(SpotCheck {
+                step,
+                context,
+                claimed: token,
+                sample: SampleParams {
+                    step,
+                    ..self.req.sample
+                },
+                epoch,
+                suspects,
+            }));
+        }
         self.out.push(token);
         self.queue.push_back(Output::Count(Count::Generated));
         if passed_on {
@@ -536,7 +591,7 @@ impl Request {
         if !self.req.ignore_eos && self.cfg.end_ids.binary_search(&token).is_ok() {
             return Some(RunEnd::Finished(FinishReason::Stop));
         }
-        self.queue.push_back(Output::Token(token));
+        self.release();
         if self.out.len() >= self.req.max_tokens {
             return Some(RunEnd::Finished(FinishReason::Length));
         }
@@ -565,6 +620,11 @@ impl Request {
         };
         let label = self.req.label.clone();
         match end {
+            RunEnd::Finished(reason) if self.held.is_some() => {
+                self.phase = Phase::Verifying(reason);
+                self.status("verifying");
+                return;
+            }
             RunEnd::Finished(reason) => return self.finish(Ok(reason)),
             RunEnd::Fatal(msg) => return self.finish(Err(msg)),
             RunEnd::Lost(why) => {
@@ -605,6 +665,88 @@ impl Request {
             shown: false,
         };
         self.try_start(now);
+    }
+
+    /// Sends the client the tokens it does not have yet, unless a check
+    /// holds them (an end-of-generation token never goes out).
+    fn release(&mut self) {
+        if self.held.is_some() {
+            return;
+        }
+        let mut upto = self.out.len();
+        if !self.req.ignore_eos
+            && self
+                .out
+                .last()
+                .is_some_and(|t| self.cfg.end_ids.binary_search(t).is_ok())
+        {
+            upto -= 1;
+        }
+        for &t in &self.out[self.emitted.min(upto)..upto] {
+            self.queue.push_back(Output::Token(t));
+        }
+        self.emitted = self.emitted.max(upto);
+    }
+
+    /// A spot check came back: the held tokens go out, or the wrong one and
+    /// all after it are dropped, its placement's untrusted workers evicted,
+    /// and the request goes on from before it on another placement.
+    fn on_checked(&mut self, step: u32, verdict: Verdict, now: Instant) {
+        if self.held.as_ref().is_none_or(|h| h.step != step) || matches!(self.phase, Phase::Done) {
+            return;
+        }
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let why = match verdict {
+            Verdict::Right => None,
+            Verdict::Unchecked(why) => {
+                warn!(request = %self.req.label, step, %why, "a spot check could not run; the token goes out");
+                None
+            }
+            Verdict::Wrong(why) => Some(why),
+        };
+        let Some(why) = why else {
+            self.release();
+            if let Phase::Verifying(reason) = self.phase {
+                self.finish(Ok(reason));
+            }
+            return;
+        };
+        let peers = held
+            .suspects
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        warn!(request = %self.req.label, step, %why, %peers, "a spot check found a wrong token; evicting and recovering");
+        self.out.truncate(step as usize);
+        for p in &held.suspects {
+            self.view.online.remove(p);
+        }
+        if self.view.epoch() == Some(held.epoch) {
+            self.view.active = None;
+        }
+        self.min_epoch = self.min_epoch.max(held.epoch + 1);
+        self.queue.push_back(Output::Evict {
+            peers: held.suspects,
+            why: format!("a spot check of step {step} found a wrong token: {why}"),
+        });
+        match self.phase {
+            Phase::Running(_) => self.end_run(RunEnd::Lost(why), now),
+            Phase::Verifying(_) => {
+                self.recoveries += 1;
+                self.queue.push_back(Output::Count(Count::Recovery));
+                self.status("recovering");
+                self.phase = Phase::Waiting {
+                    deadline: now + self.cfg.wait_timeout,
+                    shown: false,
+                };
+                self.try_start(now);
+            }
+            Phase::Waiting { .. } => self.try_start(now),
+            Phase::Done => {}
+        }
     }
 
     /// Ends the request: every worker it ran on forgets it, then the

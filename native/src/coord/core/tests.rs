@@ -43,6 +43,7 @@ fn cluster(active: Option<Placement>, online: &[&str]) -> ClusterView {
         active,
         online: online.iter().map(|p| peer(p)).collect(),
         message: "waiting for workers".into(),
+        trusted: Default::default(),
     }
 }
 
@@ -98,12 +99,17 @@ impl Harness {
     }
 
     fn with(max_tokens: usize, ignore_eos: bool) -> Harness {
+        Harness::spot(max_tokens, ignore_eos, SpotConfig::off())
+    }
+
+    fn spot(max_tokens: usize, ignore_eos: bool, spot: SpotConfig) -> Harness {
         let now = Instant::now();
         let cfg = RequestConfig {
             id: 7,
             wait_timeout: WAIT_TIMEOUT,
             step_timeout: STEP_TIMEOUT,
             end_ids: vec![EOG, 900],
+            spot,
         };
         let req = GenRequest {
             label: "test".into(),
@@ -233,6 +239,11 @@ fn clone_output(o: &Output) -> Output {
         Output::Count(c) => Output::Count(*c),
         Output::Blame { peer, why } => Output::Blame {
             peer: peer.clone(),
+            why: why.clone(),
+        },
+        Output::Check(c) => Output::Check(c.clone()),
+        Output::Evict { peers, why } => Output::Evict {
+            peers: peers.clone(),
             why: why.clone(),
         },
         Output::Finished(r) => Output::Finished(r.clone()),
@@ -900,4 +911,150 @@ fn a_load_that_takes_too_long_fails_naming_the_silent_worker() {
             "b could not load its layers: no answer within 300s".into()
         ))
     );
+}
+
+/// Every step checked: what a test of the rules needs.
+fn every_step() -> SpotConfig {
+    SpotConfig {
+        rate: 1.0,
+        tolerance: 0.5,
+        seed: 1,
+    }
+}
+
+fn checks(outputs: &[Output]) -> Vec<SpotCheck> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Check(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_checked_step_holds_its_tokens_until_the_verdict_and_then_they_go_out() {
+    let mut h = Harness::spot(4, false, every_step());
+    h.cluster(ring());
+    let o = h.token("c", 1, 0, 600, true);
+    let c = checks(&o);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].step, 0);
+    assert_eq!(c[0].claimed, 600);
+    assert_eq!(c[0].context, PROMPT.to_vec());
+    assert_eq!(c[0].sample.step, 0);
+    assert_eq!(c[0].epoch, 1);
+    assert_eq!(c[0].suspects, vec![peer("a"), peer("b"), peer("c")]);
+    // Tokens keep coming but none goes out, and no second check starts.
+    let o = h.token("c", 1, 1, 601, true);
+    assert!(checks(&o).is_empty());
+    assert!(h.streamed().is_empty());
+    h.input(Input::Checked {
+        step: 0,
+        verdict: Verdict::Right,
+    });
+    assert_eq!(h.streamed(), vec![600, 601]);
+    // The next token starts the next check, with the tokens before it.
+    let o = h.token("c", 1, 2, 602, true);
+    let c = checks(&o);
+    assert_eq!(
+        (c[0].step, c[0].context.clone()),
+        (2, prompt_and(&[600, 601]))
+    );
+    assert_eq!(h.streamed(), vec![600, 601]);
+    // The run ends while a check is out: the request waits for it.
+    h.token("c", 1, 3, 603, true);
+    assert_eq!(h.finished(), None);
+    // A verdict for another step changes nothing.
+    h.input(Input::Checked {
+        step: 1,
+        verdict: Verdict::Wrong("x".into()),
+    });
+    assert_eq!(h.finished(), None);
+    h.input(Input::Checked {
+        step: 2,
+        verdict: Verdict::Unchecked("the trusted model did not load".into()),
+    });
+    assert_eq!(h.streamed(), vec![600, 601, 602, 603]);
+    assert_eq!(h.finished(), Some(&Ok((FinishReason::Length, 0))));
+    assert!(!h.out.iter().any(|o| matches!(o, Output::Evict { .. })));
+}
+
+#[test]
+fn a_wrong_token_evicts_the_untrusted_stages_and_the_request_recovers_from_before_it() {
+    let mut h = Harness::spot(3, false, every_step());
+    let mut trusted_ring = ring();
+    trusted_ring.trusted = [peer("a")].into();
+    h.cluster(trusted_ring);
+    h.token("c", 1, 0, 666, true);
+    h.token("c", 1, 1, 667, true);
+    let o = h.input(Input::Checked {
+        step: 0,
+        verdict: Verdict::Wrong("token 666 where the trusted device samples 600".into()),
+    });
+    // Nothing wrong went out; the trusted stage is not blamed.
+    assert!(h.streamed().is_empty());
+    let evicted: Vec<_> = o
+        .iter()
+        .filter_map(|o| match o {
+            Output::Evict { peers, why } => Some((peers.clone(), why.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(evicted.len(), 1);
+    assert_eq!(evicted[0].0, vec![peer("b"), peer("c")]);
+    assert!(evicted[0].1.contains("step 0"), "{}", evicted[0].1);
+    assert_eq!(h.counted(Count::Recovery), 1);
+    assert_eq!(h.core.run(), None, "it waits for a placement without them");
+    // The old placement still shows until the cluster drops it: not used.
+    assert!(steps(&h.cluster(ring())).is_empty());
+    let mut honest = cluster(Some(placement(2, vec![stage("a", 0, 30, true)])), &["a"]);
+    honest.trusted = [peer("a")].into();
+    let o = h.cluster(honest);
+    let s = steps(&o);
+    assert_eq!(s.len(), 1);
+    assert_eq!((s[0].epoch, s[0].pos0, s[0].step), (2, 0, 0));
+    assert_eq!(s[0].tokens.as_deref(), Some(&PROMPT[..]));
+    // On a trusted worker alone nothing is checked.
+    let mut o = h.token("a", 2, 0, 600, true);
+    o.extend(h.token("a", 2, 1, 601, true));
+    o.extend(h.token("a", 2, 2, 602, true));
+    assert!(checks(&o).is_empty());
+    assert_eq!(h.streamed(), vec![600, 601, 602]);
+    assert_eq!(h.finished(), Some(&Ok((FinishReason::Length, 1))));
+}
+
+#[test]
+fn a_wrong_last_token_found_after_the_run_ended_is_recomputed() {
+    let mut h = Harness::spot(2, false, every_step());
+    h.cluster(single(1));
+    h.token("a", 1, 0, 600, true);
+    h.input(Input::Checked {
+        step: 0,
+        verdict: Verdict::Right,
+    });
+    h.token("a", 1, 1, EOG, true);
+    assert_eq!(h.finished(), None, "the end waits for its check");
+    h.input(Input::Checked {
+        step: 1,
+        verdict: Verdict::Wrong("an end where the model goes on".into()),
+    });
+    assert_eq!(h.finished(), None);
+    let mut other = cluster(Some(placement(2, vec![stage("z", 0, 30, true)])), &["z"]);
+    other.trusted = [peer("z")].into();
+    let s = steps(&h.cluster(other));
+    assert_eq!(s[0].tokens.as_deref(), Some(&prompt_and(&[600])[..]));
+    h.token("z", 2, 1, 601, true);
+    assert_eq!(h.streamed(), vec![600, 601]);
+    assert_eq!(h.finished(), Some(&Ok((FinishReason::Length, 1))));
+}
+
+#[test]
+fn with_checks_off_no_token_is_held() {
+    let mut h = Harness::new(3);
+    h.cluster(ring());
+    for step in 0..3 {
+        assert!(checks(&h.token("c", 1, step, 600 + step, true)).is_empty());
+    }
+    assert_eq!(h.streamed(), vec![600, 601, 602]);
 }

@@ -28,6 +28,9 @@ pub struct Placement {
 pub struct ClusterView {
     pub active: Option<Placement>,
     pub online: BTreeSet<PeerId>,
+    /// Workers on devices the coordinator trusts (its own local worker):
+    /// spot checks never blame them.
+    pub trusted: BTreeSet<PeerId>,
     /// Why there is no placement, or what is being served (a request that
     /// waits in vain says it).
     pub message: String,
