@@ -36,6 +36,8 @@ kernels! {
     ROPE_TABLES = "rope_tables", false;
     SOFTMAX = "softmax", false;
     SILU_MUL = "silu_mul", false;
+    GELU_MUL = "gelu_mul", false;
+    SCALE_CAP = "scale_cap", false;
     ADD = "add", false;
     ADD_INPLACE = "add_inplace", false;
     ADD_BIAS = "add_bias", false;

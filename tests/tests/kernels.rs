@@ -10,8 +10,9 @@
 
 use cairn_engine::backend::BackendKind;
 use cairn_engine::kernels::{
-    self as k, Add, AddBias, Argmax, Attention, Embed, KvStore, Linear, MatMul, Op, PagedAttention,
-    PagedAttentionParams, RmsNorm, Rope, Sample, SampleParams, SiluMul, Softmax,
+    self as k, Add, AddBias, Argmax, Attention, Embed, GeluMul, KvStore, Linear, MatMul, Op,
+    PagedAttention, PagedAttentionParams, RmsNorm, Rope, Sample, SampleParams, ScaleCap, SiluMul,
+    Softmax,
 };
 use cairn_engine::quant::{GgmlType, dequantize_row, quantize_row};
 use cairn_engine::{Buffer, Device};
@@ -758,6 +759,58 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
                 assert_close(&what, &d, &mixed.unwrap(), &mixed_want, 1e-5);
             }
         }
+    }
+}
+
+/// Gemma's ops: the GELU-gated product over inputs reaching both saturated ends (|g| > 10),
+/// and scaling with and without a soft cap, over values well past the cap.
+#[test]
+fn gelu_mul_and_scale_cap() {
+    let mut rng = StdRng::seed_from_u64(43);
+    let n = 1003usize;
+    let g = rand_vec(&mut rng, n, 14.0);
+    let u = rand_vec(&mut rng, n, 2.0);
+    let x = rand_vec(&mut rng, n, 80.0);
+    let mut gelu_want = vec![0f32; n];
+    k::elementwise::gelu_mul(&g, &u, &mut gelu_want);
+    // Both ends and the middle are exercised, so a kernel that drops a branch fails.
+    assert!(g.iter().any(|v| *v > 10.0) && g.iter().any(|v| *v < -10.0));
+    assert!((k::elementwise::gelu(1.0) - 0.841_192).abs() < 1e-5);
+    let mut scaled_want = x.clone();
+    k::elementwise::scale_cap(&mut scaled_want, 3.5, 0.0);
+    let mut capped_want = x.clone();
+    k::elementwise::scale_cap(&mut capped_want, 1.0, 30.0);
+    assert!(capped_want.iter().all(|v| v.abs() <= 30.0));
+    assert!(capped_want.iter().any(|v| v.abs() > 29.0));
+    for d in devices() {
+        let (bg, bu) = (upload_f32(&d, "g", &g), upload_f32(&d, "u", &u));
+        let bo = d.alloc("o", (n * 4) as u64).unwrap();
+        let (bs, bc) = (upload_f32(&d, "s", &x), upload_f32(&d, "c", &x));
+        d.run(&[
+            Op::GeluMul(GeluMul {
+                gate: &bg,
+                up: &bu,
+                out: &bo,
+                n: n as u32,
+            }),
+            Op::ScaleCap(ScaleCap {
+                x: &bs,
+                n: n as u32,
+                scale: 3.5,
+                cap: 0.0,
+            }),
+            Op::ScaleCap(ScaleCap {
+                x: &bc,
+                n: n as u32,
+                scale: 1.0,
+                cap: 30.0,
+            }),
+        ])
+        .unwrap();
+        // tanh differs by a few ulps between implementations.
+        assert_close("gelu_mul", &d, &read(&d, &bo, n), &gelu_want, 1e-5);
+        assert_close("scale", &d, &read(&d, &bs, n), &scaled_want, 1e-6);
+        assert_close("soft cap", &d, &read(&d, &bc, n), &capped_want, 1e-5);
     }
 }
 

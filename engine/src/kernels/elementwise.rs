@@ -1,4 +1,5 @@
-//! Elementwise kernels: SiLU-gated multiply, residual add and bias add.
+//! Elementwise kernels: SiLU- and GELU-gated multiplies, residual add, bias add, and scaling
+//! with a soft cap.
 
 use super::op::{CountParams, OpSpec, Use, f32s, params};
 use crate::backend::cpu::access::{f, fm, rd, wr};
@@ -11,6 +12,44 @@ pub fn silu(v: f32) -> f32 {
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
         *o = silu(*g) * u;
+    }
+}
+
+/// GELU in the tanh approximation, as llama.cpp computes it for Gemma's FFN: past |v| = 10 the
+/// tanh has saturated in f32, so the value is `v` or 0 there (which also keeps GPU `tanh`
+/// away from arguments where some implementations overflow).
+pub fn gelu(v: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF: f32 = 0.044_715;
+    if v >= 10.0 {
+        v
+    } else if v <= -10.0 {
+        0.0
+    } else {
+        0.5 * v * (1.0 + (SQRT_2_OVER_PI * v * (1.0 + COEF * v * v)).tanh())
+    }
+}
+
+pub fn gelu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = gelu(*g) * u;
+    }
+}
+
+/// `x * scale`, then `cap * tanh(x / cap)` when `cap > 0`; see [`ScaleCap`].
+pub fn scale_cap(x: &mut [f32], scale: f32, cap: f32) {
+    for v in x.iter_mut() {
+        *v = soft_cap(*v * scale, cap);
+    }
+}
+
+/// `cap * tanh(v / cap)`, or `v` when `cap` is 0: Gemma 2's soft cap of attention scores and
+/// logits.
+pub fn soft_cap(v: f32, cap: f32) -> f32 {
+    if cap > 0.0 {
+        cap * (v / cap).clamp(-10.0, 10.0).tanh()
+    } else {
+        v
     }
 }
 
@@ -190,6 +229,95 @@ impl<'a> OpSpec<'a> for AddBias<'a> {
         if cols > 0 {
             add_bias(&mut fm(&mut x)[..n], &f(&b)[..cols]);
         }
+        Ok(())
+    }
+}
+
+/// `out = gelu(gate) * up`, elementwise over `n` ([`gelu`]: Gemma's FFN).
+#[derive(Debug, Clone, Copy)]
+pub struct GeluMul<'a> {
+    pub gate: &'a Buffer,
+    pub up: &'a Buffer,
+    pub out: &'a Buffer,
+    pub n: u32,
+}
+
+impl<'a> OpSpec<'a> for GeluMul<'a> {
+    type Params = CountParams;
+
+    fn name(&self) -> &'static str {
+        "gelu_mul"
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        let n = f32s(&[self.n]);
+        vec![
+            Use::read("gate", self.gate, n),
+            Use::read("up", self.up, n),
+            Use::write("out", self.out, n),
+        ]
+    }
+
+    fn params(&self) -> CountParams {
+        CountParams::new(self.n)
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let (g, u, mut o) = (rd(self.gate)?, rd(self.up)?, wr(self.out)?);
+        let n = self.n as usize;
+        gelu_mul(&f(&g)[..n], &f(&u)[..n], &mut fm(&mut o)[..n]);
+        Ok(())
+    }
+}
+
+/// In place over `n` values: `x *= scale`, then `x = cap * tanh(x / cap)` when `cap > 0`.
+/// Gemma scales its embeddings by sqrt(dim) (`cap` 0), and Gemma 2 soft-caps its logits
+/// (`scale` 1).
+#[derive(Debug, Clone, Copy)]
+pub struct ScaleCap<'a> {
+    pub x: &'a Buffer,
+    pub n: u32,
+    pub scale: f32,
+    pub cap: f32,
+}
+
+params!(ScaleCapParams {
+    n: u32,
+    scale: f32,
+    cap: f32,
+    _pad: u32,
+});
+
+impl<'a> OpSpec<'a> for ScaleCap<'a> {
+    type Params = ScaleCapParams;
+
+    fn name(&self) -> &'static str {
+        "scale_cap"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if !(self.cap >= 0.0 && self.cap.is_finite()) {
+            return Err(format!("soft cap {} is not a finite value >= 0", self.cap));
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> Vec<Use<'a>> {
+        vec![Use::in_place("x", self.x, f32s(&[self.n]))]
+    }
+
+    fn params(&self) -> ScaleCapParams {
+        ScaleCapParams {
+            n: self.n,
+            scale: self.scale,
+            cap: self.cap,
+            _pad: 0,
+        }
+    }
+
+    fn cpu(&self) -> backend::Result<()> {
+        let mut x = wr(self.x)?;
+        scale_cap(&mut fm(&mut x)[..self.n as usize], self.scale, self.cap);
         Ok(())
     }
 }

@@ -22,7 +22,7 @@ pub mod softmax;
 
 pub use attention::{Attention, AttentionParams};
 pub use copy::{BufferCopy, CopyParams};
-pub use elementwise::{Add, AddBias, BiasParams, SiluMul};
+pub use elementwise::{Add, AddBias, BiasParams, GeluMul, ScaleCap, ScaleCapParams, SiluMul};
 pub use embed::{Embed, EmbedParams};
 pub use matrix::{Linear, LinearParams, MatMul, MatMulParams};
 pub use norm::{RmsNorm, RmsNormParams};

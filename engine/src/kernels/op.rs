@@ -10,8 +10,8 @@
 use crate::backend::{Buffer, Result};
 
 use super::{
-    Add, AddBias, Argmax, Attention, BufferCopy, Embed, KvStore, Linear, MatMul, PagedAttention,
-    RmsNorm, Rope, Sample, SiluMul, Softmax,
+    Add, AddBias, Argmax, Attention, BufferCopy, Embed, GeluMul, KvStore, Linear, MatMul,
+    PagedAttention, RmsNorm, Rope, Sample, ScaleCap, SiluMul, Softmax,
 };
 
 /// How an op touches one of its buffers.
@@ -159,6 +159,8 @@ ops!(
     Rope(Rope),
     Softmax(Softmax),
     SiluMul(SiluMul),
+    GeluMul(GeluMul),
+    ScaleCap(ScaleCap),
     Add(Add),
     AddBias(AddBias),
     Embed(Embed),
@@ -183,7 +185,7 @@ impl<'a> Op<'a> {
 }
 
 params!(
-    /// The parameters of the ops over `n` elements (`Add`, `SiluMul`, `Argmax`).
+    /// The parameters of the ops over `n` elements (`Add`, `SiluMul`, `GeluMul`, `Argmax`).
     CountParams {
         n: u32,
         _pad0: u32,
@@ -275,6 +277,7 @@ pub(crate) mod cuda_declarations {
             same::<SoftmaxParams>(&c),
             same::<CountParams>(&c),
             same::<BiasParams>(&c),
+            same::<ScaleCapParams>(&c),
             same::<AttentionParams>(&c),
             same::<KvStoreParams>(&c),
             same::<PagedAttentionParams>(&c),
@@ -290,7 +293,7 @@ pub(crate) mod cuda_declarations {
             .collect();
         assert_eq!(
             params.len(),
-            13,
+            14,
             "a cuda struct without a rust twin: {params:?}"
         );
     }

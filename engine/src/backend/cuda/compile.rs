@@ -297,6 +297,8 @@ mod tests {
             "rope",
             "softmax",
             "silu_mul",
+            "gelu_mul",
+            "scale_cap",
             "add_bias",
             "add",
             "attention",

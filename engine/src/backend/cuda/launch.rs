@@ -4,9 +4,9 @@
 
 use crate::backend::{BackendError, Buffer, Result};
 use crate::kernels::{
-    Add, AddBias, Argmax, Attention, AttentionParams, BufferCopy, Embed, KvStore, Linear, MatMul,
-    Op, OpSpec, PagedAttention, PagedAttentionParams, RmsNorm, Rope, Sample, SiluMul, Softmax,
-    with_op,
+    Add, AddBias, Argmax, Attention, AttentionParams, BufferCopy, Embed, GeluMul, KvStore, Linear,
+    MatMul, Op, OpSpec, PagedAttention, PagedAttentionParams, RmsNorm, Rope, Sample, ScaleCap,
+    SiluMul, Softmax, with_op,
 };
 use crate::quant::GgmlType;
 
@@ -59,6 +59,8 @@ pub(crate) enum Kernel {
     Rope,
     Softmax,
     SiluMul,
+    GeluMul,
+    ScaleCap,
     Add,
     AddBias,
     Attention,
@@ -88,6 +90,8 @@ impl Kernel {
             Kernel::Rope => "rope",
             Kernel::Softmax => "softmax",
             Kernel::SiluMul => "silu_mul",
+            Kernel::GeluMul => "gelu_mul",
+            Kernel::ScaleCap => "scale_cap",
             Kernel::Add => "add",
             Kernel::AddBias => "add_bias",
             Kernel::Attention => "attention",
@@ -274,6 +278,27 @@ impl<'a> CudaOp<'a> for SiluMul<'a> {
         let grid = [blocks(self.n.into(), 256), 1, 1];
         let buffers = vec![self.gate, self.up, self.out];
         launch(self, (Kernel::SiluMul, OPS), grid, [256, 1, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for GeluMul<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let grid = [blocks(self.n.into(), 256), 1, 1];
+        let buffers = vec![self.gate, self.up, self.out];
+        launch(self, (Kernel::GeluMul, OPS), grid, [256, 1, 1], buffers)
+    }
+}
+
+impl<'a> CudaOp<'a> for ScaleCap<'a> {
+    fn launch(&self) -> Result<Launch<'a>> {
+        let grid = [blocks(self.n.into(), 256), 1, 1];
+        launch(
+            self,
+            (Kernel::ScaleCap, OPS),
+            grid,
+            [256, 1, 1],
+            vec![self.x],
+        )
     }
 }
 

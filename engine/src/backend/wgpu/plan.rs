@@ -5,8 +5,8 @@ use cairn_shaders::{self as shaders, Kernel};
 
 use crate::backend::{BackendError, Buffer, Result};
 use crate::kernels::{
-    Add, AddBias, Argmax, Attention, BufferCopy, Embed, KvStore, Linear, MatMul, Op, OpSpec,
-    PagedAttention, RmsNorm, Rope, Sample, SiluMul, Softmax, with_op,
+    Add, AddBias, Argmax, Attention, BufferCopy, Embed, GeluMul, KvStore, Linear, MatMul, Op,
+    OpSpec, PagedAttention, RmsNorm, Rope, Sample, ScaleCap, SiluMul, Softmax, with_op,
 };
 
 /// One GPU command of a submission.
@@ -190,6 +190,25 @@ impl<'a> WgpuOp<'a> for SiluMul<'a> {
         let groups = grid(self.n.div_ceil(256), max_dim)?;
         let buffers = vec![self.gate, self.up, self.out];
         dispatch(self, shaders::SILU_MUL, None, buffers, groups)
+    }
+}
+
+impl<'a> WgpuOp<'a> for GeluMul<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::GELU_MUL];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let groups = grid(self.n.div_ceil(256), max_dim)?;
+        let buffers = vec![self.gate, self.up, self.out];
+        dispatch(self, shaders::GELU_MUL, None, buffers, groups)
+    }
+}
+
+impl<'a> WgpuOp<'a> for ScaleCap<'a> {
+    const KERNELS: &'static [Kernel] = &[shaders::SCALE_CAP];
+
+    fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        let groups = grid(self.n.div_ceil(256), max_dim)?;
+        dispatch(self, shaders::SCALE_CAP, None, vec![self.x], groups)
     }
 }
 
@@ -378,6 +397,8 @@ mod tests {
             matches::<Rope>(),
             matches::<Softmax>(),
             matches::<SiluMul>(),
+            matches::<GeluMul>(),
+            matches::<ScaleCap>(),
             matches::<Add>(),
             matches::<AddBias>(),
             matches::<Embed>(),

@@ -24,6 +24,7 @@ struct RopeParams {
 struct SoftmaxParams { u32 rows; u32 cols; u32 _pad0; u32 _pad1; };
 struct CountParams { u32 n; u32 _pad0; u32 _pad1; u32 _pad2; };
 struct BiasParams { u32 cols; u32 tokens; u32 _pad0; u32 _pad1; };
+struct ScaleCapParams { u32 n; float scale; float cap; u32 _pad; };
 struct AttentionParams {
     u32 heads; u32 kv_heads; u32 head_dim; u32 tokens; u32 pos0; float scale; u32 splits;
     u32 _pad;

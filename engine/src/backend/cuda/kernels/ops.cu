@@ -108,6 +108,33 @@ silu_mul(const CountParams* __restrict__ p, const float* __restrict__ gate, cons
     out[i] = g / (1.0f + expf(-g)) * up[i];
 }
 
+// out = gelu(gate) * up; GELU in the tanh approximation, saturated past |g| = 10
+// (kernels/elementwise.rs `gelu`).
+extern "C" __global__ void __launch_bounds__(256)
+gelu_mul(const CountParams* __restrict__ p, const float* __restrict__ gate, const float* __restrict__ up,
+         float* __restrict__ out) {
+    const u32 i = blockIdx.x * 256 + threadIdx.x;
+    if (i >= p->n) return;
+    const float g = gate[i];
+    float v = 0.0f;
+    if (g >= 10.0f) {
+        v = g;
+    } else if (g > -10.0f) {
+        v = 0.5f * g * (1.0f + tanhf(0.7978846f * g * (1.0f + 0.044715f * g * g)));
+    }
+    out[i] = v * up[i];
+}
+
+// x = x * scale, then cap * tanh(x / cap) when cap > 0, in place.
+extern "C" __global__ void __launch_bounds__(256)
+scale_cap(const ScaleCapParams* __restrict__ p, float* __restrict__ x) {
+    const u32 i = blockIdx.x * 256 + threadIdx.x;
+    if (i >= p->n) return;
+    float v = x[i] * p->scale;
+    if (p->cap > 0.0f) v = p->cap * tanhf(fminf(fmaxf(v / p->cap, -10.0f), 10.0f));
+    x[i] = v;
+}
+
 // x[t * cols + i] += bias[i], in place.
 extern "C" __global__ void __launch_bounds__(256)
 add_bias(const BiasParams* __restrict__ p, float* __restrict__ x, const float* __restrict__ bias) {
