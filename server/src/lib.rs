@@ -10,6 +10,7 @@ pub mod admin;
 pub mod client;
 pub mod config;
 mod error;
+pub mod garbage;
 pub mod limits;
 pub mod mdns;
 pub mod protocol;

@@ -151,7 +151,6 @@ pub(crate) struct Incoming<'a> {
 
 #[cfg(test)]
 mod garbage_tests {
-    use rand::{Rng, SeedableRng};
 
     use super::{ClientMessage, ServerMessage};
 
@@ -173,28 +172,7 @@ mod garbage_tests {
     /// `fuzz/` targets do the same under libFuzzer).
     #[test]
     fn random_and_mutated_signaling_messages_never_panic() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
-        for i in 0..20_000 {
-            let body: Vec<u8> = if i % 2 == 0 {
-                let n = rng.random_range(0..200);
-                (0..n).map(|_| rng.random()).collect()
-            } else {
-                let mut b = SEEDS[i % SEEDS.len()].as_bytes().to_vec();
-                for _ in 0..rng.random_range(1..6) {
-                    let at = rng.random_range(0..b.len());
-                    match rng.random_range(0..3) {
-                        0 => b[at] = rng.random(),
-                        1 => {
-                            b.remove(at);
-                        }
-                        _ => {
-                            const PIECES: &[u8] = br#"{}[]",:0-e.9\u"#;
-                            b.insert(at, PIECES[rng.random_range(0..PIECES.len())]);
-                        }
-                    }
-                }
-                b
-            };
+        for body in crate::garbage::bodies(&SEEDS, 20_000, 21) {
             parse(&body);
         }
         parse("[".repeat(100_000).as_bytes());
