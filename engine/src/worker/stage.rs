@@ -194,15 +194,21 @@ pub async fn load_shard(
         &mut |_, _| {},
     )?;
     device.sync().await?;
-    let loaded = Message::ShardLoaded {
+    let loaded = shard_loaded(start, end, device.live_bytes().saturating_sub(before), t0);
+    Ok((shard, loaded))
+}
+
+/// The `ShardLoaded` that reports layers `start..end`: the device bytes they took and the
+/// time since `t0`.
+fn shard_loaded(start: usize, end: usize, weight_bytes: u64, t0: Instant) -> Message {
+    Message::ShardLoaded {
         layers: LayerRange {
             start: start as u32,
             end: end as u32,
         },
-        weight_bytes: device.live_bytes().saturating_sub(before),
+        weight_bytes,
         load_ms: t0.elapsed().as_millis().min(u32::MAX as u128) as u32,
-    };
-    Ok((shard, loaded))
+    }
 }
 
 /// Loads layers `start..end` from `src` split over `devices` (each with the bytes it
@@ -225,14 +231,7 @@ pub async fn load_stack(
     for (d, _) in devices {
         d.sync().await?;
     }
-    let loaded = Message::ShardLoaded {
-        layers: LayerRange {
-            start: start as u32,
-            end: end as u32,
-        },
-        weight_bytes: live(devices).saturating_sub(before),
-        load_ms: t0.elapsed().as_millis().min(u32::MAX as u128) as u32,
-    };
+    let loaded = shard_loaded(start, end, live(devices).saturating_sub(before), t0);
     Ok((stack, loaded))
 }
 
