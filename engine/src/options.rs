@@ -42,6 +42,9 @@ pub struct CudaOptions {
     /// The 4-bit matrix-vector kernels round activations to int8 and sum with dp4a; `false`
     /// keeps them in f32.
     pub int8_dot: bool,
+    /// Prefill's matrix products run on f16 tensor cores where the device has them (compute
+    /// capability 8.0 and up); `false` keeps the f32 FMA tiles.
+    pub tensor_cores: bool,
 }
 
 impl Default for CudaOptions {
@@ -52,6 +55,7 @@ impl Default for CudaOptions {
             fused_blocks_per_sm: 4,
             split_attention: 4,
             int8_dot: true,
+            tensor_cores: true,
         }
     }
 }
@@ -120,6 +124,7 @@ mod tests {
                 fused_blocks_per_sm: 4,
                 split_attention: 4,
                 int8_dot: true,
+                tensor_cores: true,
             }
         );
         assert!(!o.vulkan.push_constants);

@@ -26,6 +26,7 @@ fn options() -> cairn_engine::EngineOptions {
     let mut o = cairn_engine::EngineOptions::default();
     o.cuda.graphs = !off("CAIRN_CUDA_GRAPHS");
     o.cuda.int8_dot = !off("CAIRN_CUDA_INT8_DOT");
+    o.cuda.tensor_cores = !off("CAIRN_CUDA_TENSOR_CORES");
     if off("CAIRN_CUDA_SPLIT_ATTENTION") {
         o.cuda.split_attention = 0;
     }
@@ -172,6 +173,46 @@ fn linear_q8_activations(
 /// rounded values and the format's offset (Q4_1's minimum, Q4_0's -8 d) the exact ones.
 /// Q5_0's split step puts its -16 into the signed weight bytes, so all of it multiplies the
 /// rounded values.
+/// Weights and activations rounded to f16, products summed in f64: cuda's prefill on tensor
+/// cores (f16 inputs, f32 sums).
+fn linear_f16_inputs(
+    ty: GgmlType,
+    wq: &[u8],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+) -> Vec<f32> {
+    let f16 = |v: f32| half::f16::from_f32(v).to_f32();
+    let xr: Vec<f32> = x.iter().map(|v| f16(*v)).collect();
+    let row_bytes = ty.row_bytes(cols).expect("row bytes");
+    let mut w = vec![0f32; cols];
+    let mut y = vec![0f32; tokens * rows];
+    for r in 0..rows {
+        dequantize_row(ty, &wq[r * row_bytes..][..row_bytes], &mut w);
+        w.iter_mut().for_each(|v| *v = f16(*v));
+        for t in 0..tokens {
+            let xt = &xr[t * cols..][..cols];
+            y[t * rows + r] = w.iter().zip(xt).map(|(a, b)| f64::from(a * b)).sum::<f64>() as f32;
+        }
+    }
+    y
+}
+
+/// Whether `d` runs `Linear` over `tokens` tokens and `cols` columns on f16 tensor cores:
+/// cuda's tiled product on compute capability 8.0 and up, rows a multiple of 32.
+fn on_tensor_cores(d: &Device, tokens: usize, cols: usize) -> bool {
+    let major = d
+        .info()
+        .cuda
+        .as_ref()
+        .and_then(|c| c.compute_capability.split('.').next()?.parse::<u32>().ok());
+    tokens > CUDA_MATVEC_MAX_TOKENS
+        && cols % 32 == 0
+        && major.is_some_and(|m| m >= 8)
+        && options().cuda.tensor_cores
+}
+
 fn linear_int8_activations(
     ty: GgmlType,
     wq: &[u8],
@@ -260,6 +301,7 @@ fn linear_every_format_matvec_and_matmat() {
                 && options().cuda.int8_dot;
             let want_int8 = int8.then(|| linear_int8_activations(ty, &wq, &x, rows, cols, tokens));
             let want_cpu = linear_q8_activations(ty, &wq, &x, rows, cols, tokens);
+            let want_f16 = linear_f16_inputs(ty, &wq, &x, rows, cols, tokens);
             for d in devices() {
                 let bw = d.upload("w", &wq).unwrap();
                 let bx = upload_f32(&d, "x", &x);
@@ -276,8 +318,10 @@ fn linear_every_format_matvec_and_matmat() {
                 .unwrap();
                 // Same dequantized weights (and on cuda's split 4-bit matrix-vector path, the
                 // same rounded activations), different summation order: 2e-6 per element of the
-                // row, relative to the largest output.
+                // row, relative to the largest output. cuda's tiled product on tensor cores
+                // rounds weights and activations to f16 first.
                 let reference = match &want_int8 {
+                    _ if on_tensor_cores(&d, tokens, cols) => &want_f16,
                     Some(w8) if d.kind() == BackendKind::Cuda => w8,
                     _ if d.kind() == BackendKind::Cpu => &want_cpu,
                     _ => &want,
@@ -962,6 +1006,61 @@ fn attention_decode_and_causal_prefill() {
                 &read(&d, &bo, q.len()),
                 &want,
                 1e-5,
+            );
+        }
+    }
+}
+
+/// Prefill attention with head sizes 64 and 128, which cuda runs on tensor cores (64 queries of
+/// a head per block; Q, K, V and the softmax weights rounded to f16, sums and softmax in f32):
+/// 4e-3 relative there (the outputs are averages of values of magnitude 1, each input rounded
+/// at 2^-11), 1e-5 elsewhere.
+#[test]
+fn prefill_attention_at_head_sizes_64_and_128() {
+    let mut rng = StdRng::seed_from_u64(16);
+    let (heads, kv_heads) = (4usize, 2usize);
+    // 100 tokens: a partial second tile of queries; pos0 37: keys before the prompt.
+    for (head_dim, tokens, pos0) in [(64usize, 100usize, 0usize), (128, 100, 37), (64, 9, 70)] {
+        let n_pos = pos0 + tokens;
+        let q = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
+        let kc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
+        let vc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut want = vec![0f32; q.len()];
+        k::attention::attention(
+            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale,
+        );
+        for d in devices() {
+            let (bq, bk, bv) = (
+                upload_f32(&d, "q", &q),
+                upload_f32(&d, "k", &kc),
+                upload_f32(&d, "v", &vc),
+            );
+            let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
+            d.run(&[Op::Attention(Attention {
+                q: &bq,
+                k_cache: &bk,
+                v_cache: &bv,
+                out: &bo,
+                heads: heads as u32,
+                kv_heads: kv_heads as u32,
+                head_dim: head_dim as u32,
+                tokens: tokens as u32,
+                pos0: pos0 as u32,
+                scale,
+            })])
+            .unwrap();
+            let tol = if on_tensor_cores(&d, tokens, 32) {
+                4e-3
+            } else {
+                1e-5
+            };
+            assert_close(
+                &format!("attention head_dim={head_dim} tokens={tokens} pos0={pos0}"),
+                &d,
+                &read(&d, &bo, q.len()),
+                &want,
+                tol,
             );
         }
     }

@@ -27,6 +27,9 @@ pub struct EngineArgs {
     /// cuda: int8 activations and dp4a in the 4-bit matrix-vector kernels (false: f32).
     #[arg(long, env = "CAIRN_CUDA_INT8_DOT", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_int8_dot: bool,
+    /// cuda: prefill's matrix products on f16 tensor cores where the GPU has them (false: f32).
+    #[arg(long, env = "CAIRN_CUDA_TENSOR_CORES", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub cuda_tensor_cores: bool,
     /// vulkan: kernel parameters as push constants (known to give wrong results).
     #[arg(long, env = "CAIRN_VULKAN_PUSH_CONSTANTS", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub vulkan_push_constants: bool,
@@ -65,6 +68,7 @@ impl EngineArgs {
                 fused_blocks_per_sm: self.cuda_fused_blocks_per_sm,
                 split_attention: self.cuda_split_attention,
                 int8_dot: self.cuda_int8_dot,
+                tensor_cores: self.cuda_tensor_cores,
             },
             vulkan: VulkanOptions {
                 push_constants: self.vulkan_push_constants,
@@ -143,6 +147,8 @@ mod tests {
             "2",
             "--cuda-int8-dot",
             "0",
+            "--cuda-tensor-cores",
+            "0",
             "--vulkan-push-constants",
             "1",
         ]);
@@ -155,6 +161,7 @@ mod tests {
                 fused_blocks_per_sm: 0,
                 split_attention: 2,
                 int8_dot: false,
+                tensor_cores: false,
             }
         );
         assert!(o.vulkan.push_constants);

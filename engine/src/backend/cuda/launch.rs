@@ -65,6 +65,8 @@ pub(crate) enum Kernel {
     AddBias,
     Attention,
     AttentionSplit,
+    AttentionMma64,
+    AttentionMma128,
     KvStore,
     PagedAttention,
     PagedAttentionSplit,
@@ -96,6 +98,8 @@ impl Kernel {
             Kernel::AddBias => "add_bias",
             Kernel::Attention => "attention",
             Kernel::AttentionSplit => "attention_split",
+            Kernel::AttentionMma64 => "attention_mma64",
+            Kernel::AttentionMma128 => "attention_mma128",
             Kernel::KvStore => "kv_store",
             Kernel::PagedAttention => "paged_attention",
             Kernel::PagedAttentionSplit => "paged_attention_split",
@@ -413,6 +417,30 @@ pub(crate) fn split_attention(l: &mut Launch<'_>, target_blocks: u32) {
     }
 }
 
+/// Prefill attention on tensor cores (`attention_mma64`, `attention_mma128`, kernels/ops.cu):
+/// for devices that have them (compute capability 8.0 and up, `CudaOptions::tensor_cores`),
+/// dense attention over more tokens than decode takes, with a head size of 64 or 128, runs a
+/// block per 64 queries of a head instead of one per (head, token).
+pub(crate) fn tensor_core_attention(l: &mut Launch<'_>) {
+    if l.kernel != Kernel::Attention {
+        return;
+    }
+    let size = std::mem::size_of::<AttentionParams>();
+    let p: AttentionParams =
+        bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
+    let kernel = match p.head_dim {
+        64 => Kernel::AttentionMma64,
+        128 => Kernel::AttentionMma128,
+        _ => return,
+    };
+    if p.tokens <= MATVEC_MAX_TOKENS {
+        return;
+    }
+    l.kernel = kernel;
+    l.grid = [p.heads, p.tokens.div_ceil(64), 1];
+    l.block = [128, 1, 1];
+}
+
 /// Blocks per (head, token) for `pairs` of them, or `None` when a block each fills the device.
 fn splits_for(pairs: u32, target_blocks: u32) -> Option<u32> {
     let splits = (target_blocks / pairs.max(1)).min(MAX_ATTENTION_SPLITS);
@@ -679,6 +707,39 @@ mod tests {
             full.kernel,
             Kernel::PagedAttention,
             "63 blocks of 100 wanted"
+        );
+    }
+
+    #[test]
+    fn prefill_attention_moves_to_tensor_cores_for_head_sizes_64_and_128() {
+        let d = cpu();
+        let b = d.alloc("b", 4).unwrap();
+        let att = |tokens, head_dim| Attention {
+            q: &b,
+            k_cache: &b,
+            v_cache: &b,
+            out: &b,
+            heads: 9,
+            kv_heads: 3,
+            head_dim,
+            tokens,
+            pos0: 5,
+            scale: 0.125,
+        };
+        let moved = |tokens, head_dim| {
+            let mut l = plan(&Op::Attention(att(tokens, head_dim))).unwrap().unwrap();
+            tensor_core_attention(&mut l);
+            l
+        };
+        let l = moved(130, 64);
+        assert_eq!(l.kernel, Kernel::AttentionMma64);
+        assert_eq!((l.grid, l.block), ([9, 3, 1], [128, 1, 1]));
+        assert_eq!(moved(512, 128).kernel, Kernel::AttentionMma128);
+        assert_eq!(moved(512, 96).kernel, Kernel::Attention, "no tile for 96");
+        assert_eq!(
+            moved(MATVEC_MAX_TOKENS, 64).kernel,
+            Kernel::Attention,
+            "decode keeps its kernels"
         );
     }
 

@@ -56,6 +56,8 @@ pub(crate) struct CudaBackend {
     exec: Mutex<exec::Executor>,
     /// How decode ops are fused into fewer launches (fuse.rs).
     fusion: Fusion,
+    /// Prefill attention runs on tensor cores (`launch::tensor_core_attention`).
+    tensor_cores: bool,
     /// Which source the modules are compiled from (int8 or f32 activations, a kernel folder).
     variant: compile::Variant,
     /// Working memory of kernels that need some (split attention), and its size; grown as
@@ -114,6 +116,7 @@ fn open_backend(info: &DeviceInfo, opts: &EngineOptions) -> Result<CudaBackend> 
         modules: Mutex::new(HashMap::new()),
         exec: Mutex::new(exec::Executor::new(graphs)),
         fusion,
+        tensor_cores: opts.cuda.tensor_cores && cc.0 >= 8,
         variant: compile::Variant::new(&opts.cuda, &opts.dev),
         scratch: Mutex::new(None),
     })
@@ -246,6 +249,9 @@ impl CudaBackend {
                 fuse::Item::One(op) => match launch::plan(op)? {
                     Some(mut l) => {
                         launch::split_attention(&mut l, self.fusion.attention_blocks);
+                        if self.tensor_cores {
+                            launch::tensor_core_attention(&mut l);
+                        }
                         l
                     }
                     None => continue,

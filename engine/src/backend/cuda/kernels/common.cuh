@@ -201,3 +201,50 @@ __device__ __forceinline__ XQ8 load_x_q8(const float* x, u32 s) {
 __device__ __forceinline__ int nib_dot_q8(u32 w, const XQ8& x) {
     return dp4a((int)(w & 0x0f0f0f0fu), x.lo, dp4a((int)((w >> 4) & 0x0f0f0f0fu), x.hi, 0));
 }
+
+// Packed f16x2 arithmetic on raw words (no cuda_fp16.h under NVRTC): the tensor-core prefill's
+// weight staging (stage8 in the 4-bit format headers).
+__device__ __forceinline__ u32 f16x2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 f16x2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+__device__ __forceinline__ u32 f16x2_mul(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+// Bytes 2i and 2i + 1 of `nibs` (each 0..15) as the f16 pair (1024 + n): 0x64 above each byte
+// makes an f16 whose last mantissa bit counts ones, so no int-to-float conversion is needed.
+__device__ __forceinline__ u32 nib_pair_1024(u32 nibs, u32 i) {
+    return __byte_perm(nibs, 0x64646464u, i ? 0x4342u : 0x4140u);
+}
+#define F16X2_1024 0x64006400u
+
+#if __CUDA_ARCH__ >= 800
+// Two f32 as one f16x2 word, `lo` in the low half (the lower column).
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// c += a b for one 16x8 tile over 16 columns on tensor cores: a 16x16 (row-major fragment),
+// b 16x8 (column-major), f16 inputs, f32 sums. Fragment element owners, with g = lane / 4 and
+// q = lane % 4: a[0] holds row g, columns 2q and 2q + 1; a[1] row g + 8; a[2] and a[3] the
+// same 8 columns on; b[0] rows 2q, 2q + 1 of column g, b[1] 8 rows on; c[0], c[1] row g,
+// columns 2q, 2q + 1; c[2], c[3] row g + 8.
+__device__ __forceinline__ void mma_16x8x16(float* c, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+

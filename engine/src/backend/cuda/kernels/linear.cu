@@ -88,13 +88,15 @@ linear_matvec_split(const LinearParams* __restrict__ p, const u8* __restrict__ w
     }
 }
 
-// The same product for many tokens: 64 rows x 64 tokens per block, weights dequantized into
-// shared memory 32 columns at a time, 4x4 outputs per thread.
+// The same product for many tokens (prefill): 64 rows x 64 tokens per block of 256 threads.
+// On Ampere and newer, f16 tensor cores (`matmat_mma`); else, and where rows are not a
+// multiple of 32 columns or CAIRN_FMA_PREFILL asks for it, f32 FMA tiles (`matmat_fma`).
 #define MM_T 64
 #define MM_K 32
-extern "C" __global__ void __launch_bounds__(256)
-linear_matmat(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
-              float* __restrict__ y) {
+
+// f32 FMA: weights dequantized into shared memory 32 columns at a time, 4x4 outputs per thread.
+__device__ __forceinline__ void matmat_fma(const LinearParams* __restrict__ p, const u8* __restrict__ w,
+                                           const float* __restrict__ x, float* __restrict__ y) {
     __shared__ float ws[MM_K][MM_T + 1];
     __shared__ float xs[MM_K][MM_T + 1];
     const u32 rows = p->rows, cols = p->cols, tokens = p->tokens, row_bytes = p->row_bytes;
@@ -136,6 +138,107 @@ linear_matmat(const LinearParams* __restrict__ p, const u8* __restrict__ w, cons
             if (r < rows && t < tokens) y[(size_t)t * rows + r] = acc[i][j];
         }
     }
+}
+
+#if __CUDA_ARCH__ >= 800 && !defined(CAIRN_FMA_PREFILL)
+#define MMA_PREFILL
+// Tensor cores: each step stages 32 columns of the block's 64 weight rows (dequantized, f16)
+// and of its 64 tokens' activations (f16) in shared memory, rows padded to 40 halves so the
+// fragment loads below hit 32 distinct banks. Eight warps, each 32 rows x 16 tokens: two by
+// two 16x8 tiles, two 16-column halves per step. Sums stay f32; rounding the activations to
+// f16 loses less than the cpu backend's int8 activations do.
+#define MMA_PAD 20  // u32 words per staged row: 32 halves + 8 of padding
+__device__ __forceinline__ void matmat_mma(const LinearParams* __restrict__ p, const u8* __restrict__ w,
+                                           const float* __restrict__ x, float* __restrict__ y) {
+    __shared__ __align__(16) u32 ws[MM_T][MMA_PAD];
+    __shared__ __align__(16) u32 xs[MM_T][MMA_PAD];
+    const u32 rows = p->rows, cols = p->cols, tokens = p->tokens, row_bytes = p->row_bytes;
+    const u32 r0 = blockIdx.x * MM_T, t0 = blockIdx.y * MM_T;
+    // Staging: thread i fills 8 columns (kq..kq+7) of row / token i / 4.
+    const u32 sr = threadIdx.x >> 2, kq = (threadIdx.x & 3) * 8;
+    const bool w_in = r0 + sr < rows, x_in = t0 + sr < tokens;
+    const u8* wrow = w + (size_t)(w_in ? r0 + sr : 0) * row_bytes;
+    const float* xrow = x + (size_t)(x_in ? t0 + sr : 0) * cols;
+    // Fragments: warp tile at (wm, wn); g, q as the PTX fragment layouts name them.
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 wm = (warp & 1) * 32, wn = (warp >> 1) * 16, g = lane >> 2, q = lane & 3;
+    float acc[2][2][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    for (u32 k0 = 0; k0 < cols; k0 += MM_K) {
+        uint4 wv = make_uint4(0u, 0u, 0u, 0u), xv = wv;
+        if (w_in) {
+#ifdef HAVE_STAGE8
+            wv = stage8(wrow, k0 + kq);
+#else
+            float e[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) e[j] = w_elem(wrow, k0 + kq + j);
+            wv = make_uint4(pack_f16x2(e[0], e[1]), pack_f16x2(e[2], e[3]), pack_f16x2(e[4], e[5]),
+                            pack_f16x2(e[6], e[7]));
+#endif
+        }
+        if (x_in) {
+            const float4 a = *reinterpret_cast<const float4*>(xrow + k0 + kq);
+            const float4 b = *reinterpret_cast<const float4*>(xrow + k0 + kq + 4);
+            xv = make_uint4(pack_f16x2(a.x, a.y), pack_f16x2(a.z, a.w), pack_f16x2(b.x, b.y),
+                            pack_f16x2(b.z, b.w));
+        }
+        *reinterpret_cast<uint4*>(&ws[sr][kq >> 1]) = wv;
+        *reinterpret_cast<uint4*>(&xs[sr][kq >> 1]) = xv;
+        __syncthreads();
+#pragma unroll
+        for (u32 kh = 0; kh < MM_K / 2; kh += 8) {
+            u32 a[2][4], b[2][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const u32 m = wm + 16 * i + g;
+                a[i][0] = ws[m][kh + q];
+                a[i][1] = ws[m + 8][kh + q];
+                a[i][2] = ws[m][kh + q + 4];
+                a[i][3] = ws[m + 8][kh + q + 4];
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const u32 n = wn + 8 * j + g;
+                b[j][0] = xs[n][kh + q];
+                b[j][1] = xs[n][kh + q + 4];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) mma_16x8x16(acc[i][j], a[i], b[j]);
+        }
+        __syncthreads();
+    }
+    // Accumulator e of tile (i, j): row g (+8 for e >= 2), token 2q + (e & 1).
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const u32 r = r0 + wm + 16 * i + g + (e >= 2 ? 8 : 0);
+                const u32 t = t0 + wn + 8 * j + 2 * q + (e & 1);
+                if (r < rows && t < tokens) y[(size_t)t * rows + r] = acc[i][j][e];
+            }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(256)
+linear_matmat(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+              float* __restrict__ y) {
+#ifdef MMA_PREFILL
+    if (p->cols % MM_K == 0) {
+        matmat_mma(p, w, x, y);
+        return;
+    }
+#endif
+    matmat_fma(p, w, x, y);
 }
 
 // out[t] = row ids[t] of the table, or zeros for ids at or past vocab: grid (dim / 256, tokens).

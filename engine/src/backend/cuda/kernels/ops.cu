@@ -227,6 +227,186 @@ attention(const AttentionParams* __restrict__ p, const float* __restrict__ q, co
     if (tid < hd) out[((size_t)t * heads + h) * hd + tid] = r.acc / r.l;
 }
 
+// Prefill attention on tensor cores (flash-attention style), for head_dim 64 and 128 on compute
+// capability 8.0 and up: a block of 4 warps takes 64 queries of one head, each warp 16 of them,
+// and walks the keys they need 64 at a time. Each tile of keys is staged in shared memory as
+// f16 (keys row-major, values transposed, rows padded so the fragment loads below hit 32
+// distinct banks); S = Q K^T and O += P V run as 16x8x16 products with f32 sums, the softmax in
+// f32 with an online rescale per tile. P goes from the S accumulators to the A operand without
+// leaving registers (an accumulator tile pair has the A fragment's layout). Grid (heads,
+// tokens / 64 rounded up), 128 threads.
+#define FA_Q 64
+#define FA_K 64
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ u16 f32_to_f16_bits(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+template <int HD>
+__device__ __forceinline__ void flash_attention(const AttentionParams* __restrict__ p,
+                                                const float* __restrict__ q,
+                                                const float* __restrict__ kc,
+                                                const float* __restrict__ vc,
+                                                float* __restrict__ out) {
+    constexpr u32 KW = HD / 2 + 4;    // u32 words per staged key row
+    constexpr u32 VW = FA_K / 2 + 4;  // u32 words per staged (transposed) value row
+    __shared__ __align__(16) u32 ks[FA_K][KW];
+    __shared__ __align__(16) u32 vt[HD][VW];
+    const u32 heads = p->heads, tokens = p->tokens, pos0 = p->pos0;
+    const float scale = p->scale;
+    const u32 h = blockIdx.x, t0 = blockIdx.y * FA_Q;
+    const u32 kh = h / (heads / p->kv_heads);
+    const size_t kv_stride = (size_t)p->kv_heads * HD;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
+    const u32 n_keys = pos0 + tokens;
+    // This thread's two query rows (g and g + 8 of the warp's 16) and the last key each may
+    // see; rows past the last token attend like the last token and are not written.
+    const u32 qa = t0 + warp * 16 + g, qb = qa + 8;
+    const u32 lim[2] = {min(pos0 + qa, n_keys - 1), min(pos0 + qb, n_keys - 1)};
+    u32 qf[HD / 16][4];
+    {
+        const float* ra = q + ((size_t)min(qa, tokens - 1) * heads + h) * HD;
+        const float* rb = q + ((size_t)min(qb, tokens - 1) * heads + h) * HD;
+#pragma unroll
+        for (int c = 0; c < HD / 16; c++) {
+            const u32 d = 16 * c + 2 * qd;
+            qf[c][0] = pack_f16x2(ra[d], ra[d + 1]);
+            qf[c][1] = pack_f16x2(rb[d], rb[d + 1]);
+            qf[c][2] = pack_f16x2(ra[d + 8], ra[d + 9]);
+            qf[c][3] = pack_f16x2(rb[d + 8], rb[d + 9]);
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    const u32 key_end = pos0 + min(t0 + FA_Q, tokens);
+    // Staging: thread i takes half of key i / 2's row (HD / 2 floats) of K and of V.
+    const u32 sk = threadIdx.x >> 1, sh = (threadIdx.x & 1) * (HD / 2);
+    for (u32 k0 = 0; k0 < key_end; k0 += FA_K) {
+        const u32 key = k0 + sk;
+        const bool in = key < n_keys;
+        const float* kr = kc + (size_t)(in ? key : 0) * kv_stride + (size_t)kh * HD + sh;
+        const float* vr = vc + (size_t)(in ? key : 0) * kv_stride + (size_t)kh * HD + sh;
+        u16* vt16 = reinterpret_cast<u16*>(&vt[0][0]);
+#pragma unroll 4
+        for (u32 c = 0; c < HD / 2; c += 4) {
+            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+            if (in) {
+                kv = *reinterpret_cast<const float4*>(kr + c);
+                vv = *reinterpret_cast<const float4*>(vr + c);
+            }
+            *reinterpret_cast<uint2*>(&ks[sk][(sh + c) >> 1]) =
+                make_uint2(pack_f16x2(kv.x, kv.y), pack_f16x2(kv.z, kv.w));
+            const u32 d = sh + c;
+            vt16[(d + 0) * (2 * VW) + sk] = f32_to_f16_bits(vv.x);
+            vt16[(d + 1) * (2 * VW) + sk] = f32_to_f16_bits(vv.y);
+            vt16[(d + 2) * (2 * VW) + sk] = f32_to_f16_bits(vv.z);
+            vt16[(d + 3) * (2 * VW) + sk] = f32_to_f16_bits(vv.w);
+        }
+        __syncthreads();
+        float s[FA_K / 8][4];
+#pragma unroll
+        for (int j = 0; j < FA_K / 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < HD / 16; c++) {
+                const u32 b[2] = {ks[8 * j + g][8 * c + qd], ks[8 * j + g][8 * c + qd + 4]};
+                mma_16x8x16(s[j], qf[c], b);
+            }
+        }
+        // Scale and mask; each row's maximum over the quad of lanes that holds it.
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < FA_K / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const u32 key = k0 + 8 * j + 2 * qd + (e & 1);
+                const float v = key <= lim[e >> 1] ? s[j][e] * scale : NEG_INF;
+                s[j][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
+            // Key 0 is in every row's first tile, so the maximum is finite from then on.
+            const float mn = fmaxf(m[r], mx[r]);
+            corr[r] = expf(m[r] - mn);  // 0 on the first tile (m = -inf)
+            m[r] = mn;
+        }
+        float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < FA_K / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float pe = expf(s[j][e] - m[e >> 1]);  // masked: exp(-inf) = 0
+                s[j][e] = pe;
+                sum[e >> 1] += pe;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            sum[r] += __shfl_xor_sync(FULL_MASK, sum[r], 1);
+            sum[r] += __shfl_xor_sync(FULL_MASK, sum[r], 2);
+            l[r] = l[r] * corr[r] + sum[r];
+        }
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        // O += P V, 16 keys at a time: S tiles 2c and 2c + 1 are P's A fragment.
+#pragma unroll
+        for (int c = 0; c < FA_K / 16; c++) {
+            const u32 a[4] = {pack_f16x2(s[2 * c][0], s[2 * c][1]),
+                              pack_f16x2(s[2 * c][2], s[2 * c][3]),
+                              pack_f16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
+                              pack_f16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
+#pragma unroll
+            for (int j = 0; j < HD / 8; j++) {
+                const u32 b[2] = {vt[8 * j + g][8 * c + qd], vt[8 * j + g][8 * c + qd + 4]};
+                mma_16x8x16(o[j], a, b);
+            }
+        }
+        __syncthreads();  // everyone is done with this tile before the next is staged
+    }
+    const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
+    const u32 rows[2] = {qa, qb};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= tokens) continue;
+        float* orow = out + ((size_t)rows[r] * heads + h) * HD;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++)
+            *reinterpret_cast<float2*>(orow + 8 * j + 2 * qd) =
+                make_float2(o[j][2 * r] * inv[r], o[j][2 * r + 1] * inv[r]);
+    }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(128)
+attention_mma64(const AttentionParams* __restrict__ p, const float* __restrict__ q,
+                const float* __restrict__ kc, const float* __restrict__ vc, float* __restrict__ out) {
+#if __CUDA_ARCH__ >= 800
+    flash_attention<64>(p, q, kc, vc, out);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(128)
+attention_mma128(const AttentionParams* __restrict__ p, const float* __restrict__ q,
+                 const float* __restrict__ kc, const float* __restrict__ vc, float* __restrict__ out) {
+#if __CUDA_ARCH__ >= 800
+    flash_attention<128>(p, q, kc, vc, out);
+#endif
+}
+
 // Decode attention with each (head, token)'s keys split across p->splits blocks (grid z), so that a
 // step with few heads still fills the device (flash-decoding). Each block leaves its part in
 // the scratch buffer; the last of a (head, token)'s blocks to finish (an atomic count) merges
