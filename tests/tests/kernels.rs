@@ -338,6 +338,55 @@ fn linear_every_format_matvec_and_matmat() {
     }
 }
 
+/// Prefill-sized products: enough rows and tokens that cuda takes its 128-row tensor-core
+/// tiles (a block per multiprocessor and more), partial tiles at both edges, the 4-bit formats'
+/// own staging and a K-quant's generic one. Same references and tolerance as above.
+#[test]
+fn linear_prefill_tiles() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let tokens = 257usize;
+    for (ty, rows, cols) in [
+        (GgmlType::Q4_1, 4229usize, 64usize),
+        (GgmlType::Q4_0, 4229, 64),
+        (GgmlType::Q6_K, 4229, 256),
+    ] {
+        let wf = rand_vec(&mut rng, rows * cols, 1.0);
+        let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
+        let x = rand_vec(&mut rng, tokens * cols, 1.0);
+        for d in devices() {
+            let reference = if on_tensor_cores(&d, tokens, cols) {
+                linear_f16_inputs(ty, &wq, &x, rows, cols, tokens)
+            } else if d.kind() == BackendKind::Cpu {
+                linear_q8_activations(ty, &wq, &x, rows, cols, tokens)
+            } else {
+                let mut want = vec![0f32; tokens * rows];
+                k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
+                want
+            };
+            let bw = d.upload("w", &wq).unwrap();
+            let bx = upload_f32(&d, "x", &x);
+            let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
+            d.run(&[Op::Linear(Linear {
+                w: &bw,
+                wtype: ty,
+                x: &bx,
+                y: &by,
+                rows: rows as u32,
+                cols: cols as u32,
+                tokens: tokens as u32,
+            })])
+            .unwrap();
+            assert_close(
+                &format!("linear {ty:?} {rows}x{cols} tokens={tokens}"),
+                &d,
+                &read(&d, &by, tokens * rows),
+                &reference,
+                2e-6 * cols as f32,
+            );
+        }
+    }
+}
+
 #[test]
 fn rmsnorm_softmax_silu_add() {
     let mut rng = StdRng::seed_from_u64(3);

@@ -71,8 +71,6 @@ fn format_header(ty: GgmlType) -> &'static str {
 pub(crate) struct Variant {
     /// The 4-bit matrix-vector kernels keep activations in f32 instead of int8 with dp4a.
     pub(crate) f32_activations: bool,
-    /// Prefill's tiled products keep f32 FMA instead of f16 tensor cores.
-    pub(crate) fma_prefill: bool,
     /// A folder whose kernel files replace the built-in ones (a development hook).
     pub(crate) kernels: Option<PathBuf>,
 }
@@ -81,7 +79,6 @@ impl Variant {
     pub(crate) fn new(cuda: &CudaOptions, dev: &DevHooks) -> Variant {
         Variant {
             f32_activations: !cuda.int8_dot,
-            fma_prefill: !cuda.tensor_cores,
             kernels: dev.cuda_kernels().map(PathBuf::from),
         }
     }
@@ -94,9 +91,8 @@ pub(crate) fn source(key: ModuleKey, v: &Variant) -> String {
     match key {
         ModuleKey::Ops => format!("{common}\n{}", overridden(v, "ops.cu", OPS)),
         ModuleKey::Weights(ty) => format!(
-            "{}{}{common}\n{}\n{}",
+            "{}{common}\n{}\n{}",
             activation_define(v),
-            prefill_define(v),
             overridden(
                 v,
                 &format!("{}.cuh", ty.name().to_ascii_lowercase()),
@@ -113,16 +109,6 @@ pub(crate) fn source(key: ModuleKey, v: &Variant) -> String {
 fn activation_define(v: &Variant) -> &'static str {
     if v.f32_activations {
         "#define CAIRN_F32_ACTIVATIONS\n"
-    } else {
-        ""
-    }
-}
-
-/// The tiled products (prefill) use f16 tensor cores on devices of compute capability 8.0 and
-/// up unless told to keep f32 FMA (`CudaOptions::tensor_cores`, the reference for comparisons).
-fn prefill_define(v: &Variant) -> &'static str {
-    if v.fma_prefill {
-        "#define CAIRN_FMA_PREFILL\n"
     } else {
         ""
     }
@@ -353,24 +339,6 @@ mod tests {
             Variant::default(),
             "variants must not share compiled modules"
         );
-    }
-
-    /// `tensor_cores: false` reaches the weight modules as the define that keeps prefill's f32
-    /// tiles.
-    #[test]
-    fn the_tensor_core_option_selects_the_f32_tiles() {
-        let fma = Variant::new(
-            &CudaOptions {
-                tensor_cores: false,
-                ..Default::default()
-            },
-            &DevHooks::default(),
-        );
-        let define = "#define CAIRN_FMA_PREFILL";
-        let q4 = ModuleKey::Weights(GgmlType::Q4_K);
-        assert!(source(q4, &fma).starts_with(define));
-        assert!(!source(q4, &Variant::default()).contains(define));
-        assert_ne!(fma, Variant::default());
     }
 
     /// A kernel folder replaces the files it holds, and only in builds with `dev-hooks`.

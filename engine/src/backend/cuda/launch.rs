@@ -50,6 +50,8 @@ pub(crate) enum Kernel {
     LinearMatvec,
     LinearMatvecSplit,
     LinearMatmat,
+    LinearMma64,
+    LinearMma128,
     LinearFused,
     LinearFusedSplit,
     LinearGlu,
@@ -83,6 +85,8 @@ impl Kernel {
             Kernel::LinearMatvec => "linear_matvec",
             Kernel::LinearMatvecSplit => "linear_matvec_split",
             Kernel::LinearMatmat => "linear_matmat",
+            Kernel::LinearMma64 => "linear_mma64",
+            Kernel::LinearMma128 => "linear_mma128",
             Kernel::LinearFused => "linear_fused",
             Kernel::LinearFusedSplit => "linear_fused_split",
             Kernel::LinearGlu => "linear_glu",
@@ -417,6 +421,30 @@ pub(crate) fn split_attention(l: &mut Launch<'_>, target_blocks: u32) {
     }
 }
 
+/// Prefill's tiled products on tensor cores (`linear_mma64`, `linear_mma128`, kernels/linear.cu)
+/// for devices that have them, where rows are a multiple of 32 columns: tiles of 128 rows where
+/// the grid still gives each of the `sms` multiprocessors a block, else of 64 (small matrices:
+/// SmolLM2's 576 rows over a 512-token prompt are 40 blocks of 128 rows, 72 of 64).
+pub(crate) fn tensor_core_linear(l: &mut Launch<'_>, sms: u32) {
+    if l.kernel != Kernel::LinearMatmat {
+        return;
+    }
+    let size = std::mem::size_of::<crate::kernels::LinearParams>();
+    let p: crate::kernels::LinearParams =
+        bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
+    if p.cols % 32 != 0 {
+        return;
+    }
+    let tiles = p.tokens.div_ceil(64);
+    let (kernel, rows) = if p.rows.div_ceil(128).saturating_mul(tiles) >= sms {
+        (Kernel::LinearMma128, 128)
+    } else {
+        (Kernel::LinearMma64, 64)
+    };
+    l.kernel = kernel;
+    l.grid = [p.rows.div_ceil(rows), tiles, 1];
+}
+
 /// Prefill attention on tensor cores (`attention_mma64`, `attention_mma128`, kernels/ops.cu):
 /// for devices that have them (compute capability 8.0 and up, `CudaOptions::tensor_cores`),
 /// dense attention over more tokens than decode takes, with a head size of 64 or 128, runs a
@@ -708,6 +736,43 @@ mod tests {
             Kernel::PagedAttention,
             "63 blocks of 100 wanted"
         );
+    }
+
+    #[test]
+    fn prefill_products_move_to_tensor_cores_by_size() {
+        let d = cpu();
+        let b = d.alloc("b", 4).unwrap();
+        let lin = |rows, cols, tokens| {
+            let mut l = plan(&Op::Linear(Linear {
+                w: &b,
+                wtype: GgmlType::Q4_1,
+                x: &b,
+                y: &b,
+                rows,
+                cols,
+                tokens,
+            }))
+            .unwrap()
+            .unwrap();
+            tensor_core_linear(&mut l, 132);
+            (l.kernel, l.grid)
+        };
+        assert_eq!(lin(4096, 4096, 512), (Kernel::LinearMma128, [32, 8, 1]));
+        assert_eq!(lin(576, 576, 512), (Kernel::LinearMma64, [9, 8, 1]));
+        assert_eq!(lin(576, 576, 5).0, Kernel::LinearMatvec, "decode keeps its kernels");
+        let mut f32_rows = plan(&Op::Linear(Linear {
+            w: &b,
+            wtype: GgmlType::F32,
+            x: &b,
+            y: &b,
+            rows: 64,
+            cols: 45,
+            tokens: 100,
+        }))
+        .unwrap()
+        .unwrap();
+        tensor_core_linear(&mut f32_rows, 132);
+        assert_eq!(f32_rows.kernel, Kernel::LinearMatmat, "45 columns: f32 tiles");
     }
 
     #[test]

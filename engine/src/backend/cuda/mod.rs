@@ -56,8 +56,11 @@ pub(crate) struct CudaBackend {
     exec: Mutex<exec::Executor>,
     /// How decode ops are fused into fewer launches (fuse.rs).
     fusion: Fusion,
-    /// Prefill attention runs on tensor cores (`launch::tensor_core_attention`).
+    /// Prefill's products and attention run on tensor cores (`launch::tensor_core_linear`,
+    /// `launch::tensor_core_attention`).
     tensor_cores: bool,
+    /// Multiprocessors, for the tile size of the tensor-core products.
+    sms: u32,
     /// Which source the modules are compiled from (int8 or f32 activations, a kernel folder).
     variant: compile::Variant,
     /// Working memory of kernels that need some (split attention), and its size; grown as
@@ -117,6 +120,7 @@ fn open_backend(info: &DeviceInfo, opts: &EngineOptions) -> Result<CudaBackend> 
         exec: Mutex::new(exec::Executor::new(graphs)),
         fusion,
         tensor_cores: opts.cuda.tensor_cores && cc.0 >= 8,
+        sms: u32::try_from(sms).unwrap_or(1).max(1),
         variant: compile::Variant::new(&opts.cuda, &opts.dev),
         scratch: Mutex::new(None),
     })
@@ -251,6 +255,7 @@ impl CudaBackend {
                         launch::split_attention(&mut l, self.fusion.attention_blocks);
                         if self.tensor_cores {
                             launch::tensor_core_attention(&mut l);
+                            launch::tensor_core_linear(&mut l, self.sms);
                         }
                         l
                     }

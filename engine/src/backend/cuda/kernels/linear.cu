@@ -88,9 +88,8 @@ linear_matvec_split(const LinearParams* __restrict__ p, const u8* __restrict__ w
     }
 }
 
-// The same product for many tokens (prefill): 64 rows x 64 tokens per block of 256 threads.
-// On Ampere and newer, f16 tensor cores (`matmat_mma`); else, and where rows are not a
-// multiple of 32 columns or CAIRN_FMA_PREFILL asks for it, f32 FMA tiles (`matmat_fma`).
+// The same product for many tokens (prefill) in f32 FMA: 64 rows x 64 tokens per block of 256
+// threads (the tensor-core tiles, linear_mma*, follow).
 #define MM_T 64
 #define MM_K 32
 
@@ -140,60 +139,91 @@ __device__ __forceinline__ void matmat_fma(const LinearParams* __restrict__ p, c
     }
 }
 
-#if __CUDA_ARCH__ >= 800 && !defined(CAIRN_FMA_PREFILL)
-#define MMA_PREFILL
-// Tensor cores: each step stages 32 columns of the block's 64 weight rows (dequantized, f16)
-// and of its 64 tokens' activations (f16) in shared memory, rows padded to 40 halves so the
-// fragment loads below hit 32 distinct banks. Eight warps, each 32 rows x 16 tokens: two by
-// two 16x8 tiles, two 16-column halves per step. Sums stay f32; rounding the activations to
-// f16 loses less than the cpu backend's int8 activations do.
+extern "C" __global__ void __launch_bounds__(256)
+linear_matmat(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+              float* __restrict__ y) {
+    matmat_fma(p, w, x, y);
+}
+
+// The same product on tensor cores (compute capability 8.0 and up, rows a multiple of 32
+// columns; launch::tensor_core_linear picks it and the tile): BM weight rows (64 or 128) x 64
+// tokens per block of 8 warps, each warp 32 rows x (64 / (8 / (BM / 32))) tokens of 16x8
+// tiles. Each step stages 32 columns of the rows (dequantized, f16) and of the tokens'
+// activations (f16) in shared memory, rows padded to 40 halves so the fragment loads hit 32
+// distinct banks; the next step's global loads are issued before this step's products. Sums
+// stay f32; rounding the activations to f16 loses less than the cpu backend's int8 ones.
 #define MMA_PAD 20  // u32 words per staged row: 32 halves + 8 of padding
-__device__ __forceinline__ void matmat_mma(const LinearParams* __restrict__ p, const u8* __restrict__ w,
-                                           const float* __restrict__ x, float* __restrict__ y) {
-    __shared__ __align__(16) u32 ws[MM_T][MMA_PAD];
-    __shared__ __align__(16) u32 xs[MM_T][MMA_PAD];
+#if __CUDA_ARCH__ >= 800
+// A format header may split its 8-weight staging into the loads (W8, stage8_load, a step
+// ahead) and the arithmetic (stage8_make); otherwise the loads are the whole of it.
+#ifndef HAVE_STAGE8_SPLIT
+struct W8 { uint4 v; };
+__device__ __forceinline__ W8 stage8_load(const u8* row, u32 c) {
+    float e[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) e[j] = w_elem(row, c + j);
+    return W8{make_uint4(pack_f16x2(e[0], e[1]), pack_f16x2(e[2], e[3]), pack_f16x2(e[4], e[5]),
+                         pack_f16x2(e[6], e[7]))};
+}
+__device__ __forceinline__ uint4 stage8_make(const W8& r, u32) { return r.v; }
+#endif
+
+template <int BM>
+__device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__ p,
+                                                const u8* __restrict__ w,
+                                                const float* __restrict__ x,
+                                                float* __restrict__ y) {
+    constexpr int WARPS_M = BM / 32, WN = 64 / (8 / WARPS_M), NT = WN / 8;
+    constexpr int WGROUPS = BM / 64;  // 8-weight groups each thread stages per step
+    __shared__ __align__(16) u32 ws[BM][MMA_PAD];
+    __shared__ __align__(16) u32 xs[64][MMA_PAD];
     const u32 rows = p->rows, cols = p->cols, tokens = p->tokens, row_bytes = p->row_bytes;
-    const u32 r0 = blockIdx.x * MM_T, t0 = blockIdx.y * MM_T;
-    // Staging: thread i fills 8 columns (kq..kq+7) of row / token i / 4.
+    const u32 r0 = blockIdx.x * BM, t0 = blockIdx.y * 64;
+    // Staging: thread i fills columns kq..kq+7 of weight rows i / 4 (+ 64) and of token i / 4.
     const u32 sr = threadIdx.x >> 2, kq = (threadIdx.x & 3) * 8;
-    const bool w_in = r0 + sr < rows, x_in = t0 + sr < tokens;
-    const u8* wrow = w + (size_t)(w_in ? r0 + sr : 0) * row_bytes;
+    bool w_in[WGROUPS];
+    const u8* wrow[WGROUPS];
+#pragma unroll
+    for (int i = 0; i < WGROUPS; i++) {
+        w_in[i] = r0 + sr + 64 * i < rows;
+        wrow[i] = w + (size_t)(w_in[i] ? r0 + sr + 64 * i : 0) * row_bytes;
+    }
+    const bool x_in = t0 + sr < tokens;
     const float* xrow = x + (size_t)(x_in ? t0 + sr : 0) * cols;
-    // Fragments: warp tile at (wm, wn); g, q as the PTX fragment layouts name them.
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 wm = (warp & 1) * 32, wn = (warp >> 1) * 16, g = lane >> 2, q = lane & 3;
-    float acc[2][2][4];
+    const u32 wm = (warp % WARPS_M) * 32, wn = (warp / WARPS_M) * WN, g = lane >> 2, q = lane & 3;
+    float acc[2][NT][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-    for (u32 k0 = 0; k0 < cols; k0 += MM_K) {
-        uint4 wv = make_uint4(0u, 0u, 0u, 0u), xv = wv;
-        if (w_in) {
-#ifdef HAVE_STAGE8
-            wv = stage8(wrow, k0 + kq);
-#else
-            float e[8];
+    W8 wr[WGROUPS];
+    float4 xa = make_float4(0.0f, 0.0f, 0.0f, 0.0f), xb = xa;
+    auto load = [&](u32 k0) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) e[j] = w_elem(wrow, k0 + kq + j);
-            wv = make_uint4(pack_f16x2(e[0], e[1]), pack_f16x2(e[2], e[3]), pack_f16x2(e[4], e[5]),
-                            pack_f16x2(e[6], e[7]));
-#endif
-        }
+        for (int i = 0; i < WGROUPS; i++)
+            if (w_in[i]) wr[i] = stage8_load(wrow[i], k0 + kq);
         if (x_in) {
-            const float4 a = *reinterpret_cast<const float4*>(xrow + k0 + kq);
-            const float4 b = *reinterpret_cast<const float4*>(xrow + k0 + kq + 4);
-            xv = make_uint4(pack_f16x2(a.x, a.y), pack_f16x2(a.z, a.w), pack_f16x2(b.x, b.y),
-                            pack_f16x2(b.z, b.w));
+            xa = *reinterpret_cast<const float4*>(xrow + k0 + kq);
+            xb = *reinterpret_cast<const float4*>(xrow + k0 + kq + 4);
         }
-        *reinterpret_cast<uint4*>(&ws[sr][kq >> 1]) = wv;
-        *reinterpret_cast<uint4*>(&xs[sr][kq >> 1]) = xv;
+    };
+    load(0);
+    for (u32 k0 = 0; k0 < cols; k0 += MM_K) {
+#pragma unroll
+        for (int i = 0; i < WGROUPS; i++)
+            *reinterpret_cast<uint4*>(&ws[sr + 64 * i][kq >> 1]) =
+                w_in[i] ? stage8_make(wr[i], k0 + kq) : make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(&xs[sr][kq >> 1]) =
+            make_uint4(pack_f16x2(xa.x, xa.y), pack_f16x2(xa.z, xa.w), pack_f16x2(xb.x, xb.y),
+                       pack_f16x2(xb.z, xb.w));
         __syncthreads();
+        if (k0 + MM_K < cols) load(k0 + MM_K);
 #pragma unroll
         for (u32 kh = 0; kh < MM_K / 2; kh += 8) {
-            u32 a[2][4], b[2][2];
+            u32 a[2][4], b[NT][2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const u32 m = wm + 16 * i + g;
@@ -203,7 +233,7 @@ __device__ __forceinline__ void matmat_mma(const LinearParams* __restrict__ p, c
                 a[i][3] = ws[m + 8][kh + q + 4];
             }
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
+            for (int j = 0; j < NT; j++) {
                 const u32 n = wn + 8 * j + g;
                 b[j][0] = xs[n][kh + q];
                 b[j][1] = xs[n][kh + q + 4];
@@ -211,7 +241,7 @@ __device__ __forceinline__ void matmat_mma(const LinearParams* __restrict__ p, c
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) mma_16x8x16(acc[i][j], a[i], b[j]);
+                for (int j = 0; j < NT; j++) mma_16x8x16(acc[i][j], a[i], b[j]);
         }
         __syncthreads();
     }
@@ -219,7 +249,7 @@ __device__ __forceinline__ void matmat_mma(const LinearParams* __restrict__ p, c
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const u32 r = r0 + wm + 16 * i + g + (e >= 2 ? 8 : 0);
@@ -230,15 +260,18 @@ __device__ __forceinline__ void matmat_mma(const LinearParams* __restrict__ p, c
 #endif
 
 extern "C" __global__ void __launch_bounds__(256)
-linear_matmat(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
-              float* __restrict__ y) {
-#ifdef MMA_PREFILL
-    if (p->cols % MM_K == 0) {
-        matmat_mma(p, w, x, y);
-        return;
-    }
+linear_mma64(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+             float* __restrict__ y) {
+#if __CUDA_ARCH__ >= 800
+    linear_mma_tile<64>(p, w, x, y);
 #endif
-    matmat_fma(p, w, x, y);
+}
+extern "C" __global__ void __launch_bounds__(256)
+linear_mma128(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+              float* __restrict__ y) {
+#if __CUDA_ARCH__ >= 800
+    linear_mma_tile<128>(p, w, x, y);
+#endif
 }
 
 // out[t] = row ids[t] of the table, or zeros for ids at or past vocab: grid (dim / 256, tokens).

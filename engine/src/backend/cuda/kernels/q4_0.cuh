@@ -14,25 +14,26 @@ __device__ __forceinline__ float w_elem(const u8* row, u32 c) {
     return d * (float)(v - 8);
 }
 __device__ __forceinline__ XS load_x(const float* x, u32 s) { return load_x_q4(x, s); }
-// Elements c..c+7 (c a multiple of 8) as four f16 pairs for the tensor-core prefill: d (n - 8)
-// with n - 8 exact in f16, one rounding, no int-to-float conversions. Blocks are only 2-byte
-// aligned, so the nibbles come as halfwords.
-#define HAVE_STAGE8
-__device__ __forceinline__ uint4 stage8(const u8* row, u32 c) {
+// Elements c..c+7 (c a multiple of 8) as four f16 pairs for the tensor-core prefill: the
+// words (stage8_load, a step ahead; blocks are only 2-byte aligned, so halfwords), then
+// d (n - 8) with n - 8 exact in f16, one rounding, no int-to-float conversions (stage8_make).
+#define HAVE_STAGE8_SPLIT
+struct W8 { u32 d, w0, w1; };
+__device__ __forceinline__ W8 stage8_load(const u8* row, u32 c) {
     const u16* b = reinterpret_cast<const u16*>(row + (c >> 5) * 18);
-    const u32 j = c & 31, d2 = (u32)__ldg(b) * 0x10001u;
-    const u32 sh = j >= 16 ? 4 : 0, h = 1 + ((j & 15) >> 1);
-    const u32 w0 = (u32)__ldg(b + h) | ((u32)__ldg(b + h + 1) << 16);
-    const u32 w1 = (u32)__ldg(b + h + 2) | ((u32)__ldg(b + h + 3) << 16);
-    const u32 x0 = (w0 >> sh) & 0x0f0f0f0fu, x1 = (w1 >> sh) & 0x0f0f0f0fu;
+    const u32 h = 1 + ((c & 15) >> 1);
+    return W8{(u32)__ldg(b), (u32)__ldg(b + h) | ((u32)__ldg(b + h + 1) << 16),
+              (u32)__ldg(b + h + 2) | ((u32)__ldg(b + h + 3) << 16)};
+}
+__device__ __forceinline__ uint4 stage8_make(const W8& r, u32 c) {
+    const u32 d2 = r.d * 0x10001u, sh = (c & 31) >= 16 ? 4 : 0;
+    const u32 x0 = (r.w0 >> sh) & 0x0f0f0f0fu, x1 = (r.w1 >> sh) & 0x0f0f0f0fu;
     const u32 k = 0x64086408u;  // the pair (1032, 1032): 1024 + n - 1032 = n - 8
     return make_uint4(f16x2_mul(f16x2_sub(nib_pair_1024(x0, 0), k), d2),
                       f16x2_mul(f16x2_sub(nib_pair_1024(x0, 1), k), d2),
                       f16x2_mul(f16x2_sub(nib_pair_1024(x1, 0), k), d2),
                       f16x2_mul(f16x2_sub(nib_pair_1024(x1, 1), k), d2));
 }
-// sum_j v_j x_j with v_j = 1 + nibble_j / 16 (see nib_dot in common): no int-to-float
-// conversions, which run at a sixteenth of the FMA rate.
 __device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {
     const u32 blk = s >> 2, q = s & 3;
     const u16* b = reinterpret_cast<const u16*>(row + blk * 18);

@@ -14,15 +14,20 @@ __device__ __forceinline__ float w_elem(const u8* row, u32 c) {
     return d * (float)v + m;
 }
 __device__ __forceinline__ XS load_x(const float* x, u32 s) { return load_x_q4(x, s); }
-// Elements c..c+7 (c a multiple of 8) as four f16 pairs for the tensor-core prefill: one
-// rounding of d n + m, no int-to-float conversions.
-#define HAVE_STAGE8
-__device__ __forceinline__ uint4 stage8(const u8* row, u32 c) {
+// Elements c..c+7 (c a multiple of 8) as four f16 pairs for the tensor-core prefill: the
+// words (stage8_load, a step ahead), then one rounding of d n + m per weight and no
+// int-to-float conversions (stage8_make).
+#define HAVE_STAGE8_SPLIT
+struct W8 { u32 dm, w0, w1; };
+__device__ __forceinline__ W8 stage8_load(const u8* row, u32 c) {
     const u32* b = reinterpret_cast<const u32*>(row + (c >> 5) * 20);
-    const u32 j = c & 31, dm = __ldg(b);
-    const u32 d2 = (dm & 0xffffu) * 0x10001u, m2 = (dm >> 16) * 0x10001u;
-    const u32 sh = j >= 16 ? 4 : 0, w = 1 + ((j & 15) >> 2);
-    const u32 x0 = (__ldg(b + w) >> sh) & 0x0f0f0f0fu, x1 = (__ldg(b + w + 1) >> sh) & 0x0f0f0f0fu;
+    const u32 w = 1 + ((c & 15) >> 2);
+    return W8{__ldg(b), __ldg(b + w), __ldg(b + w + 1)};
+}
+__device__ __forceinline__ uint4 stage8_make(const W8& r, u32 c) {
+    const u32 d2 = (r.dm & 0xffffu) * 0x10001u, m2 = (r.dm >> 16) * 0x10001u;
+    const u32 sh = (c & 31) >= 16 ? 4 : 0;
+    const u32 x0 = (r.w0 >> sh) & 0x0f0f0f0fu, x1 = (r.w1 >> sh) & 0x0f0f0f0fu;
     return make_uint4(f16x2_fma(f16x2_sub(nib_pair_1024(x0, 0), F16X2_1024), d2, m2),
                       f16x2_fma(f16x2_sub(nib_pair_1024(x0, 1), F16X2_1024), d2, m2),
                       f16x2_fma(f16x2_sub(nib_pair_1024(x1, 0), F16X2_1024), d2, m2),
