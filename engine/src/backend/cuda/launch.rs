@@ -588,6 +588,8 @@ mod tests {
                 tokens,
                 pos0,
                 scale: 0.125,
+                window: 0,
+                softcap: 0.0,
             })
         };
         let split = |tokens, pos0| {
@@ -653,6 +655,8 @@ mod tests {
             pool_blocks: 12,
             table_len: 20,
             scale: 0.125,
+            window: 0,
+            softcap: 0.0,
         }))
         .unwrap()
         .unwrap();

@@ -164,7 +164,7 @@ __device__ __forceinline__ AttPart attend(const AttentionParams* p, const float*
                                           const float* vc, u32 k0, u32 k1, float* qs, float* ps,
                                           float* red) {
     const u32 heads = p->heads, kv_heads = p->kv_heads, hd = p->head_dim;
-    const float scale = p->scale;
+    const float scale = p->scale, softcap = p->softcap;
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const u32 kh = h / (heads / kv_heads);
     const size_t kv_stride = (size_t)kv_heads * hd;
@@ -192,6 +192,7 @@ __device__ __forceinline__ AttPart attend(const AttentionParams* p, const float*
                 for (u32 d = 0; d < hd; d++) dot += qs[d] * kr[d];
             }
             s = dot * scale;
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         }
         const float mn = fmaxf(m, block_max(s, red));
         const float e = p < k1 ? expf(s - mn) : 0.0f;
@@ -214,7 +215,13 @@ __device__ __forceinline__ AttPart attend(const AttentionParams* p, const float*
     return AttPart{m, l, acc};
 }
 
-// One block per (head, token) over all its keys.
+// The first of `n_keys` causal keys a query attends to under a sliding window of `window`
+// positions (0: none), as kernels::attention::first_key.
+__device__ __forceinline__ u32 first_key(u32 n_keys, u32 window) {
+    return window == 0 ? 0 : n_keys - min(n_keys, window);
+}
+
+// One block per (head, token) over all its keys (the window's).
 extern "C" __global__ void __launch_bounds__(256)
 attention(const AttentionParams* __restrict__ p, const float* __restrict__ q, const float* __restrict__ kc,
           const float* __restrict__ vc, float* __restrict__ out) {
@@ -223,7 +230,8 @@ attention(const AttentionParams* __restrict__ p, const float* __restrict__ q, co
     __shared__ float red[32];
     const u32 heads = p->heads, hd = p->head_dim, pos0 = p->pos0;
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
-    const AttPart r = attend(p, q, kc, vc, 0, pos0 + t + 1, qs, ps, red);
+    const u32 n_keys = pos0 + t + 1;
+    const AttPart r = attend(p, q, kc, vc, first_key(n_keys, p->window), n_keys, qs, ps, red);
     if (tid < hd) out[((size_t)t * heads + h) * hd + tid] = r.acc / r.l;
 }
 
@@ -244,9 +252,9 @@ attention_split(const AttentionParams* __restrict__ p, const float* __restrict__
     const u32 heads = p->heads, hd = p->head_dim, tokens = p->tokens, pos0 = p->pos0;
     const u32 splits = p->splits;
     const u32 h = blockIdx.x, t = blockIdx.y, part = blockIdx.z, tid = threadIdx.x;
-    const u32 n_keys = pos0 + t + 1;
-    const u32 per = (n_keys + splits - 1) / splits;
-    const u32 k0 = min(part * per, n_keys), k1 = min(k0 + per, n_keys);
+    const u32 n_keys = pos0 + t + 1, key0 = first_key(n_keys, p->window);
+    const u32 per = (n_keys - key0 + splits - 1) / splits;
+    const u32 k0 = min(key0 + part * per, n_keys), k1 = min(k0 + per, n_keys);
     const AttPart r = attend(p, q, kc, vc, k0, k1, qs, ps, red);
     const u32 ht = t * heads + h;
     u32* count = scratch + ht;
@@ -331,7 +339,7 @@ __device__ __forceinline__ AttPart paged_attend(const PagedAttentionParams* p, c
                                                 u32 k0, u32 k1, float* qs, float* ps,
                                                 u32* key_slots, float* red) {
     const u32 heads = p->heads, kv_heads = p->kv_heads, hd = p->head_dim, block = p->block;
-    const float scale = p->scale;
+    const float scale = p->scale, softcap = p->softcap;
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const u32 kh = h / (heads / kv_heads);
     const size_t kv_stride = (size_t)kv_heads * hd;
@@ -361,6 +369,7 @@ __device__ __forceinline__ AttPart paged_attend(const PagedAttentionParams* p, c
                 for (u32 d = 0; d < hd; d++) dot += qs[d] * kr[d];
             }
             s = dot * scale;
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         }
         const float mn = fmaxf(m, block_max(s, red));
         const float e = j < k1 ? expf(s - mn) : 0.0f;
@@ -401,7 +410,8 @@ paged_attention(const PagedAttentionParams* __restrict__ p, const float* __restr
     const u32* tab;
     u32 n_keys;
     if (!paged_keys(p, rows, table, t, &tab, &n_keys)) return;
-    const AttPart r = paged_attend(p, q, kp, vp, tab, 0, n_keys, qs, ps, key_slots, red);
+    const u32 key0 = first_key(n_keys, p->window);
+    const AttPart r = paged_attend(p, q, kp, vp, tab, key0, n_keys, qs, ps, key_slots, red);
     // No keys: zeros, as the reference writes.
     if (tid < p->head_dim)
         out[((size_t)t * p->heads + h) * p->head_dim + tid] = n_keys ? r.acc / r.l : 0.0f;
@@ -428,8 +438,9 @@ paged_attention_split(const PagedAttentionParams* __restrict__ p, const float* _
     const u32* tab;
     u32 n_keys;
     if (!paged_keys(p, rows, table, t, &tab, &n_keys)) return;
-    const u32 per = n_keys / splits + (n_keys % splits != 0);
-    const u32 k0 = min(part * per, n_keys), k1 = min(k0 + per, n_keys);
+    const u32 key0 = first_key(n_keys, p->window), live = n_keys - key0;
+    const u32 per = live / splits + (live % splits != 0);
+    const u32 k0 = min(key0 + part * per, n_keys), k1 = min(k0 + per, n_keys);
     const AttPart r = paged_attend(p, q, kp, vp, tab, k0, k1, qs, ps, key_slots, red);
     const u32 ht = t * heads + h;
     u32* count = scratch + ht;
