@@ -182,7 +182,7 @@ impl CpuBackend {
         crate::kernels::paged::check_tables(&rows, &table, &p)?;
         let (q, k, v) = (rd(a.q)?, rd(a.k_pool)?, rd(a.v_pool)?);
         let mut o = wr(a.out)?;
-        let block = a.block as usize;
+        let (block, window) = (a.block as usize, a.window as usize);
         let shape = [a.heads, a.kv_heads, a.head_dim, a.tokens].map(|n| n as usize);
         attention::paged_attention(
             &self.vec,
@@ -194,7 +194,7 @@ impl CpuBackend {
             [a.scale, a.softcap],
             |t| {
                 let n = rows[2 * t + 1] as usize;
-                crate::kernels::attention::first_key(n, a.window as usize)..n
+                crate::kernels::attention::first_key(n, window)..n
             },
             |t, j| {
                 let start = rows[2 * t] as usize;
