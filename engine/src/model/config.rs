@@ -55,7 +55,7 @@ pub struct ModelConfig {
     /// Per block, whether it is a local (sliding-window) layer; empty when none is.
     #[serde(default)]
     pub swa_layers: Vec<bool>,
-    /// The RoPE base of the local layers.
+    /// The RoPE base of the local layers; 0 when there are none.
     #[serde(default)]
     pub rope_base_swa: f32,
 }
@@ -283,7 +283,7 @@ impl ModelConfig {
             final_softcap: 0.0,
             sliding_window: 0,
             swa_layers: Vec::new(),
-            rope_base_swa: rope_base,
+            rope_base_swa: 0.0,
         };
         match name {
             "smollm2-135m" | "135m" => Some(mk(30, 576, 1536, 9, 3, 49152, 100_000.0)),
@@ -335,7 +335,6 @@ impl Gemma {
             return Ok(Gemma {
                 attn_softcap,
                 final_softcap,
-                rope_base_swa: rope_base,
                 ..Gemma::default()
             });
         }
