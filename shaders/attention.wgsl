@@ -11,7 +11,13 @@ struct Params {
     scale: f32,
     // Blocks per (head, token) in the cuda backend's split attention; unused here.
     splits: u32,
-    _pad: u32,
+    // Sliding window: a query attends to its last `window` keys; 0 is no window.
+    window: u32,
+    // Scores become softcap * tanh(score / softcap) when it is above 0 (Gemma 2).
+    softcap: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -33,6 +39,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kv_stride = p.kv_heads * hd;
     let qbase = (t * p.heads + h) * hd;
     let n_keys = p.pos0 + t + 1u;
+    let first = select(0u, n_keys - min(n_keys, p.window), p.window != 0u);
     if (li < hd) {
         qs[li] = q[qbase + li];
     }
@@ -41,16 +48,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var l = 0.0;
     var o = 0.0;
     let n_chunks = (p.pos0 + p.tokens + CHUNK - 1u) / CHUNK;
-    for (var c = 0u; c < n_chunks; c++) {
+    // Chunks wholly before the window are skipped; keys before it in the first one count 0.
+    for (var c = first / CHUNK; c < n_chunks; c++) {
         let j = c * CHUNK + li;
+        let live_key = j >= first && j < n_keys;
         var s = -3.4028234e38;
-        if (j < n_keys) {
+        if (live_key) {
             let kb = j * kv_stride + kvh * hd;
             var acc = 0.0;
             for (var d = 0u; d < hd; d++) {
                 acc += qs[d] * k_cache[kb + d];
             }
             s = acc * p.scale;
+            if (p.softcap > 0.0) {
+                s = p.softcap * tanh(s / p.softcap);
+            }
         }
         scores[li] = s;
         workgroupBarrier();
@@ -59,7 +71,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             cm = max(cm, scores[i]);
         }
         workgroupBarrier();
-        scores[li] = select(0.0, exp(s - cm), j < n_keys);
+        scores[li] = select(0.0, exp(s - cm), live_key);
         workgroupBarrier();
         let corr = exp(m - cm);
         var csum = 0.0;

@@ -16,6 +16,12 @@ struct Params {
     pool_blocks: u32,
     table_len: u32,
     scale: f32,
+    // Sliding window: a token attends to its last `window` keys; 0 is no window.
+    window: u32,
+    // Scores become softcap * tanh(score / softcap) when it is above 0 (Gemma 2).
+    softcap: f32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -78,18 +84,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var l = 0.0;
     var o = 0.0;
     let n_chunks = keys / CHUNK + select(0u, 1u, keys % CHUNK != 0u);
-    for (var c = 0u; c < n_chunks; c++) {
+    let first = select(0u, keys - min(keys, p.window), p.window != 0u);
+    // Chunks wholly before the window are skipped; keys before it in the first one count 0.
+    for (var c = first / CHUNK; c < n_chunks; c++) {
         let j = c * CHUNK + li;
+        let live_key = j >= first && j < keys;
         var s = -3.4028234e38;
+        // Every key of the chunk has its slot for the value pass, whose weights before the
+        // window are 0: an unwritten slot would send it outside the pool.
         if (j < keys) {
-            let slot = table[start + j / block] * block + j % block;
-            key_slots[li] = slot;
+            key_slots[li] = table[start + j / block] * block + j % block;
+        }
+        if (live_key) {
+            let slot = key_slots[li];
             let kb = slot * kv_stride + kvh * hd;
             var acc = 0.0;
             for (var d = 0u; d < hd; d++) {
                 acc += qs[d] * k_pool[kb + d];
             }
             s = acc * p.scale;
+            if (p.softcap > 0.0) {
+                s = p.softcap * tanh(s / p.softcap);
+            }
         }
         scores[li] = s;
         workgroupBarrier();
@@ -98,7 +114,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             cm = max(cm, scores[i]);
         }
         workgroupBarrier();
-        scores[li] = select(0.0, exp(s - cm), j < keys);
+        scores[li] = select(0.0, exp(s - cm), live_key);
         workgroupBarrier();
         let corr = exp(m - cm);
         var csum = 0.0;

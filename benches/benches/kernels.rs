@@ -621,6 +621,8 @@ impl Bench<'_> {
                 tokens: 1,
                 pos0: ctx - 1,
                 scale: 1.0 / (head_dim as f32).sqrt(),
+                window: 0,
+                softcap: 0.0,
             });
             // Bytes of the K and V caches read (q and out are negligible).
             let per = 2.0 * kv as f64 * 4.0;

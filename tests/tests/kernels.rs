@@ -726,8 +726,15 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
             queries: vec![300, 257, 256],
         },
     ];
-    // Blocks of 16 (a sequence of exactly one block, one of a block and one) and of an odd 5.
-    for (head_dim, block) in [(64usize, 16usize), (40, 5)] {
+    // Blocks of 16 (a sequence of exactly one block, one of a block and one) and of an odd 5;
+    // sliding windows of 7 (starting within a block) and of 30 (past the first 256-key chunk
+    // of the longest sequence); a soft cap of 0.5, which bends every score.
+    for (head_dim, block, window, softcap) in [
+        (64usize, 16usize, 0u32, 0.0f32),
+        (40, 5, 0, 0.0),
+        (40, 5, 7, 0.5),
+        (64, 16, 30, 0.0),
+    ] {
         let kv_dim = kv_heads * head_dim;
         let n_blocks: Vec<usize> = seqs.iter().map(|s| s.len.div_ceil(block)).collect();
         // Spare blocks stay NaN: a kernel reading a wrong slot makes NaNs.
@@ -778,6 +785,10 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
             pool_blocks: pool_blocks as u32,
             table_len,
             scale,
+            window,
+            softcap,
+            _pad0: 0,
+            _pad1: 0,
         };
         let row = heads * head_dim;
         let mut want = vec![0f32; n_good * row];
@@ -836,12 +847,16 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
                     pool_blocks: p.pool_blocks,
                     table_len: p.table_len,
                     scale: p.scale,
+                    window: p.window,
+                    softcap: p.softcap,
                 })])
                 .map(|()| read(&d, &bo, tokens * row))
             };
             // Online softmax rescales partial sums: 1e-5 relative, as dense attention.
             let got = run(&q[..n_good * row], &good, n_good).unwrap();
-            let what = format!("paged attention head_dim={head_dim} block={block}");
+            let what = format!(
+                "paged attention head_dim={head_dim} block={block} window={window} softcap={softcap}"
+            );
             assert_close(&what, &d, &got, &want, 1e-5);
             let mixed = run(&mixed_q, &mixed_rows, n_good + bad_rows.len());
             if d.kind() == BackendKind::Cpu {
@@ -1017,8 +1032,18 @@ fn embed_every_table_format() {
 fn attention_decode_and_causal_prefill() {
     let mut rng = StdRng::seed_from_u64(6);
     let (heads, kv_heads, head_dim) = (6usize, 2usize, 40usize);
-    // pos0 + tokens > 256 exercises the chunked online softmax.
-    for (tokens, pos0) in [(1usize, 0usize), (1, 300), (7, 0), (5, 290)] {
+    // pos0 + tokens > 256 exercises the chunked online softmax; sliding windows start inside
+    // the first chunk, in the second (skipping the first), and cut a prefill's rows; soft
+    // caps of 0.5 and 0.7 bend every score.
+    for (tokens, pos0, window, softcap) in [
+        (1usize, 0usize, 0usize, 0.0f32),
+        (1, 300, 0, 0.0),
+        (7, 0, 0, 0.0),
+        (5, 290, 0, 0.5),
+        (1, 300, 37, 0.0),
+        (7, 0, 3, 0.7),
+        (5, 290, 100, 0.0),
+    ] {
         let n_pos = pos0 + tokens;
         let q = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
         let kc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
@@ -1026,7 +1051,8 @@ fn attention_decode_and_causal_prefill() {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let mut want = vec![0f32; q.len()];
         k::attention::attention(
-            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale,
+            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale, window,
+            softcap,
         );
         for d in devices() {
             let (bq, bk, bv) = (
@@ -1046,11 +1072,13 @@ fn attention_decode_and_causal_prefill() {
                 tokens: tokens as u32,
                 pos0: pos0 as u32,
                 scale,
+                window: window as u32,
+                softcap,
             })])
             .unwrap();
             // Online softmax rescales partial sums: 1e-5 relative.
             assert_close(
-                &format!("attention tokens={tokens} pos0={pos0}"),
+                &format!("attention tokens={tokens} pos0={pos0} window={window} softcap={softcap}"),
                 &d,
                 &read(&d, &bo, q.len()),
                 &want,
@@ -1068,8 +1096,15 @@ fn attention_decode_and_causal_prefill() {
 fn prefill_attention_at_head_sizes_64_and_128() {
     let mut rng = StdRng::seed_from_u64(16);
     let (heads, kv_heads) = (4usize, 2usize);
-    // 100 tokens: a partial second tile of queries; pos0 37: keys before the prompt.
-    for (head_dim, tokens, pos0) in [(64usize, 100usize, 0usize), (128, 100, 37), (64, 9, 70)] {
+    // 100 tokens: a partial second tile of queries; pos0 37: keys before the prompt; windows
+    // of 70 (keys of later rows start past the first tile) and 5, and Gemma 2's soft cap.
+    for (head_dim, tokens, pos0, window, softcap) in [
+        (64usize, 100usize, 0usize, 0usize, 0f32),
+        (128, 100, 37, 0, 0.0),
+        (64, 9, 70, 0, 0.0),
+        (128, 150, 20, 70, 0.0),
+        (64, 100, 3, 5, 2.0),
+    ] {
         let n_pos = pos0 + tokens;
         let q = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
         let kc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
@@ -1077,7 +1112,8 @@ fn prefill_attention_at_head_sizes_64_and_128() {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let mut want = vec![0f32; q.len()];
         k::attention::attention(
-            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale,
+            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale, window,
+            softcap,
         );
         for d in devices() {
             let (bq, bk, bv) = (
@@ -1097,6 +1133,8 @@ fn prefill_attention_at_head_sizes_64_and_128() {
                 tokens: tokens as u32,
                 pos0: pos0 as u32,
                 scale,
+                window: window as u32,
+                softcap,
             })])
             .unwrap();
             let tol = if on_tensor_cores(&d, tokens, 32) {
@@ -1105,7 +1143,9 @@ fn prefill_attention_at_head_sizes_64_and_128() {
                 1e-5
             };
             assert_close(
-                &format!("attention head_dim={head_dim} tokens={tokens} pos0={pos0}"),
+                &format!(
+                    "attention head_dim={head_dim} tokens={tokens} pos0={pos0} window={window} softcap={softcap}"
+                ),
                 &d,
                 &read(&d, &bo, q.len()),
                 &want,

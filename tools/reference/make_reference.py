@@ -20,8 +20,16 @@ import sys
 import numpy as np
 
 import llama_cpp
-from llama_cpp import Llama
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_model import (  # noqa: E402
+    batched_logits,
+    chat_formatter,
+    greedy,
+    open_model,
+    prompt_text,
+    tokenize,
+)
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 N_CONTINUATION = 32
@@ -126,43 +134,6 @@ def md5sum(path):
     return h.hexdigest()
 
 
-def token_text(llm, tid):
-    return llm._model.token_get_text(tid)
-
-
-def top2(row):
-    order = np.argsort(-row, kind="stable")[:2]
-    a, b = float(row[order[0]]), float(row[order[1]])
-    return int(order[0]), [round(a, 4), round(b, 4)], round(a - b, 4)
-
-
-def greedy(llm, prompt_tokens, n):
-    """Greedy continuation as a generation loop computes it: the prompt evaluated in one
-    batch, then one token at a time. Returns the continuation and, per position, the
-    argmax, the two largest logits and their difference, from that same evaluation."""
-    llm.reset()
-    llm.eval(prompt_tokens)
-    cont, top1, top2s, margins = [], [], [], []
-    for _ in range(n):
-        tok, t2, m = top2(llm.scores[llm.n_tokens - 1])
-        cont.append(tok)
-        top1.append(tok)
-        top2s.append(t2)
-        margins.append(m)
-        if len(cont) < n:
-            llm.eval([tok])
-    return cont, top1, top2s, margins
-
-
-def batched_logits(llm, prompt_tokens, continuation):
-    """Logits at every continuation position from one batched evaluation of
-    prompt + continuation[:-1], i.e. logits for all positions at once."""
-    llm.reset()
-    seq = list(prompt_tokens) + list(continuation[:-1])
-    llm.eval(seq)
-    return np.array(llm.scores[len(prompt_tokens) - 1 : len(seq)])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
@@ -173,43 +144,16 @@ def main():
     if not os.path.exists(args.model):
         sys.exit(f"model not found: {args.model} (fetch it with scripts/fetch-model.sh)")
 
-    llm = Llama(
-        model_path=args.model,
-        n_ctx=2048,
-        n_batch=2048,
-        n_ubatch=512,
-        n_threads=2,
-        n_threads_batch=2,
-        n_gpu_layers=0,
-        logits_all=True,
-        seed=0,
-        # llama.cpp's most precise CPU configuration: an f32 KV cache and no flash attention
-        # (whose f16 accumulation alone moves logits by up to ~0.5 on this model). Cairn keeps
-        # f32 keys and values, so this is the like-for-like reference.
-        flash_attn=False,
-        type_k=0,
-        type_v=0,
-        verbose=False,
-    )
+    llm = open_model(args.model)
     vocab = llm._model.vocab
     n_vocab = llm.n_vocab()
-    template = llm.metadata.get("tokenizer.chat_template")
     bos_id, eos_id = llm.token_bos(), llm.token_eos()
-    bos_text = token_text(llm, bos_id) if bos_id >= 0 else ""
-    eos_text = token_text(llm, eos_id) if eos_id >= 0 else ""
-    formatter = Jinja2ChatFormatter(template, eos_token=eos_text, bos_token=bos_text, add_generation_prompt=True)
-
-    def tok(text, special=True):
-        # add_bos=True maps to llama.cpp's add_special: BOS/EOS only where the model asks.
-        return llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
+    formatter = chat_formatter(llm)
 
     cases = []
     for name, prompt, chat in PROMPTS:
-        if chat:
-            text = formatter(messages=[{"role": "user", "content": prompt}]).prompt
-        else:
-            text = prompt
-        prompt_tokens = tok(text)
+        text = prompt_text(formatter, prompt, chat)
+        prompt_tokens = tokenize(llm, text)
         continuation, top1, top2s, margin = greedy(llm, prompt_tokens, N_CONTINUATION)
         incremental = np.array(llm.scores[len(prompt_tokens) - 1 : len(prompt_tokens) + N_CONTINUATION - 1])
         batched = batched_logits(llm, prompt_tokens, continuation)

@@ -8,7 +8,17 @@ function and checks the file's sha256 against the one recorded here before compa
     /root/.cache/cairn/refenv/bin/python tools/reference/make_reference_quant.py \
         --model /tmp/smollm2-q4_k_m.gguf --out tests/data/reference-q4_k_m.json
 
-Same settings as make_reference.py: CPU, 2 threads, greedy argmax, f32 KV cache.
+The Q5_K_M and Q6_K references hold a few cases (CI runs them on the cpu backend only):
+
+    ... make_reference_quant.py --model /tmp/smollm2-q5_k_m.gguf --type Q5_K_M \
+        --cases short,code,chinese,chat_capital --out tests/data/reference-q5_k_m.json
+    ... make_reference_quant.py --model /tmp/smollm2-q6_k.gguf --type Q6_K \
+        --cases short,chinese,chat_capital --out tests/data/reference-q6_k.json
+
+and each then gets teacher_forced.py --annotate on its file dequantized to F32.
+
+Same settings as make_reference.py (tools/reference/reference_model.py): CPU, 2 threads,
+greedy argmax, f32 KV cache.
 """
 
 import argparse
@@ -18,11 +28,10 @@ import os
 import sys
 
 import llama_cpp
-from llama_cpp import Llama
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_reference import N_CONTINUATION, PROMPTS, greedy, token_text  # noqa: E402
+from make_reference import N_CONTINUATION, PROMPTS  # noqa: E402
+from reference_model import chat_formatter, greedy, open_model, prompt_text, tokenize  # noqa: E402
 
 
 def sha256sum(path):
@@ -44,34 +53,15 @@ def main():
     if not os.path.exists(args.model):
         sys.exit(f"model not found: {args.model}")
 
-    llm = Llama(
-        model_path=args.model,
-        n_ctx=2048,
-        n_batch=2048,
-        n_ubatch=512,
-        n_threads=2,
-        n_threads_batch=2,
-        n_gpu_layers=0,
-        logits_all=True,
-        seed=0,
-        flash_attn=False,
-        type_k=0,
-        type_v=0,
-        verbose=False,
-    )
-    template = llm.metadata.get("tokenizer.chat_template")
-    bos_id, eos_id = llm.token_bos(), llm.token_eos()
-    bos_text = token_text(llm, bos_id) if bos_id >= 0 else ""
-    eos_text = token_text(llm, eos_id) if eos_id >= 0 else ""
-    formatter = Jinja2ChatFormatter(template, eos_token=eos_text, bos_token=bos_text, add_generation_prompt=True)
+    llm = open_model(args.model)
+    formatter = chat_formatter(llm)
 
     cases = []
     wanted = [c for c in args.cases.split(",") if c]
     for name, prompt, chat in PROMPTS:
         if wanted and name not in wanted:
             continue
-        text = formatter(messages=[{"role": "user", "content": prompt}]).prompt if chat else prompt
-        prompt_tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        prompt_tokens = tokenize(llm, prompt_text(formatter, prompt, chat))
         continuation, top1, top2s, margin = greedy(llm, prompt_tokens, N_CONTINUATION)
         cases.append(
             {

@@ -20,9 +20,11 @@ test uses where llama.cpp's two arithmetics pick differently (tests/tests/model.
 
 import argparse
 import json
+import os
+import sys
 
-import numpy as np
-from llama_cpp import Llama
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_model import batched_logits, open_model, top2  # noqa: E402
 
 
 def main():
@@ -38,34 +40,15 @@ def main():
         name, pos = item.split(":")
         wanted.setdefault(name, set()).add(int(pos))
 
-    llm = Llama(
-        model_path=args.model,
-        n_ctx=2048,
-        n_batch=2048,
-        n_ubatch=512,
-        n_threads=2,
-        n_threads_batch=2,
-        n_gpu_layers=0,
-        logits_all=True,
-        seed=0,
-        flash_attn=False,
-        type_k=0,
-        type_v=0,
-        verbose=False,
-    )
+    llm = open_model(args.model)
     agree = total = 0
     for case in ref["cases"]:
-        prompt, cont = case["prompt_tokens"], case["continuation"]
-        llm.reset()
-        seq = list(prompt) + list(cont[:-1])
-        llm.eval(seq)
-        rows = np.array(llm.scores[len(prompt) - 1 : len(seq)])
+        rows = batched_logits(llm, case["prompt_tokens"], case["continuation"])
         case["exact_top1"], case["exact_margin"] = [], []
         for i, row in enumerate(rows):
-            order = np.argsort(row)[::-1]
-            top1, margin = int(order[0]), float(row[order[0]] - row[order[1]])
+            top1, _, margin = top2(row)
             case["exact_top1"].append(top1)
-            case["exact_margin"].append(round(margin, 4))
+            case["exact_margin"].append(margin)
             want, want_margin = case["top1"][i], case["margin"][i]
             total += 1
             agree += top1 == want

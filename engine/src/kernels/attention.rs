@@ -18,20 +18,26 @@ pub fn attention(
     tokens: usize,
     pos0: usize,
     scale: f32,
+    window: usize,
+    softcap: f32,
 ) {
     let group = heads / kv_heads.max(1);
     let kv_stride = kv_heads * head_dim;
     let mut scores = Vec::new();
     for t in 0..tokens {
         let n_keys = pos0 + t + 1;
+        let first = first_key(n_keys, window);
         for h in 0..heads {
             let kvh = h / group.max(1);
             let qv = &q[(t * heads + h) * head_dim..][..head_dim];
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for p in 0..n_keys {
+            for p in first..n_keys {
                 let kv = &k_cache[p * kv_stride + kvh * head_dim..][..head_dim];
-                let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale;
+                let s = cap_score(
+                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale,
+                    softcap,
+                );
                 max = max.max(s);
                 scores.push(s);
             }
@@ -42,7 +48,7 @@ pub fn attention(
             }
             let o = &mut out[(t * heads + h) * head_dim..][..head_dim];
             o.fill(0.0);
-            for (p, s) in scores.iter().enumerate() {
+            for (p, s) in (first..n_keys).zip(&scores) {
                 let vv = &v_cache[p * kv_stride + kvh * head_dim..][..head_dim];
                 let w = s / sum;
                 for (a, b) in o.iter_mut().zip(vv) {
@@ -53,9 +59,31 @@ pub fn attention(
     }
 }
 
+/// A scaled attention score soft-capped as Gemma 2 does (`cap * tanh(s / cap)`) when
+/// `softcap > 0`.
+pub fn cap_score(s: f32, softcap: f32) -> f32 {
+    if softcap > 0.0 {
+        softcap * (s / softcap).tanh()
+    } else {
+        s
+    }
+}
+
+/// The first key a query with `n_keys` causal keys attends to under a sliding `window` (the
+/// last `window` positions, its own included, as llama.cpp masks Gemma's local layers); 0 is
+/// no window.
+pub fn first_key(n_keys: usize, window: usize) -> usize {
+    if window == 0 {
+        0
+    } else {
+        n_keys.saturating_sub(window)
+    }
+}
+
 /// Causal grouped-query attention. `q`: `tokens × heads × head_dim`; caches:
 /// `capacity × kv_heads × head_dim` holding positions `0..pos0 + tokens`; query `t` (at
-/// position `pos0 + t`) attends to cache positions `0..=pos0 + t`. `out` like `q`.
+/// position `pos0 + t`) attends to cache positions `0..=pos0 + t`, or with a `window` of
+/// `w > 0` to the last `w` of them ([`first_key`]). `out` like `q`.
 #[derive(Debug, Clone, Copy)]
 pub struct Attention<'a> {
     pub q: &'a Buffer,
@@ -68,6 +96,10 @@ pub struct Attention<'a> {
     pub tokens: u32,
     pub pos0: u32,
     pub scale: f32,
+    /// Sliding window in positions; 0 attends to every earlier position.
+    pub window: u32,
+    /// Scores (after `scale`) become `softcap * tanh(score / softcap)`; 0 leaves them.
+    pub softcap: f32,
 }
 
 params!(AttentionParams {
@@ -79,7 +111,11 @@ params!(AttentionParams {
     scale: f32,
     // Blocks per (head, token) in cuda's `attention_split`; 0 elsewhere.
     splits: u32,
-    _pad: u32,
+    window: u32,
+    softcap: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 });
 
 impl<'a> OpSpec<'a> for Attention<'a> {
@@ -126,7 +162,11 @@ impl<'a> OpSpec<'a> for Attention<'a> {
             pos0: self.pos0,
             scale: self.scale,
             splits: 0,
-            _pad: 0,
+            window: self.window,
+            softcap: self.softcap,
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
         }
     }
 
@@ -144,6 +184,8 @@ impl<'a> OpSpec<'a> for Attention<'a> {
             self.tokens as usize,
             self.pos0 as usize,
             self.scale,
+            self.window as usize,
+            self.softcap,
         );
         Ok(())
     }

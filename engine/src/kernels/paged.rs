@@ -8,6 +8,7 @@
 //! kernels read, so every GPU kernel skips an entry outside the pool instead of reading or
 //! writing past it; the CPU reference refuses such an entry with an error.
 
+use super::attention::{cap_score, first_key};
 use super::op::{OpSpec, Use, f32s, params};
 use crate::backend::cpu::access::{f, fm, rd, wr};
 use crate::backend::{self, BackendError, Buffer};
@@ -88,7 +89,9 @@ impl<'a> OpSpec<'a> for KvStore<'a> {
 /// its key `j` is in slot `table[start + j / block] * block + j % block` of `k_pool` and
 /// `v_pool` (`pool_blocks × block × kv_heads × head_dim`). `table_len` u32 values of `table`
 /// are valid; a token whose keys reach past them, or a block at or past `pool_blocks`, is
-/// skipped by GPU kernels (its output is not written) and an error on the CPU.
+/// skipped by GPU kernels (its output is not written) and an error on the CPU. With a
+/// `window` of `w > 0` a token attends to its last `w` keys only
+/// ([`first_key`](super::attention::first_key)).
 #[derive(Debug, Clone, Copy)]
 pub struct PagedAttention<'a> {
     pub q: &'a Buffer,
@@ -105,6 +108,10 @@ pub struct PagedAttention<'a> {
     pub pool_blocks: u32,
     pub table_len: u32,
     pub scale: f32,
+    /// Sliding window in positions; 0 attends to every earlier position.
+    pub window: u32,
+    /// Scores (after `scale`) become `softcap * tanh(score / softcap)`; 0 leaves them.
+    pub softcap: f32,
 }
 
 params!(PagedAttentionParams {
@@ -116,6 +123,10 @@ params!(PagedAttentionParams {
     pool_blocks: u32,
     table_len: u32,
     scale: f32,
+    window: u32,
+    softcap: f32,
+    _pad0: u32,
+    _pad1: u32,
 });
 
 impl<'a> OpSpec<'a> for PagedAttention<'a> {
@@ -164,6 +175,10 @@ impl<'a> OpSpec<'a> for PagedAttention<'a> {
             pool_blocks: self.pool_blocks,
             table_len: self.table_len,
             scale: self.scale,
+            window: self.window,
+            softcap: self.softcap,
+            _pad0: 0,
+            _pad1: 0,
         }
     }
 
@@ -231,7 +246,7 @@ pub fn paged_attention(
             ));
         }
         slots.clear();
-        for j in 0..n_keys {
+        for j in first_key(n_keys, p.window as usize)..n_keys {
             let b = table[start + j / block];
             if b >= p.pool_blocks {
                 return Err(out_of_pool("block", b, p.pool_blocks));
@@ -246,6 +261,7 @@ pub fn paged_attention(
             for &slot in &slots {
                 let kv = &k_pool[slot * kv_stride + kvh * hd..][..hd];
                 let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * p.scale;
+                let s = cap_score(s, p.softcap);
                 max = max.max(s);
                 scores.push(s);
             }
@@ -291,8 +307,6 @@ mod tests {
         let k: Vec<f32> = (0..n * kv_dim).map(val).collect();
         let v: Vec<f32> = (0..n * kv_dim).map(|i| val(i + 31)).collect();
         let q: Vec<f32> = (0..3 * heads * hd).map(|i| val(i + 77)).collect();
-        let mut dense = vec![0.0; q.len()];
-        attention(&q, &k, &v, &mut dense, heads, kv_heads, hd, 3, n - 3, 0.35);
         // 3 blocks, placed at pool blocks 5, 1, 3 of 6; the table starts at entry 2.
         let table = [9, 9, 5, 1, 3];
         let pool_blocks = 6;
@@ -304,7 +318,7 @@ mod tests {
             vp[slot * kv_dim..][..kv_dim].copy_from_slice(&v[j * kv_dim..][..kv_dim]);
         }
         let rows = [2, 9, 2, 10, 2, 11];
-        let p = PagedAttentionParams {
+        let mut p = PagedAttentionParams {
             heads: heads as u32,
             kv_heads: kv_heads as u32,
             head_dim: hd as u32,
@@ -313,12 +327,44 @@ mod tests {
             pool_blocks: pool_blocks as u32,
             table_len: table.len() as u32,
             scale: 0.35,
+            window: 0,
+            softcap: 0.0,
+            _pad0: 0,
+            _pad1: 0,
         };
         let mut paged = vec![0.0; q.len()];
-        paged_attention(&q, &kp, &vp, &rows, &table, &mut paged, &p).unwrap();
-        for (a, b) in dense.iter().zip(&paged) {
-            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        // A window of 6 starts the three queries' keys in different blocks.
+        for window in [0, 6] {
+            let mut dense = vec![0.0; q.len()];
+            attention(
+                &q,
+                &k,
+                &v,
+                &mut dense,
+                heads,
+                kv_heads,
+                hd,
+                3,
+                n - 3,
+                0.35,
+                window,
+                0.0,
+            );
+            p.window = window as u32;
+            paged_attention(&q, &kp, &vp, &rows, &table, &mut paged, &p).unwrap();
+            for (a, b) in dense.iter().zip(&paged) {
+                assert!((a - b).abs() < 1e-6, "window {window}: {a} vs {b}");
+            }
         }
+        let mut unwindowed = vec![0.0; q.len()];
+        p.window = 0;
+        paged_attention(&q, &kp, &vp, &rows, &table, &mut unwindowed, &p).unwrap();
+        assert!(
+            paged
+                .iter()
+                .zip(&unwindowed)
+                .any(|(a, b)| (a - b).abs() > 1e-3)
+        );
         // A table too short for a token's keys, or a block outside the pool, is an error.
         let short = [2, 13];
         assert!(paged_attention(&q, &kp, &vp, &short, &table, &mut paged, &p).is_err());

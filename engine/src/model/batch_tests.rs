@@ -94,34 +94,7 @@ fn a_batch_of_sequences_matches_each_run_alone() {
     let expect: Vec<_> = prompts.iter().map(|p| alone(&shard, p, steps)).collect();
     let mut pool = shard.new_pool(64 << 20).unwrap();
     let mut seqs: Vec<SeqKv> = (0..3).map(|_| SeqKv::new(64)).collect();
-    pollster::block_on(async {
-        for step in 0..=steps {
-            let inputs: Vec<Vec<u32>> = (0..3)
-                .map(|s| match step {
-                    0 => prompts[s].clone(),
-                    _ => vec![expect[s].1[step - 1]],
-                })
-                .collect();
-            let mut items: Vec<BatchItem> = seqs
-                .iter_mut()
-                .zip(&inputs)
-                .map(|(seq, input)| BatchItem {
-                    seq,
-                    input: ShardInput::Tokens(input),
-                    want: Want::Logits,
-                })
-                .collect();
-            let outs = shard.forward_batch(&mut pool, &mut items).await.unwrap();
-            for (s, out) in outs.into_iter().enumerate() {
-                let got = logits(out.unwrap());
-                assert_close(
-                    &format!("sequence {s} step {step}"),
-                    &got,
-                    &expect[s].0[step],
-                );
-            }
-        }
-    });
+    batched_matches(&shard, &mut pool, &mut seqs, &prompts, &expect, "");
     assert_eq!(seqs[1].len(), 11 + steps);
     // Blocks come back when a sequence ends, and a new sequence on reused blocks sees none
     // of the old one's keys.
@@ -141,6 +114,74 @@ fn a_batch_of_sequences_matches_each_run_alone() {
     .unwrap();
     let got = logits(out.into_iter().next().unwrap().unwrap());
     assert_close("reused blocks", &got, &alone(&shard, &fresh, 0).0[0]);
+}
+
+/// Feeds `prompts` and then each sequence's tokens of `expect` (from [`alone`]) to `seqs` in
+/// batched passes, checking each pass's logits against the run alone.
+fn batched_matches(
+    shard: &Shard,
+    pool: &mut super::kv_pool::KvPool,
+    seqs: &mut [SeqKv],
+    prompts: &[Vec<u32>],
+    expect: &[(Vec<Vec<f32>>, Vec<u32>)],
+    what: &str,
+) {
+    let steps = expect[0].1.len();
+    pollster::block_on(async {
+        for step in 0..=steps {
+            let inputs: Vec<Vec<u32>> = (0..prompts.len())
+                .map(|s| match step {
+                    0 => prompts[s].clone(),
+                    _ => vec![expect[s].1[step - 1]],
+                })
+                .collect();
+            let mut items: Vec<BatchItem> = seqs
+                .iter_mut()
+                .zip(&inputs)
+                .map(|(seq, input)| BatchItem {
+                    seq,
+                    input: ShardInput::Tokens(input),
+                    want: Want::Logits,
+                })
+                .collect();
+            let outs = shard.forward_batch(pool, &mut items).await.unwrap();
+            for (s, out) in outs.into_iter().enumerate() {
+                let got = logits(out.unwrap());
+                assert_close(
+                    &format!("{what}sequence {s} step {step}"),
+                    &got,
+                    &expect[s].0[step],
+                );
+            }
+        }
+    });
+}
+
+/// Gemma's windowed, soft-capped attention through the paged pool (the tiny models: a window
+/// of 5, which the longer prompt passes in its prefill and the shorter one while decoding).
+#[test]
+fn tiny_gemma_batches_match_each_run_alone() {
+    use crate::gguf::{BytesGguf, TensorSource};
+    for arch in ["gemma2", "gemma3"] {
+        let file = BytesGguf::new(super::tiny::tiny_model(arch, 3).unwrap()).unwrap();
+        let cfg = ModelConfig::from_gguf(file.gguf()).unwrap();
+        let shard = Shard::load(cpu(), &file, 0, cfg.n_layers, 8, &mut |_, _| {}).unwrap();
+        let prompts: Vec<Vec<u32>> = vec![
+            (0..11).map(|i| (i * 37 + 1) % 320).collect(),
+            vec![5, 17, 250],
+        ];
+        let expect: Vec<_> = prompts.iter().map(|p| alone(&shard, p, 4)).collect();
+        let mut pool = shard.new_pool(16 << 20).unwrap();
+        let mut seqs: Vec<SeqKv> = (0..2).map(|_| SeqKv::new(64)).collect();
+        batched_matches(
+            &shard,
+            &mut pool,
+            &mut seqs,
+            &prompts,
+            &expect,
+            &format!("{arch} "),
+        );
+    }
 }
 
 /// Two shards, the first passing each sequence's hidden rows to the second, drawing greedy

@@ -43,6 +43,21 @@ pub struct ModelConfig {
     /// Gate and up are one tensor (`ffn_up` with gate rows first); split at load.
     #[serde(default)]
     pub fused_gate_up: bool,
+    /// Attention scores become `c * tanh(s / c)` (Gemma 2); 0 leaves them.
+    #[serde(default)]
+    pub attn_softcap: f32,
+    /// Logits become `c * tanh(l / c)` (Gemma 2, and Gemma 3 files that say so); 0 leaves them.
+    #[serde(default)]
+    pub final_softcap: f32,
+    /// Positions a local layer attends to, its own included (Gemma's sliding window).
+    #[serde(default)]
+    pub sliding_window: usize,
+    /// Per block, whether it is a local (sliding-window) layer; empty when none is.
+    #[serde(default)]
+    pub swa_layers: Vec<bool>,
+    /// The RoPE base of the local layers; 0 when there are none.
+    #[serde(default)]
+    pub rope_base_swa: f32,
 }
 
 impl ModelConfig {
@@ -118,6 +133,10 @@ impl ModelConfig {
         {
             context_length = context_length.min(w as usize);
         }
+        let gemma = family
+            .gemma()
+            .then(|| Gemma::from_metadata(m, &arch, family, n_layers, rope_base));
+        let gemma = gemma.transpose()?.unwrap_or_default();
         let embd = file.require_tensor("token_embd.weight")?;
         if embd.dims.len() != 2 || embd.dims[0] as usize != dim {
             return Err(ModelError::BadShape(format!(
@@ -156,6 +175,11 @@ impl ModelConfig {
             qk_norm: has("attn_q_norm.weight"),
             fused_qkv,
             fused_gate_up: file.tensor(&block_tensor(0, "ffn_gate")).is_none(),
+            attn_softcap: gemma.attn_softcap,
+            final_softcap: gemma.final_softcap,
+            sliding_window: gemma.sliding_window,
+            swa_layers: gemma.swa_layers,
+            rope_base_swa: gemma.rope_base_swa,
         };
         cfg.check()?;
         Ok(cfg)
@@ -182,6 +206,41 @@ impl ModelConfig {
             return bad("zero-sized width, FFN or vocabulary".into());
         }
         Ok(())
+    }
+
+    /// The attention window of block `layer`: the local layers' window, or 0 (every earlier
+    /// position).
+    pub fn layer_window(&self, layer: usize) -> u32 {
+        if self.swa_layers.get(layer).copied().unwrap_or(false) {
+            u32::try_from(self.sliding_window).unwrap_or(u32::MAX)
+        } else {
+            0
+        }
+    }
+
+    /// The RoPE base of block `layer`.
+    pub fn layer_rope_base(&self, layer: usize) -> f32 {
+        if self.layer_window(layer) > 0 {
+            self.rope_base_swa
+        } else {
+            self.rope_base
+        }
+    }
+
+    /// The scale of attention scores. Gemma's 27B models scale by their width per head
+    /// (`query_pre_attn_scalar`), not their head size; llama.cpp knows them by their block
+    /// count, and so does Cairn, to give its logits.
+    pub fn attn_scale(&self) -> f32 {
+        let big = matches!(
+            (self.family, self.n_layers),
+            (Family::Gemma2, 46) | (Family::Gemma3, 62)
+        );
+        let d = if big {
+            self.dim / self.n_heads.max(1)
+        } else {
+            self.head_dim
+        };
+        1.0 / (d as f32).sqrt()
     }
 
     pub fn q_dim(&self) -> usize {
@@ -220,6 +279,11 @@ impl ModelConfig {
             qk_norm: false,
             fused_qkv: false,
             fused_gate_up: false,
+            attn_softcap: 0.0,
+            final_softcap: 0.0,
+            sliding_window: 0,
+            swa_layers: Vec::new(),
+            rope_base_swa: 0.0,
         };
         match name {
             "smollm2-135m" | "135m" => Some(mk(30, 576, 1536, 9, 3, 49152, 100_000.0)),
@@ -232,6 +296,88 @@ impl ModelConfig {
             "wide" => Some(mk(2, 2048, 2048, 16, 4, 512, 10_000.0)),
             _ => None,
         }
+    }
+}
+
+/// What Gemma's metadata adds, with llama.cpp's defaults where a file is silent.
+#[derive(Default)]
+struct Gemma {
+    attn_softcap: f32,
+    final_softcap: f32,
+    sliding_window: usize,
+    swa_layers: Vec<bool>,
+    rope_base_swa: f32,
+}
+
+impl Gemma {
+    fn from_metadata(
+        m: &crate::gguf::Metadata,
+        arch: &str,
+        family: Family,
+        n_layers: usize,
+        rope_base: f32,
+    ) -> Result<Gemma, ModelError> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let gemma2 = family == Family::Gemma2;
+        // Gemma 2 always caps (50 and 30 unless the file says); llama.cpp's Gemma 3 never
+        // caps attention and caps logits only where the file names a cap.
+        let attn_softcap = if gemma2 {
+            m.opt_f32(&key("attn_logit_softcapping"))?.unwrap_or(50.0)
+        } else {
+            0.0
+        };
+        let final_softcap = m
+            .opt_f32(&key("final_logit_softcapping"))?
+            .unwrap_or(if gemma2 { 30.0 } else { 0.0 });
+        let window = m.opt_u32(&key("attention.sliding_window"))?;
+        let sliding_window = window.unwrap_or(if gemma2 { 4096 } else { 0 }) as usize;
+        if sliding_window == 0 {
+            return Ok(Gemma {
+                attn_softcap,
+                final_softcap,
+                ..Gemma::default()
+            });
+        }
+        // Every `n`th block is global, the others local (2 for Gemma 2, 6 for Gemma 3), or a
+        // file's own list of which are local.
+        let pattern_key = key("attention.sliding_window_pattern");
+        let swa_layers = match m.get(&pattern_key) {
+            Some(crate::gguf::Value::Array(items)) => {
+                let local: Option<Vec<bool>> = items
+                    .iter()
+                    .map(|v| match v {
+                        crate::gguf::Value::Bool(b) => Some(*b),
+                        _ => None,
+                    })
+                    .collect();
+                match local {
+                    Some(l) if l.len() >= n_layers => l[..n_layers].to_vec(),
+                    _ => {
+                        return Err(ModelError::BadShape(format!(
+                            "{pattern_key} is not a list of {n_layers} booleans"
+                        )));
+                    }
+                }
+            }
+            _ => {
+                let n = m
+                    .opt_u32(&pattern_key)?
+                    .unwrap_or(if gemma2 { 2 } else { 6 }) as usize;
+                (0..n_layers).map(|l| n == 0 || l % n < n - 1).collect()
+            }
+        };
+        let rope_base_swa = m.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(if gemma2 {
+            rope_base
+        } else {
+            10_000.0
+        });
+        Ok(Gemma {
+            attn_softcap,
+            final_softcap,
+            sliding_window,
+            swa_layers,
+            rope_base_swa,
+        })
     }
 }
 
@@ -322,6 +468,72 @@ mod tests {
             ModelConfig::from_gguf(&p).expect("config").context_length,
             256
         );
+    }
+
+    /// Where a Gemma file is silent, llama.cpp's defaults: Gemma 2 caps at 50 and 30 and
+    /// windows every other block at 4096 with the global rope base; Gemma 3 without a window
+    /// has no local blocks and no caps. A file's pattern, as a count or a list, wins.
+    #[test]
+    fn gemma_metadata_defaults_are_llama_cpps() {
+        let mut g2 = tiny("gemma2");
+        for k in [
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+            "attention.sliding_window",
+        ] {
+            g2.metadata.0.remove(&format!("gemma2.{k}"));
+        }
+        let c = ModelConfig::from_gguf(&g2).expect("config");
+        assert_eq!((c.attn_softcap, c.final_softcap), (50.0, 30.0));
+        assert_eq!(
+            (c.sliding_window, c.layer_window(0), c.layer_window(1)),
+            (4096, 4096, 0)
+        );
+        assert_eq!(c.rope_base_swa, c.rope_base);
+        g2.metadata
+            .insert("gemma2.rope.freq_base_swa", Value::F32(500.0));
+        g2.metadata
+            .insert("gemma2.attention.sliding_window_pattern", Value::U32(1));
+        let c = ModelConfig::from_gguf(&g2).expect("config");
+        assert_eq!(c.swa_layers, [false, false]);
+        g2.metadata.insert(
+            "gemma2.attention.sliding_window_pattern",
+            Value::Array(vec![Value::Bool(false), Value::Bool(true)]),
+        );
+        let c = ModelConfig::from_gguf(&g2).expect("config");
+        assert_eq!(
+            (c.layer_rope_base(0), c.layer_rope_base(1)),
+            (c.rope_base, 500.0)
+        );
+        g2.metadata.insert(
+            "gemma2.attention.sliding_window_pattern",
+            Value::Array(vec![Value::Bool(false)]),
+        );
+        assert!(ModelConfig::from_gguf(&g2).is_err());
+
+        let mut g3 = tiny("gemma3");
+        g3.metadata.0.remove("gemma3.attention.sliding_window");
+        let c = ModelConfig::from_gguf(&g3).expect("config");
+        assert!(c.swa_layers.is_empty() && c.layer_window(0) == 0);
+        assert_eq!((c.attn_softcap, c.final_softcap), (0.0, 0.0));
+        assert_eq!(c.layer_rope_base(0), c.rope_base);
+        g3.metadata
+            .insert("gemma3.final_logit_softcapping", Value::F32(30.0));
+        assert_eq!(
+            ModelConfig::from_gguf(&g3).expect("config").final_softcap,
+            30.0
+        );
+    }
+
+    /// Gemma's 27B models scale scores by their width per head, the others by head size.
+    #[test]
+    fn gemma_27b_scales_attention_by_width_per_head() {
+        let mut c = ModelConfig::from_gguf(&tiny("gemma3")).expect("config");
+        assert_eq!(c.attn_scale(), 1.0 / 128f32.sqrt());
+        c.n_layers = 62;
+        assert_eq!(c.attn_scale(), 1.0 / 64f32.sqrt());
+        c.family = Family::Qwen3;
+        assert_eq!(c.attn_scale(), 1.0 / 128f32.sqrt());
     }
 
     #[test]

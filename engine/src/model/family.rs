@@ -1,9 +1,9 @@
 //! Which GGUF architectures Cairn runs, and why it refuses the others.
 //!
 //! Every supported family is a dense decoder with llama's block (RMS norms, grouped-query
-//! attention with rotary positions, a SiLU-gated FFN); they differ in the rotation's pairing,
+//! attention with rotary positions, a gated FFN); they differ in the rotation's pairing,
 //! optional Q/K/V biases, per-head Q/K norms and fused tensors, which the file's tensors and
-//! [`Family`] tell apart.
+//! [`Family`] tell apart, and Gemma's further differences (see [`Family::gemma`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +19,12 @@ pub enum Family {
     Qwen3,
     /// `phi3`: fused QKV and gate/up tensors, NEOX RoPE.
     Phi3,
+    /// `gemma2`: Gemma's block, alternating sliding-window and global layers, soft-capped
+    /// attention scores and logits.
+    Gemma2,
+    /// `gemma3`: Gemma's block with per-head Q/K norms, five sliding-window layers to one
+    /// global, a rope base of its own for the local layers.
+    Gemma3,
 }
 
 impl Family {
@@ -29,6 +35,8 @@ impl Family {
             "qwen2" => Ok(Family::Qwen2),
             "qwen3" => Ok(Family::Qwen3),
             "phi3" => Ok(Family::Phi3),
+            "gemma2" => Ok(Family::Gemma2),
+            "gemma3" => Ok(Family::Gemma3),
             _ => Err(refusal(arch).to_string()),
         }
     }
@@ -36,6 +44,13 @@ impl Family {
     /// Whether the rotation pairs `(i, i + d/2)` (GGML's NEOX mode) rather than `(2i, 2i+1)`.
     pub fn neox_rope(self) -> bool {
         !matches!(self, Family::Llama)
+    }
+
+    /// Gemma's block: the embedding scaled by sqrt(width), RMS norms after attention and after
+    /// the FFN (`post_attention_norm`, `post_ffw_norm`) before each residual add, and a GELU-gated
+    /// FFN. Its norm weights are used as stored: the converter has folded Gemma's `1 + w`.
+    pub fn gemma(self) -> bool {
+        matches!(self, Family::Gemma2 | Family::Gemma3)
     }
 }
 
@@ -80,7 +95,7 @@ fn refusal(arch: &str) -> &'static str {
     } else if RECURRENT.contains(&arch) {
         "a recurrent or hybrid linear-attention architecture; Cairn runs attention-only models"
     } else {
-        "not one Cairn runs (it runs llama, mistral, qwen2, qwen3 and phi3)"
+        "not one Cairn runs (it runs llama, mistral, qwen2, qwen3, phi3, gemma2 and gemma3)"
     }
 }
 
@@ -94,6 +109,9 @@ mod tests {
         assert_eq!(Family::of("qwen3"), Ok(Family::Qwen3));
         assert!(!Family::Llama.neox_rope());
         assert!(Family::Phi3.neox_rope());
+        assert_eq!(Family::of("gemma3"), Ok(Family::Gemma3));
+        assert!(Family::Gemma2.gemma() && Family::Gemma2.neox_rope());
+        assert!(!Family::Qwen3.gemma());
     }
 
     #[test]

@@ -12,8 +12,8 @@ use super::weights::{self, Matrix, ShardWeights};
 use crate::backend::{Buffer, Device};
 use crate::gguf::TensorSource;
 use crate::kernels::{
-    Add, AddBias, Attention, BufferCopy, Embed, KvStore, Linear, Op, PagedAttention, RmsNorm, Rope,
-    Sample, SampleParams, SiluMul,
+    Add, AddBias, Attention, BufferCopy, Embed, GeluMul, KvStore, Linear, Op, PagedAttention,
+    RmsNorm, Rope, Sample, SampleParams, ScaleCap, SiluMul,
 };
 
 /// What a shard is fed.
@@ -599,9 +599,18 @@ impl Shard {
                 vocab: e.rows as u32,
                 tokens: tk,
             }));
+            if c.family.gemma() {
+                ops.push(Op::ScaleCap(ScaleCap {
+                    x: &s.h,
+                    n: (t * c.dim) as u32,
+                    scale: (c.dim as f32).sqrt(),
+                    cap: 0.0,
+                }));
+            }
         }
         let kv_row = (c.kv_dim() * 4) as u64;
         for (i, w) in self.weights.layers.iter().enumerate() {
+            let layer = self.start + i;
             let norm = |weight: &'a Buffer| {
                 Op::RmsNorm(RmsNorm {
                     x: &s.h,
@@ -620,7 +629,7 @@ impl Shard {
                     rope_dim: c.rope_dim as u32,
                     tokens: tk,
                     pos0: pos0 as u32,
-                    freq_base: c.rope_base,
+                    freq_base: c.layer_rope_base(layer),
                     neox: c.rope_neox,
                     factors: self.weights.rope_freqs.as_ref(),
                     positions,
@@ -680,7 +689,7 @@ impl Shard {
             }
             ops.push(rope(&s.q, c.n_heads));
             ops.push(rope(&s.k, c.n_kv_heads));
-            let scale = 1.0 / (c.head_dim as f32).sqrt();
+            let (scale, window) = (c.attn_scale(), c.layer_window(layer));
             match kv {
                 Kv::Dense { cache, pos0 } => {
                     let off = pos0 as u64 * kv_row;
@@ -710,6 +719,8 @@ impl Shard {
                         tokens: tk,
                         pos0: pos0 as u32,
                         scale,
+                        window,
+                        softcap: c.attn_softcap,
                     }));
                 }
                 Kv::Paged {
@@ -743,32 +754,52 @@ impl Shard {
                         pool_blocks,
                         table_len,
                         scale,
+                        window,
+                        softcap: c.attn_softcap,
                     }));
                 }
             }
+            // The residual adds `o`, or with Gemma's post norms `o` normed (into `xn`, free
+            // until the next pre-norm).
+            let residual = |ops: &mut Vec<Op<'a>>, post: Option<&'a Buffer>| {
+                let b = match post {
+                    Some(weight) => {
+                        ops.push(Op::RmsNorm(RmsNorm {
+                            x: &s.o,
+                            weight,
+                            y: &s.xn,
+                            dim: c.dim as u32,
+                            tokens: tk,
+                            eps: c.norm_eps,
+                        }));
+                        &s.xn
+                    }
+                    None => &s.o,
+                };
+                ops.push(Op::Add(Add {
+                    a: &s.h,
+                    b,
+                    out: &s.h,
+                    n: (t * c.dim) as u32,
+                }));
+            };
+            let [attn_post, ffn_post] = match &w.post_norms {
+                Some([a, f]) => [Some(a), Some(f)],
+                None => [None, None],
+            };
             ops.push(lin(&w.wo, &s.att, &s.o));
-            ops.push(Op::Add(Add {
-                a: &s.h,
-                b: &s.o,
-                out: &s.h,
-                n: (t * c.dim) as u32,
-            }));
+            residual(ops, attn_post);
             ops.push(norm(&w.ffn_norm));
             ops.push(lin(&w.w_gate, &s.xn, &s.g));
             ops.push(lin(&w.w_up, &s.xn, &s.u));
-            ops.push(Op::SiluMul(SiluMul {
-                gate: &s.g,
-                up: &s.u,
-                out: &s.a,
-                n: (t * c.ffn_dim) as u32,
-            }));
+            let (gate, up, out, n) = (&s.g, &s.u, &s.a, (t * c.ffn_dim) as u32);
+            ops.push(if c.family.gemma() {
+                Op::GeluMul(GeluMul { gate, up, out, n })
+            } else {
+                Op::SiluMul(SiluMul { gate, up, out, n })
+            });
             ops.push(lin(&w.w_down, &s.a, &s.o));
-            ops.push(Op::Add(Add {
-                a: &s.h,
-                b: &s.o,
-                out: &s.h,
-                n: (t * c.dim) as u32,
-            }));
+            residual(ops, ffn_post);
         }
     }
 
@@ -836,6 +867,14 @@ impl Shard {
             cols: out.cols as u32,
             tokens: rows as u32,
         }));
+        if c.final_softcap > 0.0 {
+            ops.push(Op::ScaleCap(ScaleCap {
+                x: y,
+                n: (rows * c.vocab_size) as u32,
+                scale: 1.0,
+                cap: c.final_softcap,
+            }));
+        }
         Ok(())
     }
 }

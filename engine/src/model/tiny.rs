@@ -6,15 +6,18 @@
 //! Shapes are the smallest that keep every weight format's rows whole (K-quant rows are
 //! multiples of 256), with grouped-query attention, two blocks, and each family's own
 //! tensors: Llama 3.1's `rope_freqs`, Qwen2's Q/K/V biases and untied head, Qwen3's per-head
-//! norms with a head size other than width / heads, Phi-3's fused QKV and gate/up. Matrices
-//! mix Q8_0, Q4_K and F32 so every format the test covers is in every file.
+//! norms with a head size other than width / heads, Phi-3's fused QKV and gate/up, Gemma's
+//! post norms and GELU FFN with Gemma 2's soft caps and alternating windowed layers and Gemma
+//! 3's per-head norms and five windowed layers to one global (six blocks, so one is global).
+//! Windows are short enough that the tests' 16 positions pass them. Matrices mix Q8_0, Q4_K
+//! and F32 so every format the test covers is in every file.
 
 use super::config::{ROPE_FREQS, block_bias, block_tensor};
 use crate::gguf::{GgufWriter, Value};
 use crate::quant::{GgmlType, quantize_row};
 
 /// The families [`tiny_model`] writes, by GGUF architecture name.
-pub const TINY_FAMILIES: &[&str] = &["llama", "qwen2", "qwen3", "phi3"];
+pub const TINY_FAMILIES: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"];
 
 pub const TINY_VOCAB: usize = 320;
 const DIM: usize = 256;
@@ -22,6 +25,10 @@ const FFN: usize = 512;
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const LAYERS: usize = 2;
+/// Gemma 3's default pattern has one global block in six.
+const GEMMA3_LAYERS: usize = 6;
+/// Gemma's sliding window in the tiny files.
+const WINDOW: u32 = 5;
 
 struct Rng(u64);
 
@@ -70,7 +77,17 @@ pub fn tiny_model(arch: &str, seed: u64) -> Option<Vec<u8>> {
     if !TINY_FAMILIES.contains(&arch) {
         return None;
     }
-    let head_dim = if arch == "qwen3" { 128 } else { DIM / HEADS };
+    let head_dim = if matches!(arch, "qwen3" | "gemma3") {
+        128
+    } else {
+        DIM / HEADS
+    };
+    let gemma = arch.starts_with("gemma");
+    let layers = if arch == "gemma3" {
+        GEMMA3_LAYERS
+    } else {
+        LAYERS
+    };
     let (q, kv) = (HEADS * head_dim, KV_HEADS * head_dim);
     let mut t = Writer {
         w: GgufWriter::new(),
@@ -81,7 +98,7 @@ pub fn tiny_model(arch: &str, seed: u64) -> Option<Vec<u8>> {
         // Not the family's name: llama.cpp gives vocabularies of models named "phi3" special
         // tokens this stand-in lacks.
         .add("general.name", "cairn tiny model")
-        .add(format!("{arch}.block_count"), LAYERS as u32)
+        .add(format!("{arch}.block_count"), layers as u32)
         .add(format!("{arch}.context_length"), 256u32)
         .add(format!("{arch}.embedding_length"), DIM as u32)
         .add(format!("{arch}.feed_forward_length"), FFN as u32)
@@ -92,9 +109,18 @@ pub fn tiny_model(arch: &str, seed: u64) -> Option<Vec<u8>> {
         // missing frequency factor moves the logits well past the tolerance.
         .add(format!("{arch}.rope.freq_base"), 100.0f32)
         .add(format!("{arch}.rope.dimension_count"), head_dim as u32);
-    if arch == "qwen3" {
+    if matches!(arch, "qwen3" | "gemma3") {
         w.add(format!("{arch}.attention.key_length"), head_dim as u32)
             .add(format!("{arch}.attention.value_length"), head_dim as u32);
+    }
+    if gemma {
+        // Gemma 3's local rope base is llama.cpp's default (10000, no key), unlike the global.
+        w.add(format!("{arch}.attention.sliding_window"), WINDOW);
+    }
+    if arch == "gemma2" {
+        // Caps low enough to bend these scores and logits (the real ones are 50 and 30).
+        w.add(format!("{arch}.attn_logit_softcapping"), 2.0f32)
+            .add(format!("{arch}.final_logit_softcapping"), 15.0f32);
     }
     // A stand-in vocabulary: token ids are what the tests send. llama.cpp's BPE loader wants
     // merges, so there is one.
@@ -119,7 +145,11 @@ pub fn tiny_model(arch: &str, seed: u64) -> Option<Vec<u8>> {
     let (q8, q4k) = (GgmlType::Q8_0, GgmlType::Q4_K);
     // Gains put the blocks' contributions above the embedding's, so a tied head does not just
     // echo the input token, and spread the logits so most top-2 margins pass 0.3.
-    t.matrix("token_embd.weight".into(), TINY_VOCAB, DIM, q4k, 4.0);
+    // Gemma multiplies the embedding by sqrt(DIM) = 16 and its head is the same table: a
+    // smaller table, larger post norms and a larger final norm keep its logits from echoing
+    // the input token.
+    let (embd_gain, head_norm) = if gemma { (1.0, 8.0) } else { (4.0, 1.0) };
+    t.matrix("token_embd.weight".into(), TINY_VOCAB, DIM, q4k, embd_gain);
     if arch == "llama" {
         // Llama 3.1's divisors: 1 for fast pairs, up to 8 for slow ones.
         let f: Vec<f32> = (0..head_dim / 2)
@@ -132,7 +162,7 @@ pub fn tiny_model(arch: &str, seed: u64) -> Option<Vec<u8>> {
             quantize_row(GgmlType::F32, &f),
         );
     }
-    for l in 0..LAYERS {
+    for l in 0..layers {
         let b = |p: &str| block_tensor(l, p);
         t.vector(b("attn_norm"), DIM, 0.2, 1.0);
         if arch == "phi3" {
@@ -147,11 +177,14 @@ pub fn tiny_model(arch: &str, seed: u64) -> Option<Vec<u8>> {
             t.vector(block_bias(l, "attn_k"), kv, 0.5, 0.0);
             t.vector(block_bias(l, "attn_v"), kv, 0.5, 0.0);
         }
-        if arch == "qwen3" {
+        if matches!(arch, "qwen3" | "gemma3") {
             t.vector(b("attn_q_norm"), head_dim, 0.3, 1.0);
             t.vector(b("attn_k_norm"), head_dim, 0.3, 1.0);
         }
         t.matrix(b("attn_output"), DIM, q, q4k, 3.0);
+        if gemma {
+            t.vector(b("post_attention_norm"), DIM, 0.5, 2.5);
+        }
         t.vector(b("ffn_norm"), DIM, 0.2, 1.0);
         if arch == "phi3" {
             t.matrix(b("ffn_up"), 2 * FFN, DIM, q4k, 1.0);
@@ -160,8 +193,11 @@ pub fn tiny_model(arch: &str, seed: u64) -> Option<Vec<u8>> {
             t.matrix(b("ffn_up"), FFN, DIM, q8, 1.0);
         }
         t.matrix(b("ffn_down"), DIM, FFN, q4k, 3.0);
+        if gemma {
+            t.vector(b("post_ffw_norm"), DIM, 0.5, 2.5);
+        }
     }
-    t.vector("output_norm.weight".into(), DIM, 0.2, 1.0);
+    t.vector("output_norm.weight".into(), DIM, 0.2 * head_norm, head_norm);
     if matches!(arch, "qwen2" | "phi3") {
         t.matrix("output.weight".into(), TINY_VOCAB, DIM, GgmlType::F32, 6.0);
     }
@@ -195,7 +231,22 @@ mod tests {
         assert!(phi3.fused_qkv && phi3.fused_gate_up && phi3.rope_neox);
         assert_eq!(tiny_model("llama", 5), tiny_model("llama", 5));
         assert_ne!(tiny_model("llama", 5), tiny_model("llama", 6));
-        assert!(tiny_model("gemma2", 5).is_none());
+        let gemma2 = cfg("gemma2");
+        assert_eq!(gemma2.swa_layers, [true, false]);
+        assert_eq!((gemma2.attn_softcap, gemma2.final_softcap), (2.0, 15.0));
+        assert_eq!(gemma2.layer_rope_base(0), gemma2.rope_base);
+        let gemma3 = cfg("gemma3");
+        assert_eq!(gemma3.swa_layers, [true, true, true, true, true, false]);
+        assert_eq!(
+            (gemma3.layer_window(4), gemma3.layer_window(5)),
+            (WINDOW, 0)
+        );
+        assert_eq!(
+            (gemma3.layer_rope_base(0), gemma3.layer_rope_base(5)),
+            (10_000.0, 100.0)
+        );
+        assert!(gemma3.qk_norm && gemma3.attn_softcap == 0.0 && gemma3.final_softcap == 0.0);
+        assert!(tiny_model("gemma4", 5).is_none());
     }
 
     /// Partial fetching and weight accounting go by `shard_tensors`: for each family it names

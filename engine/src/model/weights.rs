@@ -28,6 +28,9 @@ pub struct LayerWeights {
     pub w_gate: Matrix,
     pub w_up: Matrix,
     pub w_down: Matrix,
+    /// Gemma's norms of the attention's and the FFN's outputs (`post_attention_norm`,
+    /// `post_ffw_norm`).
+    pub post_norms: Option<[Buffer; 2]>,
 }
 
 pub struct ShardWeights {
@@ -89,6 +92,10 @@ pub fn shard_tensors(cfg: &ModelConfig, start: usize, end: usize) -> Vec<(String
             v.push((block_tensor(l, "ffn_up"), cfg.ffn_dim, cfg.dim));
         }
         v.push((block_tensor(l, "ffn_down"), cfg.dim, cfg.ffn_dim));
+        if cfg.family.gemma() {
+            v.push((block_tensor(l, "post_attention_norm"), 1, cfg.dim));
+            v.push((block_tensor(l, "post_ffw_norm"), 1, cfg.dim));
+        }
     }
     if end == cfg.n_layers {
         v.push(("output_norm.weight".to_string(), 1, cfg.dim));
@@ -328,6 +335,14 @@ fn load_layer(
         w_gate,
         w_up,
         w_down: ld.matrix(&t("ffn_down"), dim, cfg.ffn_dim)?,
+        post_norms: if cfg.family.gemma() {
+            Some([
+                ld.vector(&t("post_attention_norm"), dim)?,
+                ld.vector(&t("post_ffw_norm"), dim)?,
+            ])
+        } else {
+            None
+        },
     })
 }
 

@@ -3,6 +3,7 @@
 //! loops on the vectorized f32 helpers. Scores live in a per-thread buffer that only grows.
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use super::linear::par_chunks;
 use super::vecf32::VecF32;
@@ -11,18 +12,20 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `shape`: heads, kv_heads, head_dim, tokens, pos0, as in [`crate::kernels::Attention`].
+/// `shape`: heads, kv_heads, head_dim, tokens, pos0, window, as in
+/// [`crate::kernels::Attention`]; `scale`: its scale and soft cap.
 pub(crate) fn attention(
     v: &VecF32,
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
     out: &mut [f32],
-    [heads, kv_heads, head_dim, tokens, pos0]: [usize; 5],
-    scale: f32,
+    [heads, kv_heads, head_dim, tokens, pos0, window]: [usize; 6],
+    scale: [f32; 2],
 ) {
     let shape = [heads, kv_heads, head_dim, tokens];
     let work = tokens * heads * (pos0 + tokens) * head_dim * 2;
+    let first_key = crate::kernels::attention::first_key;
     attend(
         v,
         q,
@@ -32,13 +35,13 @@ pub(crate) fn attention(
         shape,
         scale,
         work,
-        |t| pos0 + t + 1,
+        |t| first_key(pos0 + t + 1, window)..pos0 + t + 1,
         |_, p| p,
     );
 }
 
-/// [`crate::kernels::PagedAttention`]: token `t` attends to `keys(t)` keys, key `p` of it in
-/// row `slot(t, p)` of the pools. Every index was checked by the caller.
+/// [`crate::kernels::PagedAttention`]: token `t` attends to its keys `keys(t)`, key `p` of it
+/// in row `slot(t, p)` of the pools. Every index was checked by the caller.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn paged_attention(
     v: &VecF32,
@@ -47,12 +50,12 @@ pub(crate) fn paged_attention(
     v_pool: &[f32],
     out: &mut [f32],
     shape: [usize; 4],
-    scale: f32,
-    keys: impl Fn(usize) -> usize + Sync,
+    scale: [f32; 2],
+    keys: impl Fn(usize) -> Range<usize> + Sync,
     slot: impl Fn(usize, usize) -> usize + Sync,
 ) {
     let [heads, _, head_dim, tokens] = shape;
-    let work = (0..tokens).map(&keys).sum::<usize>() * heads * head_dim * 2;
+    let work = (0..tokens).map(|t| keys(t).len()).sum::<usize>() * heads * head_dim * 2;
     attend(v, q, k_pool, v_pool, out, shape, scale, work, keys, slot);
 }
 
@@ -64,9 +67,9 @@ fn attend(
     v_cache: &[f32],
     out: &mut [f32],
     [heads, kv_heads, head_dim, tokens]: [usize; 4],
-    scale: f32,
+    [scale, softcap]: [f32; 2],
     work: usize,
-    keys: impl Fn(usize) -> usize + Sync,
+    keys: impl Fn(usize) -> Range<usize> + Sync,
     slot: impl Fn(usize, usize) -> usize + Sync,
 ) {
     if head_dim == 0 || heads == 0 {
@@ -78,15 +81,15 @@ fn attend(
     par_chunks(out, head_dim, work, |first, o| {
         let th = first / head_dim;
         let (t, h) = (th / heads, th % heads);
-        let n_keys = keys(t);
+        let keys = keys(t);
         let kvh = h / group.max(1);
         let qv = &q[th * head_dim..][..head_dim];
         SCORES.with_borrow_mut(|scores| {
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for p in 0..n_keys {
+            for p in keys.clone() {
                 let kv = &k_cache[slot(t, p) * kv_stride + kvh * head_dim..][..head_dim];
-                let s = (v.dot)(qv, kv) * scale;
+                let s = crate::kernels::attention::cap_score((v.dot)(qv, kv) * scale, softcap);
                 max = max.max(s);
                 scores.push(s);
             }
@@ -96,7 +99,7 @@ fn attend(
                 sum += *s;
             }
             o.fill(0.0);
-            for (p, s) in scores.iter().enumerate() {
+            for (p, s) in keys.zip(scores.iter()) {
                 let vv = &v_cache[slot(t, p) * kv_stride + kvh * head_dim..][..head_dim];
                 (v.axpy)(o, s / sum, vv);
             }

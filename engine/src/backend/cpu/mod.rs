@@ -159,8 +159,17 @@ impl CpuBackend {
     fn attention(&self, a: &crate::kernels::Attention<'_>) -> Result<()> {
         let (q, k, v) = (rd(a.q)?, rd(a.k_cache)?, rd(a.v_cache)?);
         let mut o = wr(a.out)?;
-        let shape = [a.heads, a.kv_heads, a.head_dim, a.tokens, a.pos0].map(|n| n as usize);
-        attention::attention(&self.vec, f(&q), f(&k), f(&v), fm(&mut o), shape, a.scale);
+        let shape = [a.heads, a.kv_heads, a.head_dim, a.tokens, a.pos0, a.window];
+        let shape = shape.map(|n| n as usize);
+        attention::attention(
+            &self.vec,
+            f(&q),
+            f(&k),
+            f(&v),
+            fm(&mut o),
+            shape,
+            [a.scale, a.softcap],
+        );
         Ok(())
     }
 
@@ -173,7 +182,7 @@ impl CpuBackend {
         crate::kernels::paged::check_tables(&rows, &table, &p)?;
         let (q, k, v) = (rd(a.q)?, rd(a.k_pool)?, rd(a.v_pool)?);
         let mut o = wr(a.out)?;
-        let block = a.block as usize;
+        let (block, window) = (a.block as usize, a.window as usize);
         let shape = [a.heads, a.kv_heads, a.head_dim, a.tokens].map(|n| n as usize);
         attention::paged_attention(
             &self.vec,
@@ -182,8 +191,11 @@ impl CpuBackend {
             f(&v),
             fm(&mut o),
             shape,
-            a.scale,
-            |t| rows[2 * t + 1] as usize,
+            [a.scale, a.softcap],
+            |t| {
+                let n = rows[2 * t + 1] as usize;
+                crate::kernels::attention::first_key(n, window)..n
+            },
             |t, j| {
                 let start = rows[2 * t] as usize;
                 table[start + j / block] as usize * block + j % block

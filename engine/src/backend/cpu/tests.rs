@@ -269,11 +269,12 @@ fn attention_matches_the_reference() {
     crate::kernels::linear::start_pool(Some(3));
     let mut rng = StdRng::seed_from_u64(25);
     let v = super::vecf32::VecF32::new(Isa::detect());
-    for (heads, kv_heads, head_dim, tokens, pos0) in [
-        (9, 3, 64, 1, 40),
-        (4, 4, 12, 7, 0),
-        (6, 2, 33, 5, 3),
-        (9, 3, 64, 33, 100),
+    for (heads, kv_heads, head_dim, tokens, pos0, window) in [
+        (9, 3, 64, 1, 40, 0),
+        (4, 4, 12, 7, 0, 0),
+        (6, 2, 33, 5, 3, 4),
+        (9, 3, 64, 33, 100, 0),
+        (9, 3, 64, 33, 100, 17),
     ] {
         let cap = pos0 + tokens;
         let mut r =
@@ -282,9 +283,12 @@ fn attention_matches_the_reference() {
         let kc = r(cap * kv_heads * head_dim);
         let vc = r(cap * kv_heads * head_dim);
         let scale = 1.0 / (head_dim as f32).sqrt();
+        // Gemma 2's cap of 50 would hardly touch these scores; 0.5 bends them all.
+        let softcap = if window > 0 { 0.5 } else { 0.0 };
         let mut want = vec![0f32; q.len()];
         crate::kernels::attention::attention(
-            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale,
+            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale, window,
+            softcap,
         );
         let mut got = vec![f32::NAN; q.len()];
         super::attention::attention(
@@ -293,13 +297,13 @@ fn attention_matches_the_reference() {
             &kc,
             &vc,
             &mut got,
-            [heads, kv_heads, head_dim, tokens, pos0],
-            scale,
+            [heads, kv_heads, head_dim, tokens, pos0, window],
+            [scale, softcap],
         );
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-5,
-                "shape {heads}/{kv_heads}/{head_dim} t{tokens} p{pos0} at {i}: {g} vs {w}"
+                "shape {heads}/{kv_heads}/{head_dim} t{tokens} p{pos0} w{window} at {i}: {g} vs {w}"
             );
         }
     }

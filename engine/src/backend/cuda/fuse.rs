@@ -597,6 +597,8 @@ mod tests {
                 tokens,
                 pos0,
                 scale: 0.1,
+                window: 0,
+                softcap: 0.0,
             }),
             lin(&b.wq, &b.att, &b.o, 64, 64),
             Op::Add(kernels::Add {
@@ -770,6 +772,8 @@ mod tests {
                 pool_blocks: 4,
                 table_len: 8,
                 scale: 0.1,
+                window: 0,
+                softcap: 0.0,
             }),
         ]);
         batched.extend_from_slice(&ops[9..]);

@@ -644,6 +644,8 @@ mod tests {
                 tokens,
                 pos0,
                 scale: 0.125,
+                window: 0,
+                softcap: 0.0,
             })
         };
         let split = |tokens, pos0| {
@@ -709,6 +711,8 @@ mod tests {
             pool_blocks: 12,
             table_len: 20,
             scale: 0.125,
+            window: 0,
+            softcap: 0.0,
         }))
         .unwrap()
         .unwrap();
@@ -790,6 +794,8 @@ mod tests {
             tokens,
             pos0: 5,
             scale: 0.125,
+            window: 0,
+            softcap: 0.0,
         };
         let moved = |tokens, head_dim| {
             let mut l = plan(&Op::Attention(att(tokens, head_dim))).unwrap().unwrap();

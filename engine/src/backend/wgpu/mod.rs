@@ -20,8 +20,11 @@ use crate::kernels::Op;
 use plan::Step;
 
 const PARAM_SLOT: u64 = 256;
-/// Bytes of parameters every kernel takes (`[u32; 8]`), as a uniform slot or push constants.
-pub(crate) const PARAM_BYTES: u32 = 32;
+/// Words of parameters every kernel takes, as a uniform slot or push constants: 12, since the
+/// paged attention's window made its struct the first of 48 bytes.
+pub(crate) const PARAM_WORDS: usize = 12;
+/// [`PARAM_WORDS`] in bytes.
+pub(crate) const PARAM_BYTES: u32 = PARAM_WORDS as u32 * 4;
 /// Past this many cached bind groups the cache starts over, bounding what it keeps alive.
 const MAX_CACHED_BIND_GROUPS: usize = 8192;
 
@@ -33,7 +36,7 @@ pub(crate) struct Compiled {
     pub(crate) params: ParamMode,
 }
 
-/// How a kernel receives its `[u32; 8]` of parameters.
+/// How a kernel receives its `[u32; PARAM_WORDS]` of parameters.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 // Only the `vulkan` backend's SPIR-V kernels use the last two.
 #[cfg_attr(

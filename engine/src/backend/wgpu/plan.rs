@@ -16,7 +16,7 @@ pub(crate) enum Step<'a> {
         format: Option<&'static str>,
         /// Bound at bindings 1.. in order (binding 0 is the parameters).
         buffers: Vec<&'a Buffer>,
-        params: [u32; 8],
+        params: [u32; super::PARAM_WORDS],
         groups: [u32; 3],
     },
     Copy {
@@ -68,7 +68,7 @@ fn dispatch<'a, O: WgpuOp<'a>>(
         "{} is not in KERNELS",
         kernel.name
     );
-    let mut params = [0u32; 8];
+    let mut params = [0u32; super::PARAM_WORDS];
     let p = op.params();
     let bytes = bytemuck::bytes_of(&p);
     bytemuck::cast_slice_mut::<u32, u8>(&mut params)[..bytes.len()].copy_from_slice(bytes);
@@ -381,7 +381,12 @@ mod tests {
             let (members, span) = wgsl_params(kernel);
             assert_eq!(members, rust, "{}: members of Params", kernel.name);
             assert_eq!(span, size, "{}: size of Params", kernel.name);
-            assert!(size <= 32, "{}: parameters beyond 32 bytes", kernel.name);
+            assert!(
+                size <= super::super::PARAM_BYTES,
+                "{}: parameters beyond {} bytes",
+                kernel.name,
+                super::super::PARAM_BYTES
+            );
         }
         O::KERNELS.iter().map(|k| k.name).collect()
     }
@@ -500,6 +505,10 @@ mod tests {
             0x9abc_def0,
             0x1234_5678,
             7,
+            0,
+            0,
+            0,
+            0,
             0,
         ];
         assert_eq!(params, want);

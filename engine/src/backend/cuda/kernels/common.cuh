@@ -27,12 +27,12 @@ struct BiasParams { u32 cols; u32 tokens; u32 _pad0; u32 _pad1; };
 struct ScaleCapParams { u32 n; float scale; float cap; u32 _pad; };
 struct AttentionParams {
     u32 heads; u32 kv_heads; u32 head_dim; u32 tokens; u32 pos0; float scale; u32 splits;
-    u32 _pad;
+    u32 window; float softcap; u32 _pad0; u32 _pad1; u32 _pad2;
 };
 struct KvStoreParams { u32 kv_dim; u32 tokens; u32 pool_slots; u32 _pad; };
 struct PagedAttentionParams {
     u32 heads; u32 kv_heads; u32 head_dim; u32 tokens; u32 block; u32 pool_blocks; u32 table_len;
-    float scale;
+    float scale; u32 window; float softcap; u32 _pad0; u32 _pad1;
 };
 struct SampleKernelParams {
     u32 n; float temperature; u32 top_k; float top_p; u32 seed_lo; u32 seed_hi; u32 step;

@@ -164,7 +164,7 @@ __device__ __forceinline__ AttPart attend(const AttentionParams* p, const float*
                                           const float* vc, u32 k0, u32 k1, float* qs, float* ps,
                                           float* red) {
     const u32 heads = p->heads, kv_heads = p->kv_heads, hd = p->head_dim;
-    const float scale = p->scale;
+    const float scale = p->scale, softcap = p->softcap;
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const u32 kh = h / (heads / kv_heads);
     const size_t kv_stride = (size_t)kv_heads * hd;
@@ -192,6 +192,7 @@ __device__ __forceinline__ AttPart attend(const AttentionParams* p, const float*
                 for (u32 d = 0; d < hd; d++) dot += qs[d] * kr[d];
             }
             s = dot * scale;
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         }
         const float mn = fmaxf(m, block_max(s, red));
         const float e = p < k1 ? expf(s - mn) : 0.0f;
@@ -214,7 +215,13 @@ __device__ __forceinline__ AttPart attend(const AttentionParams* p, const float*
     return AttPart{m, l, acc};
 }
 
-// One block per (head, token) over all its keys.
+// The first of `n_keys` causal keys a query attends to under a sliding window of `window`
+// positions (0: none), as kernels::attention::first_key.
+__device__ __forceinline__ u32 first_key(u32 n_keys, u32 window) {
+    return window == 0 ? 0 : n_keys - min(n_keys, window);
+}
+
+// One block per (head, token) over all its keys (the window's).
 extern "C" __global__ void __launch_bounds__(256)
 attention(const AttentionParams* __restrict__ p, const float* __restrict__ q, const float* __restrict__ kc,
           const float* __restrict__ vc, float* __restrict__ out) {
@@ -223,12 +230,13 @@ attention(const AttentionParams* __restrict__ p, const float* __restrict__ q, co
     __shared__ float red[32];
     const u32 heads = p->heads, hd = p->head_dim, pos0 = p->pos0;
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
-    const AttPart r = attend(p, q, kc, vc, 0, pos0 + t + 1, qs, ps, red);
+    const u32 n_keys = pos0 + t + 1;
+    const AttPart r = attend(p, q, kc, vc, first_key(n_keys, p->window), n_keys, qs, ps, red);
     if (tid < hd) out[((size_t)t * heads + h) * hd + tid] = r.acc / r.l;
 }
 
 // Prefill attention on tensor cores (flash-attention style), for head_dim 64 and 128 on compute
-// capability 8.0 and up: a block of 4 warps takes 64 queries of one head, each warp 16 of them,
+// capability 8.0 and up, with the sliding window and score soft cap of the other kernels: a block of 4 warps takes 64 queries of one head, each warp 16 of them,
 // and walks the keys they need 64 at a time. Each tile of keys is staged in shared memory as
 // f16 (keys row-major, values transposed, rows padded so the fragment loads below hit 32
 // distinct banks); S = Q K^T and O += P V run as 16x8x16 products with f32 sums, the softmax in
@@ -254,8 +262,8 @@ __device__ __forceinline__ void flash_attention(const AttentionParams* __restric
     constexpr u32 VW = FA_K / 2 + 4;  // u32 words per staged (transposed) value row
     __shared__ __align__(16) u32 ks[FA_K][KW];
     __shared__ __align__(16) u32 vt[HD][VW];
-    const u32 heads = p->heads, tokens = p->tokens, pos0 = p->pos0;
-    const float scale = p->scale;
+    const u32 heads = p->heads, tokens = p->tokens, pos0 = p->pos0, window = p->window;
+    const float scale = p->scale, softcap = p->softcap;
     const u32 h = blockIdx.x, t0 = blockIdx.y * FA_Q;
     const u32 kh = h / (heads / p->kv_heads);
     const size_t kv_stride = (size_t)p->kv_heads * HD;
@@ -265,6 +273,8 @@ __device__ __forceinline__ void flash_attention(const AttentionParams* __restric
     // see; rows past the last token attend like the last token and are not written.
     const u32 qa = t0 + warp * 16 + g, qb = qa + 8;
     const u32 lim[2] = {min(pos0 + qa, n_keys - 1), min(pos0 + qb, n_keys - 1)};
+    // ... and the first, under a sliding window.
+    const u32 lo[2] = {first_key(lim[0] + 1, window), first_key(lim[1] + 1, window)};
     u32 qf[HD / 16][4];
     {
         const float* ra = q + ((size_t)min(qa, tokens - 1) * heads + h) * HD;
@@ -287,7 +297,9 @@ __device__ __forceinline__ void flash_attention(const AttentionParams* __restric
     const u32 key_end = pos0 + min(t0 + FA_Q, tokens);
     // Staging: thread i takes half of key i / 2's row (HD / 2 floats) of K and of V.
     const u32 sk = threadIdx.x >> 1, sh = (threadIdx.x & 1) * (HD / 2);
-    for (u32 k0 = 0; k0 < key_end; k0 += FA_K) {
+    // The block's first query has the earliest first key.
+    const u32 key_start = first_key(pos0 + t0 + 1, window) / FA_K * FA_K;
+    for (u32 k0 = key_start; k0 < key_end; k0 += FA_K) {
         const u32 key = k0 + sk;
         const bool in = key < n_keys;
         const float* kr = kc + (size_t)(in ? key : 0) * kv_stride + (size_t)kh * HD + sh;
@@ -327,7 +339,9 @@ __device__ __forceinline__ void flash_attention(const AttentionParams* __restric
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const u32 key = k0 + 8 * j + 2 * qd + (e & 1);
-                const float v = key <= lim[e >> 1] ? s[j][e] * scale : NEG_INF;
+                float v = s[j][e] * scale;
+                if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
+                v = key >= lo[e >> 1] && key <= lim[e >> 1] ? v : NEG_INF;
                 s[j][e] = v;
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
             }
@@ -336,9 +350,9 @@ __device__ __forceinline__ void flash_attention(const AttentionParams* __restric
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
-            // Key 0 is in every row's first tile, so the maximum is finite from then on.
+            // A row whose keys all lie in later tiles (a window) keeps m = -inf until then.
             const float mn = fmaxf(m[r], mx[r]);
-            corr[r] = expf(m[r] - mn);  // 0 on the first tile (m = -inf)
+            corr[r] = mn == NEG_INF ? 1.0f : expf(m[r] - mn);  // 0 on a row's first keys
             m[r] = mn;
         }
         float sum[2] = {0.0f, 0.0f};
@@ -346,7 +360,7 @@ __device__ __forceinline__ void flash_attention(const AttentionParams* __restric
         for (int j = 0; j < FA_K / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float pe = expf(s[j][e] - m[e >> 1]);  // masked: exp(-inf) = 0
+                const float pe = s[j][e] == NEG_INF ? 0.0f : expf(s[j][e] - m[e >> 1]);
                 s[j][e] = pe;
                 sum[e >> 1] += pe;
             }
@@ -424,9 +438,9 @@ attention_split(const AttentionParams* __restrict__ p, const float* __restrict__
     const u32 heads = p->heads, hd = p->head_dim, tokens = p->tokens, pos0 = p->pos0;
     const u32 splits = p->splits;
     const u32 h = blockIdx.x, t = blockIdx.y, part = blockIdx.z, tid = threadIdx.x;
-    const u32 n_keys = pos0 + t + 1;
-    const u32 per = (n_keys + splits - 1) / splits;
-    const u32 k0 = min(part * per, n_keys), k1 = min(k0 + per, n_keys);
+    const u32 n_keys = pos0 + t + 1, key0 = first_key(n_keys, p->window);
+    const u32 per = (n_keys - key0 + splits - 1) / splits;
+    const u32 k0 = min(key0 + part * per, n_keys), k1 = min(k0 + per, n_keys);
     const AttPart r = attend(p, q, kc, vc, k0, k1, qs, ps, red);
     const u32 ht = t * heads + h;
     u32* count = scratch + ht;
@@ -511,7 +525,7 @@ __device__ __forceinline__ AttPart paged_attend(const PagedAttentionParams* p, c
                                                 u32 k0, u32 k1, float* qs, float* ps,
                                                 u32* key_slots, float* red) {
     const u32 heads = p->heads, kv_heads = p->kv_heads, hd = p->head_dim, block = p->block;
-    const float scale = p->scale;
+    const float scale = p->scale, softcap = p->softcap;
     const u32 h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const u32 kh = h / (heads / kv_heads);
     const size_t kv_stride = (size_t)kv_heads * hd;
@@ -541,6 +555,7 @@ __device__ __forceinline__ AttPart paged_attend(const PagedAttentionParams* p, c
                 for (u32 d = 0; d < hd; d++) dot += qs[d] * kr[d];
             }
             s = dot * scale;
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         }
         const float mn = fmaxf(m, block_max(s, red));
         const float e = j < k1 ? expf(s - mn) : 0.0f;
@@ -581,7 +596,8 @@ paged_attention(const PagedAttentionParams* __restrict__ p, const float* __restr
     const u32* tab;
     u32 n_keys;
     if (!paged_keys(p, rows, table, t, &tab, &n_keys)) return;
-    const AttPart r = paged_attend(p, q, kp, vp, tab, 0, n_keys, qs, ps, key_slots, red);
+    const u32 key0 = first_key(n_keys, p->window);
+    const AttPart r = paged_attend(p, q, kp, vp, tab, key0, n_keys, qs, ps, key_slots, red);
     // No keys: zeros, as the reference writes.
     if (tid < p->head_dim)
         out[((size_t)t * p->heads + h) * p->head_dim + tid] = n_keys ? r.acc / r.l : 0.0f;
@@ -608,8 +624,9 @@ paged_attention_split(const PagedAttentionParams* __restrict__ p, const float* _
     const u32* tab;
     u32 n_keys;
     if (!paged_keys(p, rows, table, t, &tab, &n_keys)) return;
-    const u32 per = n_keys / splits + (n_keys % splits != 0);
-    const u32 k0 = min(part * per, n_keys), k1 = min(k0 + per, n_keys);
+    const u32 key0 = first_key(n_keys, p->window), live = n_keys - key0;
+    const u32 per = live / splits + (live % splits != 0);
+    const u32 k0 = min(key0 + part * per, n_keys), k1 = min(k0 + per, n_keys);
     const AttPart r = paged_attend(p, q, kp, vp, tab, k0, k1, qs, ps, key_slots, red);
     const u32 ht = t * heads + h;
     u32* count = scratch + ht;
