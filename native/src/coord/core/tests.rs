@@ -496,16 +496,18 @@ fn step_timeouts_scale_with_the_calibrated_speed_and_the_steps_size() {
     assert_eq!(h.core.poll_timeout(), Some(h.now + MIN_STEP));
 
     // A slow device: the prompt's step is given its predicted time many
-    // times over (3 prompt tokens at 400 ms), a token step its own.
+    // times over (3 prompt tokens at 400 ms), a token step its own (1 s).
     let mut h = Harness::new(5);
-    h.cluster(predicted(ms(300), ms(400)));
+    h.cluster(predicted(ms(1000), ms(400)));
     let prompt = ms(400) * PROMPT.len() as u32 * STEP_MARGIN;
     assert!(prompt > MIN_STEP && prompt < STEP_TIMEOUT);
     assert_eq!(h.core.poll_timeout(), Some(h.now + prompt));
     h.activations("a", 1, 0);
     h.activations("b", 1, 0);
     h.token("c", 1, 0, 300, true);
-    assert_eq!(h.core.poll_timeout(), Some(h.now + ms(300) * STEP_MARGIN));
+    let token = ms(1000) * STEP_MARGIN;
+    assert!(token > MIN_STEP && token < prompt);
+    assert_eq!(h.core.poll_timeout(), Some(h.now + token));
 
     // Never over the step timeout, and all of it without a prediction.
     let huge = Some(StepCost {
