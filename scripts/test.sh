@@ -12,6 +12,8 @@ need=()
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers libvulkan1)
 dpkg -s chromium >/dev/null 2>&1 || need+=(chromium chromium-driver)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# The chaos test (tests/tests/chaos.rs) makes its namespaces' veth pairs with `ip`.
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
     $sudo_cmd apt-get update -qq

@@ -210,6 +210,11 @@ pub struct Signal {
 
 impl Signal {
     pub fn start(dir: &Path) -> Signal {
+        Signal::start_on(dir, "127.0.0.1")
+    }
+
+    /// [`Signal::start`] listening on `ip` (an address in the chaos test's namespace).
+    pub fn start_on(dir: &Path, ip: &str) -> Signal {
         let secret = dir.join("signal.secret");
         let _ = std::fs::remove_file(&secret);
         let status = Command::new(bin("cairn-signal"))
@@ -219,7 +224,7 @@ impl Signal {
             .expect("cairn-signal secret");
         assert!(status.success(), "cairn-signal secret failed");
         let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
+        let listen = format!("{ip}:{port}");
         let proc = Self::spawn(dir, &listen, &secret, "cairn-signal");
         Signal {
             proc,

@@ -11,7 +11,7 @@ pub const USER: &str = "cairn";
 pub const PASSWORD: &str = "relay-secret";
 
 /// Long-term credentials for [`USER`] (RFC 8656 section 9.2).
-struct Auth;
+pub(crate) struct Auth;
 
 impl turn::auth::AuthHandler for Auth {
     fn auth_handle(

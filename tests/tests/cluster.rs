@@ -1305,6 +1305,93 @@ fn with_approval_a_worker_serves_only_once_the_admin_lets_it_in() {
     assert!(approved, "{log}");
 }
 
+/// Issue 21: "by default on a LAN without a key a new worker waits for the
+/// operator's approval". `cairn serve --lan` without `--api-key` makes a key,
+/// says approval is on, serves at once on its own (trusted) local worker,
+/// and holds a worker that joins with the join URL's token unplaced.
+#[test]
+fn a_lan_without_a_key_holds_joining_workers_for_approval_by_default() {
+    let dir = artifacts("cluster-lan-approval");
+    let (ref_tokens, _) = reference();
+    let model = model_path();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let state = dir.join("serve-state");
+    let _ = std::fs::remove_dir_all(&state);
+    let mut serve = Proc::spawn(
+        &bin("cairn"),
+        &[
+            "serve",
+            "--lan",
+            "--no-mdns",
+            "--listen",
+            &listen,
+            "--state-dir",
+            state.to_str().expect("utf-8 path"),
+            "--model",
+            model.to_str().expect("utf-8 path"),
+            "--backend",
+            "cpu",
+            "--ctx",
+            "256",
+            "--spot-check-rate",
+            "0",
+        ],
+        &dir,
+        "serve",
+    );
+    let key = serve
+        .wait_line("api key:")
+        .split_whitespace()
+        .nth(2)
+        .expect("the generated key")
+        .to_owned();
+    let join = serve.wait_line("join:");
+    let token = join
+        .split("token=")
+        .nth(1)
+        .expect("the join URL carries a worker token")
+        .trim()
+        .to_owned();
+    let approval = serve.wait_line("approval:");
+    assert!(approval.contains("default"), "{approval}");
+    let api = format!("http://{listen}");
+    let (_worker, id) = cpu_worker(&format!("ws://{listen}"), &token, &dir, "worker", &[], &[]);
+    let cluster = || {
+        let (_, b) = call("GET", &format!("{api}/api/cluster"), Some(&key), None);
+        serde_json::from_str::<Value>(&b).expect("cluster JSON")
+    };
+    let waiting = wait_for(Duration::from_secs(60), "the worker to wait", || {
+        cluster()["pending_approval"]
+            .as_array()
+            .and_then(|p| p.first().cloned())
+    });
+    assert_eq!(waiting["peer_id"], json!(id), "{waiting}");
+    // The local worker needs no approval: the cluster serves on it alone.
+    wait_for(Duration::from_secs(120), "a placement", || {
+        (cluster()["placement"]["state"] == "ready").then_some(())
+    });
+    let (status, body) = call(
+        "POST",
+        &format!("{api}/v1/completions"),
+        Some(&key),
+        Some(("application/json", &request(false).to_string())),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["cairn"]["tokens"], json!(ref_tokens));
+    let c = cluster();
+    let stages = c["placement"]["stages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !stages.iter().any(|s| s["peer_id"] == json!(id)),
+        "a worker waiting for approval was placed: {c}"
+    );
+    assert_eq!(c["pending_approval"][0]["peer_id"], json!(id), "{c}");
+}
+
 /// Issue 21: when the signaling server went away, the coordinator stayed out
 /// of its room and a standalone worker exited, so nothing was served until
 /// every process was restarted. Now both join the room again with backoff

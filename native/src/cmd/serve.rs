@@ -88,9 +88,11 @@ pub struct Args {
     /// A worker that joins waits, neither calibrated nor placed, until the
     /// admin approves it on the dashboard or with
     /// `POST /api/workers/ID/approve` (`/reject`); approval holds for its
-    /// token for this run.
-    #[arg(long)]
-    approve_workers: bool,
+    /// token for this run. On by default when listening beyond loopback
+    /// without --api-key (the key is then generated); `--approve-workers=false`
+    /// turns it off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    approve_workers: Option<bool>,
     /// The share of generated tokens recomputed on the coordinator's own
     /// engine (cpu, the whole model, loaded at the first check) before they
     /// go out; a worker whose token is wrong is evicted and the request
@@ -183,6 +185,14 @@ pub fn run(a: Args) -> Result<()> {
     result
 }
 
+/// Whether joining workers wait for the admin's approval: as the operator
+/// said, else on when others can reach the API and the operator chose no
+/// key (issue 21: a LAN without a key is where a leaked join URL lets a
+/// stranger's device in unseen).
+fn approval_by_default(asked: Option<bool>, exposed: bool, key_given: bool) -> bool {
+    asked.unwrap_or(exposed && !key_given)
+}
+
 /// A fresh admin key: 32 random bytes as hex.
 fn generate_key() -> String {
     use rand::RngCore as _;
@@ -204,6 +214,7 @@ async fn serve(mut a: Args) -> Result<()> {
         a.listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), a.listen.port());
     }
     let exposed = !a.listen.ip().is_loopback();
+    let approve_workers = approval_by_default(a.approve_workers, exposed, a.api_key.is_some());
     let mut generated_key = None;
     if exposed && a.api_key.is_none() {
         let key = generate_key();
@@ -227,7 +238,7 @@ async fn serve(mut a: Args) -> Result<()> {
         room: room.clone(),
         api_key: a.api_key.is_some(),
         read_key: a.read_key.is_some(),
-        approve_workers: a.approve_workers,
+        approve_workers,
     });
     let sessions = Arc::new(Sessions::default());
     // The router is built once the coordinator exists; the embedded server
@@ -370,7 +381,7 @@ async fn serve(mut a: Args) -> Result<()> {
         wait_timeout: Duration::from_secs(a.wait_timeout),
         step_timeout: Duration::from_secs(120),
         audit: audit.clone(),
-        approve_workers: a.approve_workers,
+        approve_workers,
         sessions: server.as_ref().map(|_| sessions.clone()),
         spot: SpotConfig {
             rate: a.spot_check_rate,
@@ -440,9 +451,14 @@ async fn serve(mut a: Args) -> Result<()> {
     if let Some(j) = coord.shared.join_url() {
         println!("join:        {j}");
     }
-    if a.approve_workers {
+    if approve_workers {
         println!(
-            "approval:    workers wait for the admin's approval on the dashboard before they are placed"
+            "approval:    workers wait for the admin's approval on the dashboard before they are placed{}",
+            if a.approve_workers.is_none() {
+                " (the default on a LAN without --api-key; --approve-workers=false turns it off)"
+            } else {
+                ""
+            }
         );
     }
     if let Some(t) = &join_tokens {
@@ -555,7 +571,43 @@ fn rate(s: &str) -> Result<f64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_placement;
+    use super::{Args, approval_by_default, parse_placement};
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn approval(argv: &[&str]) -> bool {
+        let cli = Cli::try_parse_from(std::iter::once("serve").chain(argv.iter().copied()))
+            .expect("the flags parse");
+        let exposed = cli.args.lan || !cli.args.listen.ip().is_loopback();
+        approval_by_default(
+            cli.args.approve_workers,
+            exposed,
+            cli.args.api_key.is_some(),
+        )
+    }
+
+    #[test]
+    fn workers_wait_for_approval_by_default_only_on_a_lan_without_a_key() {
+        assert!(!approval(&[]), "loopback: no approval unless asked");
+        assert!(approval(&["--approve-workers"]));
+        assert!(approval(&["--lan"]), "a LAN without a key");
+        assert!(approval(&["--listen", "0.0.0.0:8080"]));
+        assert!(
+            !approval(&["--lan", "--api-key", "k"]),
+            "the operator chose a key"
+        );
+        assert!(approval(&["--lan", "--api-key", "k", "--approve-workers"]));
+        assert!(
+            !approval(&["--lan", "--approve-workers=false"]),
+            "turned off"
+        );
+        assert!(approval(&["--approve-workers=true"]));
+    }
 
     #[test]
     fn placements_parse_inclusive_ranges() {

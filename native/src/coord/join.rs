@@ -225,6 +225,10 @@ pub struct Sessions {
 struct SessionsInner {
     peers: HashMap<PeerId, Session>,
     decided: HashMap<String, bool>,
+    /// The token and address of each evicted worker: a peer that comes
+    /// back with both is the same process (or its neighbour with its
+    /// token) under a new peer id.
+    evicted: std::collections::HashSet<(String, Option<IpAddr>)>,
 }
 
 /// A peer's way in.
@@ -257,6 +261,31 @@ impl Sessions {
         let token = inner.peers.get(peer).map(|s| s.token_id.clone())?;
         inner.decided.insert(token.clone(), approved);
         Some(token)
+    }
+
+    /// `peer` was evicted: its token and address are barred for this run.
+    /// Its session, and whether it is the token's only holder in the room
+    /// (then the token may be revoked without dropping anyone else).
+    pub fn evict(&self, peer: &PeerId) -> Option<(Session, bool)> {
+        let mut inner = self.lock();
+        let session = inner.peers.get(peer).cloned()?;
+        let alone = !inner
+            .peers
+            .iter()
+            .any(|(p, s)| p != peer && s.token_id == session.token_id);
+        inner
+            .evicted
+            .insert((session.token_id.clone(), session.addr));
+        Some((session, alone))
+    }
+
+    /// Whether `peer` came with the token of an evicted worker from its address.
+    pub fn barred(&self, peer: &PeerId) -> bool {
+        let inner = self.lock();
+        inner
+            .peers
+            .get(peer)
+            .is_some_and(|s| inner.evicted.contains(&(s.token_id.clone(), s.addr)))
     }
 
     /// What the operator decided on `peer`'s token before, if anything.
@@ -348,5 +377,31 @@ mod tests {
         assert_eq!(s.decided(&again), Some(true));
         assert_eq!(s.decided(&other), None);
         assert_eq!(s.decide(&PeerId("nobody".into()), true), None);
+    }
+
+    #[test]
+    fn an_eviction_bars_its_token_from_its_address_under_any_peer_id() {
+        let s = Sessions::default();
+        let way_in = |t: &str, ip: [u8; 4]| Session {
+            token_id: t.into(),
+            addr: Some(IpAddr::from(ip)),
+        };
+        let peer = |p: &str| PeerId(p.into());
+        s.joined(peer("bad"), way_in("shared", [10, 0, 0, 9]));
+        s.joined(peer("honest"), way_in("shared", [10, 0, 0, 2]));
+        s.joined(peer("own"), way_in("single", [10, 0, 0, 3]));
+        let (session, alone) = s.evict(&peer("bad")).expect("a session");
+        assert_eq!(session.token_id, "shared");
+        assert!(!alone, "another worker holds the token");
+        s.left(&peer("bad"));
+        // Back under a new id: barred. The same token elsewhere is not.
+        s.joined(peer("bad-again"), way_in("shared", [10, 0, 0, 9]));
+        assert!(s.barred(&peer("bad-again")));
+        assert!(!s.barred(&peer("honest")));
+        s.joined(peer("new"), way_in("other", [10, 0, 0, 9]));
+        assert!(!s.barred(&peer("new")), "another token from that address");
+        // A token only the evicted worker holds is its alone (so revocable).
+        assert!(s.evict(&peer("own")).expect("a session").1);
+        assert_eq!(s.evict(&peer("nobody")), None);
     }
 }

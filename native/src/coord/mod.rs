@@ -256,17 +256,27 @@ impl Shared {
     /// A spot check caught `peer` with a wrong result: out of the cluster,
     /// told so, and recorded.
     fn evict(&self, peer: &PeerId, why: &str) {
-        let token_id = self
-            .opts
-            .sessions
-            .as_ref()
-            .and_then(|s| s.get(peer))
-            .map(|s| s.token_id);
+        // Its token and address are barred from now on (`on_link_up`).
+        let evicted = self.opts.sessions.as_ref().and_then(|s| s.evict(peer));
         self.opts.audit.record(Event::Evicted {
             peer: peer.to_string(),
-            token_id,
+            token_id: evicted.as_ref().map(|(s, _)| s.token_id.clone()),
             why: why.to_owned(),
         });
+        // A token only this worker holds goes with it: revoked, its session
+        // dropped and refused across restarts. A shared one (the join URL's)
+        // stays, or every honest worker that joined with it would be dropped
+        // too; the bar on its address keeps this one out.
+        if let (Some((session, true)), Some(tokens)) = (&evicted, &self.opts.join_tokens)
+            && self.opts.trusted_token.as_deref() != Some(session.token_id.as_str())
+        {
+            match tokens.revoke(&session.token_id) {
+                Ok(dropped) => {
+                    info!(%peer, token = %session.token_id, dropped, "revoked an evicted worker's token")
+                }
+                Err(e) => warn!(%peer, error = %e, "cannot revoke an evicted worker's token"),
+            }
+        }
         let sender = self
             .links
             .lock()
@@ -672,15 +682,30 @@ fn on_link_up(shared: &Arc<Shared>, link: Link, generation: u64) {
                 stats: link.stats_watch(),
             },
         );
-    // A worker back with a token the admin decided on is not asked about again.
+    // A worker back with a token the admin decided on is not asked about
+    // again; `cairn serve`'s own worker is never asked.
     let decided = shared
         .opts
         .approve_workers
         .then(|| shared.opts.sessions.as_ref().and_then(|s| s.decided(&peer)));
-    if decided == Some(Some(true)) {
+    if decided == Some(Some(true)) || (shared.opts.approve_workers && shared.trusted(&peer)) {
         shared.input(ClusterInput::Approve {
             peer: peer.clone(),
             approved: true,
+        });
+    }
+    // An evicted worker back under a new peer id (same token, same
+    // address): evicted again before the core sees its link, which it then
+    // refuses.
+    if shared
+        .opts
+        .sessions
+        .as_ref()
+        .is_some_and(|s| s.barred(&peer))
+    {
+        shared.input(ClusterInput::Evict {
+            peer: peer.clone(),
+            why: "it came back with an evicted worker's token from its address".into(),
         });
     }
     let up = ClusterInput::LinkUp {

@@ -300,7 +300,7 @@ fn set_state(shared: &Shared, id: u64, state: &'static str, generated: usize, re
 fn cluster_view(shared: &Shared) -> (ClusterView, Option<Active>) {
     let st = shared.state();
     let view = ClusterView {
-        active: st.active.as_ref().map(Active::view),
+        active: st.active.as_ref().map(|a| a.view(st.prediction.as_ref())),
         online: st
             .peers
             .iter()

@@ -13,7 +13,7 @@ use cairn_engine::worker::Capabilities;
 use cairn_signal::protocol::PeerId;
 use serde::Serialize;
 
-use super::core::{Placement, StageView};
+use super::core::{Placement, StageView, StepCost};
 
 /// What a peer is doing, as the dashboard shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -112,9 +112,12 @@ pub struct Active {
 }
 
 impl Active {
-    /// What the core sees of it (the links stay with the shell).
-    pub(crate) fn view(&self) -> Placement {
+    /// What the core sees of it (the links stay with the shell), with what
+    /// its calibration predicts (`State::prediction`, made when it was
+    /// chosen).
+    pub(crate) fn view(&self, prediction: Option<&Prediction>) -> Placement {
         Placement {
+            cost: prediction.and_then(StepCost::from_prediction),
             epoch: self.epoch,
             stages: self
                 .stages

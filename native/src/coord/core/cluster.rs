@@ -451,7 +451,7 @@ impl Cluster {
             p.offline_since.get_or_insert(now);
         }
         let st = &mut self.state;
-        let replace = after_loss(st.active.as_ref().map(Active::view).as_ref(), peer);
+        let replace = after_loss(st.active.as_ref().map(|a| a.view(None)).as_ref(), peer);
         if replace == Replace::Now {
             warn!(%peer, %why, "a worker holding layers is gone; placing again");
             st.active = None;

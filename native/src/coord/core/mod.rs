@@ -55,4 +55,4 @@ pub use peers::{condition, runs_lost};
 pub use plan::profiles;
 pub use request::{Count, Input, Output, Request, RequestConfig};
 pub use spot::{SpotCheck, SpotConfig, Verdict, judge};
-pub use view::{ClusterView, Placement, StageView};
+pub use view::{ClusterView, Placement, StageView, StepCost};

@@ -28,6 +28,7 @@ fn serving(names: &[&str]) -> Placement {
                 direct: true,
             })
             .collect(),
+        cost: None,
     }
 }
 

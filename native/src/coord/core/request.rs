@@ -14,7 +14,7 @@ use cairn_signal::protocol::PeerId;
 use tracing::{info, warn};
 
 use super::spot::{self, SpotCheck, SpotConfig, Verdict};
-use super::view::{ClusterView, Placement};
+use super::view::{ClusterView, Placement, StepCost};
 use crate::coord::pipeline::{FinishReason, GenRequest};
 use crate::coord::{StageFailure, StageReply, is_request_fault};
 
@@ -25,6 +25,14 @@ pub const MAX_RETRIES: u32 = 3;
 /// stalled; more when steps are slow (see [`stall_after`]).
 pub const MIN_STALL: Duration = Duration::from_secs(5);
 
+/// A stage that takes this many times its predicted step time to answer
+/// counts as lost: calibration is measured on an idle device, and a step
+/// may wait behind other requests' steps in a batch.
+pub const STEP_MARGIN: u32 = 30;
+/// The least time a stage is given to answer a step, however fast its
+/// calibration says it is (a busy machine, a queue of others' steps).
+pub const MIN_STEP: Duration = Duration::from_secs(15);
+
 /// What a request needs to know besides what it generates.
 #[derive(Clone, Debug)]
 pub struct RequestConfig {
@@ -32,7 +40,8 @@ pub struct RequestConfig {
     pub id: u64,
     /// How long it waits for a placement before it fails.
     pub wait_timeout: Duration,
-    /// How long one stage may take to answer one step.
+    /// The longest one stage may take to answer one step; less when the
+    /// placement's calibration predicts fast steps ([`step_limit`]).
     pub step_timeout: Duration,
     /// The model's end-of-generation ids, sorted.
     pub end_ids: Vec<u32>,
@@ -138,6 +147,9 @@ struct Run {
     last_news: Instant,
     slowest: Duration,
     tokens: usize,
+    /// Positions the run's first step computes (the prompt and the tokens
+    /// generated before it).
+    rows: usize,
 }
 
 #[derive(Debug)]
@@ -314,12 +326,17 @@ impl Request {
         self.relay_all
     }
 
-    /// How long the run may go without news: a whole step timeout while a
-    /// known stage must answer (or the prompt is running), else the stall
-    /// limit.
+    /// How long the run may go without news: a step's limit while a known
+    /// stage must answer (or the prompt is running), scaled with the
+    /// placement's calibration and the step's size and never under the
+    /// stall limit of the tokens measured so far; else the stall limit.
     fn limit(&self, run: &Run) -> Duration {
-        if run.tokens == 0 || run.waiting_on.is_some() {
-            self.cfg.step_timeout
+        let cost = run.placement.cost;
+        if run.tokens == 0 {
+            step_limit(cost, run.rows, self.cfg.step_timeout)
+        } else if run.waiting_on.is_some() {
+            step_limit(cost, 1, self.cfg.step_timeout)
+                .max(stall_after(run.slowest, self.cfg.step_timeout))
         } else {
             stall_after(run.slowest, self.cfg.step_timeout)
         }
@@ -393,6 +410,7 @@ impl Request {
             last_news: now,
             slowest: Duration::ZERO,
             tokens: 0,
+            rows: 0,
         });
         // A loss seen before the run started would never fail it.
         if let Phase::Running(run) = &self.phase
@@ -409,6 +427,9 @@ impl Request {
         });
         let mut all = self.req.prompt.clone();
         all.extend_from_slice(&self.out);
+        if let Phase::Running(run) = &mut self.phase {
+            run.rows = all.len();
+        }
         let tokens = match Tensor::from_values(DType::U32, vec![all.len() as u64], &all) {
             Ok(t) => t,
             Err(e) => {
@@ -778,6 +799,22 @@ impl Request {
 fn answers(placement: &Placement, relay_all: bool, i: usize) -> Option<usize> {
     let last = placement.stages.len() - 1;
     (relay_all || !placement.stages[i].direct || i == last).then_some(i)
+}
+
+/// How long a stage may take to answer a step over `rows` positions:
+/// [`STEP_MARGIN`] times what the placement's calibration predicts, at
+/// least [`MIN_STEP`], at most `step_timeout` (all of it when nothing was
+/// predicted). A silent worker then holds a small model's request for
+/// seconds, not minutes, while a slow device's long prompt keeps its time.
+pub fn step_limit(cost: Option<StepCost>, rows: usize, step_timeout: Duration) -> Duration {
+    match cost {
+        Some(c) => c
+            .step(rows)
+            .saturating_mul(STEP_MARGIN)
+            .max(MIN_STEP)
+            .min(step_timeout),
+        None => step_timeout,
+    }
 }
 
 /// How long a chained run may go without news: several times the slowest

@@ -240,6 +240,7 @@ mod tests {
                 stage("a", 10, 20),
                 stage("b", 20, 30),
             ],
+            cost: None,
         };
         let trusted: BTreeSet<PeerId> = [PeerId("local".into())].into();
         assert_eq!(

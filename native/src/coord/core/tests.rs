@@ -9,7 +9,7 @@ use cairn_engine::protocol::{DType, Message, Tensor, error_code};
 use cairn_signal::protocol::PeerId;
 
 use super::placing::{DEBOUNCE, Debounce, LOAD_TIMEOUT, Loading, URGENT_DEBOUNCE};
-use super::request::{MAX_RETRIES, MIN_STALL};
+use super::request::{MAX_RETRIES, MIN_STALL, MIN_STEP, STEP_MARGIN};
 use super::*;
 use crate::coord::pipeline::{FinishReason, GenRequest};
 use crate::coord::{StageFailure, StageReply};
@@ -34,7 +34,11 @@ fn stage(name: &str, start: usize, end: usize, direct: bool) -> StageView {
 }
 
 fn placement(epoch: u64, stages: Vec<StageView>) -> Placement {
-    Placement { epoch, stages }
+    Placement {
+        epoch,
+        stages,
+        cost: None,
+    }
 }
 
 /// A cluster serving `active` with `online` up.
@@ -457,6 +461,102 @@ fn a_step_timeout_blames_the_stage_that_must_answer() {
     assert!(blamed(&o).is_empty());
     assert!(h.core.relay_all());
     assert_eq!(steps(&o)[0].seq, 2);
+}
+
+/// [`with_browser`] with a calibration that predicts `per_token` a token
+/// and `per_prompt_token` a prompt token.
+fn predicted(per_token: Duration, per_prompt_token: Duration) -> ClusterView {
+    let mut c = with_browser();
+    if let Some(p) = c.active.as_mut() {
+        p.cost = Some(StepCost {
+            per_token,
+            per_prompt_token,
+        });
+    }
+    c
+}
+
+#[test]
+fn step_timeouts_scale_with_the_calibrated_speed_and_the_steps_size() {
+    let ms = Duration::from_millis;
+    // A fast placement: a silent stage is blamed after MIN_STEP, in the
+    // prompt and after it, not after the whole step timeout.
+    let mut h = Harness::new(5);
+    h.cluster(predicted(ms(20), ms(2)));
+    assert_eq!(h.core.poll_timeout(), Some(h.now + MIN_STEP));
+    h.activations("a", 1, 0);
+    assert!(h.advance(MIN_STEP - ms(1)).is_empty());
+    assert_eq!(blamed(&h.advance(ms(1))), vec![peer("b")]);
+
+    let mut h = Harness::new(5);
+    h.cluster(predicted(ms(20), ms(2)));
+    h.activations("a", 1, 0);
+    h.activations("b", 1, 0);
+    h.token("c", 1, 0, 300, true);
+    assert_eq!(h.core.poll_timeout(), Some(h.now + MIN_STEP));
+
+    // A slow device: the prompt's step is given its predicted time many
+    // times over (3 prompt tokens at 400 ms), a token step its own (1 s).
+    let mut h = Harness::new(5);
+    h.cluster(predicted(ms(1000), ms(400)));
+    let prompt = ms(400) * PROMPT.len() as u32 * STEP_MARGIN;
+    assert!(prompt > MIN_STEP && prompt < STEP_TIMEOUT);
+    assert_eq!(h.core.poll_timeout(), Some(h.now + prompt));
+    h.activations("a", 1, 0);
+    h.activations("b", 1, 0);
+    h.token("c", 1, 0, 300, true);
+    let token = ms(1000) * STEP_MARGIN;
+    assert!(token > MIN_STEP && token < prompt);
+    assert_eq!(h.core.poll_timeout(), Some(h.now + token));
+
+    // Never over the step timeout, and all of it without a prediction.
+    let huge = Some(StepCost {
+        per_token: Duration::from_secs(100),
+        per_prompt_token: Duration::from_secs(100),
+    });
+    assert_eq!(request::step_limit(huge, 1, STEP_TIMEOUT), STEP_TIMEOUT);
+    assert_eq!(request::step_limit(None, 1, STEP_TIMEOUT), STEP_TIMEOUT);
+    // A token step is never under the stall limit of the tokens measured.
+    let mut h = Harness::new(5);
+    h.cluster(predicted(ms(1), ms(1)));
+    h.activations("a", 1, 0);
+    h.activations("b", 1, 0);
+    h.token("c", 1, 0, 300, true);
+    h.activations("a", 1, 1);
+    h.activations("b", 1, 1);
+    h.now += Duration::from_secs(1);
+    h.token("c", 1, 1, 301, true);
+    // 1.01 s since the last news (each event takes the harness 10 ms).
+    let stall = request::stall_after(ms(1010), STEP_TIMEOUT);
+    assert!(stall > MIN_STEP);
+    assert_eq!(h.core.poll_timeout(), Some(h.now + stall));
+}
+
+#[test]
+fn a_prediction_without_usable_numbers_gives_no_step_cost() {
+    use cairn_engine::placement::Prediction;
+    let p = |s_per_token: f64, prefill_s: f64, prompt_tokens: usize| Prediction {
+        stages: Vec::new(),
+        s_per_token,
+        tokens_per_s: 1.0 / s_per_token,
+        prefill_s,
+        aggregate_tokens_per_s: 0.0,
+        concurrency: 1,
+        prompt_tokens,
+    };
+    let c = StepCost::from_prediction(&p(0.02, 0.64, 64)).expect("a cost");
+    assert_eq!(c.per_token, Duration::from_millis(20));
+    assert_eq!(c.per_prompt_token, Duration::from_millis(10));
+    assert_eq!(c.step(1), Duration::from_millis(20));
+    assert_eq!(c.step(100), Duration::from_secs(1));
+    for bad in [
+        p(f64::NAN, 0.64, 64),
+        p(0.02, f64::INFINITY, 64),
+        p(-1.0, 0.64, 64),
+        p(0.02, 0.64, 0),
+    ] {
+        assert_eq!(StepCost::from_prediction(&bad), None, "{bad:?}");
+    }
 }
 
 #[test]
