@@ -20,6 +20,7 @@ pub struct EngineOptions {
     /// The wgpu backends to enumerate adapters on; `None`: what `WGPU_BACKEND` names (wgpu's
     /// own variable), else all of them.
     pub wgpu_backends: Option<wgpu::Backends>,
+    pub wgpu: WgpuOptions,
     pub cuda: CudaOptions,
     pub vulkan: VulkanOptions,
     pub dev: DevHooks,
@@ -64,6 +65,20 @@ pub enum CudaFuse {
     NoNorms,
     #[default]
     All,
+}
+
+/// Settings of the WGSL executor, which the `wgpu` and `vulkan` backends share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// RMS norms, residual adds and silu(gate) * up are folded into the matrix-vector
+    /// products beside them (`backend/wgpu/fuse.rs`); `false` dispatches every op alone.
+    pub fuse: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions { fuse: true }
+    }
 }
 
 /// Settings of the raw `vulkan` backend (docs/vulkan.md).
@@ -122,6 +137,7 @@ mod tests {
                 int8_dot: true,
             }
         );
+        assert!(o.wgpu.fuse);
         assert!(!o.vulkan.push_constants);
         assert_eq!(o.dev.cuda_kernels, None);
     }

@@ -29,6 +29,7 @@ fn options() -> cairn_engine::EngineOptions {
     if off("CAIRN_CUDA_SPLIT_ATTENTION") {
         o.cuda.split_attention = 0;
     }
+    o.wgpu.fuse = !off("CAIRN_WGPU_FUSE");
     o
 }
 
@@ -290,6 +291,122 @@ fn linear_every_format_matvec_and_matmat() {
                     2e-6 * cols as f32,
                 );
             }
+        }
+    }
+}
+
+/// A decode layer's feed-forward half (norm, gate, up, silu, down, residual add), which the
+/// wgpu and vulkan backends fold into three dispatches (backend/wgpu/fuse.rs), against the
+/// reference run op by op: every buffer the ops write, the norm's output included.
+#[test]
+fn fused_decode_ffn_matches_the_ops_one_by_one() {
+    let mut rng = StdRng::seed_from_u64(23);
+    // (format, dim, ffn): rows not a multiple of a workgroup's 8, a row tail past the last
+    // 4-element chunk (F32 45), and every block family.
+    let cases = [
+        (GgmlType::F32, 45, 37),
+        (GgmlType::Q8_0, 96, 160),
+        (GgmlType::Q4_0, 160, 96),
+        (GgmlType::Q4_1, 96, 160),
+        (GgmlType::Q4_K, 256, 512),
+        (GgmlType::Q6_K, 256, 256),
+    ];
+    let devs: Vec<Device> = devices()
+        .into_iter()
+        .filter(|d| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
+        .collect();
+    for (ty, dim, ffn) in cases {
+        let quant = |rows: usize, cols: usize, rng: &mut StdRng| -> Vec<u8> {
+            let wf = rand_vec(rng, rows * cols, 1.0);
+            wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect()
+        };
+        let (wg, wu, wd) = (
+            quant(ffn, dim, &mut rng),
+            quant(ffn, dim, &mut rng),
+            quant(dim, ffn, &mut rng),
+        );
+        let h = rand_vec(&mut rng, dim, 3.0);
+        let nw = rand_vec(&mut rng, dim, 1.0);
+        let mut xn = vec![0f32; dim];
+        k::norm::rms_norm(&h, &nw, &mut xn, dim, 1e-5);
+        let (mut g, mut u, mut a) = (vec![0f32; ffn], vec![0f32; ffn], vec![0f32; ffn]);
+        k::linear::linear(ty, &wg, &xn, &mut g, ffn, dim, 1);
+        k::linear::linear(ty, &wu, &xn, &mut u, ffn, dim, 1);
+        k::elementwise::silu_mul(&g, &u, &mut a);
+        let mut o = vec![0f32; dim];
+        k::linear::linear(ty, &wd, &a, &mut o, dim, ffn, 1);
+        let mut h2 = vec![0f32; dim];
+        k::elementwise::add(&h, &o, &mut h2);
+        for d in &devs {
+            let b_h = upload_f32(d, "h", &h);
+            let b_nw = upload_f32(d, "nw", &nw);
+            let (b_wg, b_wu, b_wd) = (
+                d.upload("wg", &wg).unwrap(),
+                d.upload("wu", &wu).unwrap(),
+                d.upload("wd", &wd).unwrap(),
+            );
+            let f = |n: &str, len: usize| d.alloc(n, (len * 4) as u64).unwrap();
+            let (b_xn, b_g, b_u, b_a, b_o) = (
+                f("xn", dim),
+                f("g", ffn),
+                f("u", ffn),
+                f("a", ffn),
+                f("o", dim),
+            );
+            let lin = |w, x, y, rows: usize, cols: usize| {
+                Op::Linear(Linear {
+                    w,
+                    wtype: ty,
+                    x,
+                    y,
+                    rows: rows as u32,
+                    cols: cols as u32,
+                    tokens: 1,
+                })
+            };
+            d.run(&[
+                Op::RmsNorm(RmsNorm {
+                    x: &b_h,
+                    weight: &b_nw,
+                    y: &b_xn,
+                    dim: dim as u32,
+                    tokens: 1,
+                    eps: 1e-5,
+                }),
+                lin(&b_wg, &b_xn, &b_g, ffn, dim),
+                lin(&b_wu, &b_xn, &b_u, ffn, dim),
+                Op::SiluMul(SiluMul {
+                    gate: &b_g,
+                    up: &b_u,
+                    out: &b_a,
+                    n: ffn as u32,
+                }),
+                lin(&b_wd, &b_a, &b_o, dim, ffn),
+                Op::Add(Add {
+                    a: &b_h,
+                    b: &b_o,
+                    out: &b_h,
+                    n: dim as u32,
+                }),
+            ])
+            .unwrap();
+            if options().wgpu.fuse {
+                assert_eq!(
+                    d.launches_in_last_run(),
+                    Some(3),
+                    "{ty:?} on {}",
+                    d.info().id
+                );
+            }
+            // Sums of a few hundred terms, chained through three products.
+            let tol = 4e-6 * (dim + ffn) as f32;
+            let what = |n: &str| format!("fused ffn {ty:?} {dim}x{ffn}: {n}");
+            assert_close(&what("norm"), d, &read(d, &b_xn, dim), &xn, 1e-5);
+            assert_close(&what("gate"), d, &read(d, &b_g, ffn), &g, tol);
+            assert_close(&what("up"), d, &read(d, &b_u, ffn), &u, tol);
+            assert_close(&what("silu"), d, &read(d, &b_a, ffn), &a, tol);
+            assert_close(&what("down"), d, &read(d, &b_o, dim), &o, tol);
+            assert_close(&what("residual"), d, &read(d, &b_h, dim), &h2, tol);
         }
     }
 }

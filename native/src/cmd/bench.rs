@@ -491,7 +491,10 @@ pub fn run(a: Args) -> Result<()> {
     let mut shape = step_shape(&cfg);
     if let Some(n) = dev.launches_in_last_run() {
         shape.dispatches = n;
-        shape.copies = 0;
+        // cuda's launches include its copies; wgpu's copies stay buffer copies.
+        if dev.kind() == BackendKind::Cuda {
+            shape.copies = 0;
+        }
     }
 
     let wpt = weight_bytes_per_token(tensors, &cfg);

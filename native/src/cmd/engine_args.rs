@@ -1,7 +1,9 @@
 //! The engine's backend settings as flags, each also read from the environment variable it
 //! has always had (the engine itself reads none): `EngineOptions` for discovery.
 
-use cairn_engine::options::{CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions};
+use cairn_engine::options::{
+    CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuOptions,
+};
 use clap::builder::BoolishValueParser;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -10,6 +12,10 @@ pub struct EngineArgs {
     /// Threads of the cpu backend (default: one per core).
     #[arg(long, env = "CAIRN_CPU_THREADS")]
     pub cpu_threads: Option<usize>,
+    /// wgpu and vulkan: fold RMS norms, residual adds and silu(gate) * up into the
+    /// matrix-vector products beside them (false: every op its own dispatch).
+    #[arg(long, env = "CAIRN_WGPU_FUSE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub wgpu_fuse: bool,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
     #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_graphs: bool,
@@ -55,6 +61,9 @@ impl EngineArgs {
             cpu_f32_linear: false,
             // wgpu reads its own variables (WGPU_BACKEND).
             wgpu_backends: None,
+            wgpu: WgpuOptions {
+                fuse: self.wgpu_fuse,
+            },
             cuda: CudaOptions {
                 graphs: self.cuda_graphs,
                 fuse: match self.cuda_fuse {
@@ -112,6 +121,7 @@ mod tests {
     fn no_flags_give_the_engine_defaults() {
         let vars = [
             "CAIRN_CPU_THREADS",
+            "CAIRN_WGPU_FUSE",
             "CAIRN_CUDA_GRAPHS",
             "CAIRN_CUDA_FUSE",
             "CAIRN_CUDA_FUSED_BLOCKS_PER_SM",
@@ -133,6 +143,8 @@ mod tests {
         let o = parse(&[
             "--cpu-threads",
             "3",
+            "--wgpu-fuse",
+            "0",
             "--cuda-graphs",
             "0",
             "--cuda-fuse",
@@ -147,6 +159,7 @@ mod tests {
             "1",
         ]);
         assert_eq!(o.cpu_threads, Some(3));
+        assert!(!o.wgpu.fuse);
         assert_eq!(
             o.cuda,
             CudaOptions {
