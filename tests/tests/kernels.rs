@@ -411,6 +411,140 @@ fn fused_decode_ffn_matches_the_ops_one_by_one() {
     }
 }
 
+/// A decode layer's attention half up to attention (norm, q, k, v, the ropes, the copies
+/// into the KV cache), which the wgpu and vulkan backends fold into three dispatches, against
+/// the reference op by op; rope only on part of each head, at a large position.
+#[test]
+fn fused_decode_qkv_with_rope_and_cache_copies_matches_the_ops_one_by_one() {
+    let mut rng = StdRng::seed_from_u64(29);
+    // (format, dim, heads, kv heads, head dim, rope dim)
+    let cases = [
+        (GgmlType::F32, 45, 3, 1, 14, 10),
+        (GgmlType::Q8_0, 96, 6, 2, 16, 16),
+        (GgmlType::Q4_1, 160, 5, 1, 32, 24),
+        (GgmlType::Q4_K, 256, 4, 2, 64, 64),
+    ];
+    let devs: Vec<Device> = devices()
+        .into_iter()
+        .filter(|d| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
+        .collect();
+    let (pos0, base, slots) = (1234u32, 10_000.0f32, 4usize);
+    for (ty, dim, heads, kv_heads, head_dim, rope_dim) in cases {
+        let (q_dim, kv_dim) = (heads * head_dim, kv_heads * head_dim);
+        let quant = |rows: usize, rng: &mut StdRng| -> Vec<u8> {
+            let wf = rand_vec(rng, rows * dim, 1.0);
+            wf.chunks(dim).flat_map(|r| quantize_row(ty, r)).collect()
+        };
+        let (wq, wk, wv) = (
+            quant(q_dim, &mut rng),
+            quant(kv_dim, &mut rng),
+            quant(kv_dim, &mut rng),
+        );
+        let h = rand_vec(&mut rng, dim, 3.0);
+        let nw = rand_vec(&mut rng, dim, 1.0);
+        let cache0 = rand_vec(&mut rng, slots * kv_dim, 1.0);
+        let mut xn = vec![0f32; dim];
+        k::norm::rms_norm(&h, &nw, &mut xn, dim, 1e-5);
+        let (mut q, mut kk, mut v) = (vec![0f32; q_dim], vec![0f32; kv_dim], vec![0f32; kv_dim]);
+        k::linear::linear(ty, &wq, &xn, &mut q, q_dim, dim, 1);
+        k::linear::linear(ty, &wk, &xn, &mut kk, kv_dim, dim, 1);
+        k::linear::linear(ty, &wv, &xn, &mut v, kv_dim, dim, 1);
+        k::rope::rope(
+            &mut q, heads, head_dim, rope_dim, pos0, None, base, false, None,
+        );
+        k::rope::rope(
+            &mut kk, kv_heads, head_dim, rope_dim, pos0, None, base, false, None,
+        );
+        // The token goes to slot 2 of each cache.
+        let at = 2 * kv_dim;
+        let (mut kc, mut vc) = (cache0.clone(), cache0.clone());
+        kc[at..at + kv_dim].copy_from_slice(&kk);
+        vc[at..at + kv_dim].copy_from_slice(&v);
+        for d in &devs {
+            let b_h = upload_f32(d, "h", &h);
+            let b_nw = upload_f32(d, "nw", &nw);
+            let (b_wq, b_wk, b_wv) = (
+                d.upload("wq", &wq).unwrap(),
+                d.upload("wk", &wk).unwrap(),
+                d.upload("wv", &wv).unwrap(),
+            );
+            let f = |n: &str, len: usize| d.alloc(n, (len * 4) as u64).unwrap();
+            let (b_xn, b_q, b_k, b_v) =
+                (f("xn", dim), f("q", q_dim), f("k", kv_dim), f("v", kv_dim));
+            let (b_kc, b_vc) = (upload_f32(d, "kc", &cache0), upload_f32(d, "vc", &cache0));
+            let lin = |w, y, rows: usize| {
+                Op::Linear(Linear {
+                    w,
+                    wtype: ty,
+                    x: &b_xn,
+                    y,
+                    rows: rows as u32,
+                    cols: dim as u32,
+                    tokens: 1,
+                })
+            };
+            let rope = |x, heads: usize| {
+                Op::Rope(Rope {
+                    x,
+                    factors: None,
+                    positions: None,
+                    heads: heads as u32,
+                    head_dim: head_dim as u32,
+                    rope_dim: rope_dim as u32,
+                    tokens: 1,
+                    pos0,
+                    freq_base: base,
+                    neox: false,
+                })
+            };
+            let copy = |src, dst| {
+                Op::Copy(k::BufferCopy {
+                    src,
+                    src_offset: 0,
+                    dst,
+                    dst_offset: (at * 4) as u64,
+                    bytes: (kv_dim * 4) as u64,
+                })
+            };
+            d.run(&[
+                Op::RmsNorm(RmsNorm {
+                    x: &b_h,
+                    weight: &b_nw,
+                    y: &b_xn,
+                    dim: dim as u32,
+                    tokens: 1,
+                    eps: 1e-5,
+                }),
+                lin(&b_wq, &b_q, q_dim),
+                lin(&b_wk, &b_k, kv_dim),
+                lin(&b_wv, &b_v, kv_dim),
+                rope(&b_q, heads),
+                rope(&b_k, kv_heads),
+                copy(&b_k, &b_kc),
+                copy(&b_v, &b_vc),
+            ])
+            .unwrap();
+            if options().wgpu.fuse {
+                assert_eq!(
+                    d.launches_in_last_run(),
+                    Some(3),
+                    "{ty:?} on {}",
+                    d.info().id
+                );
+            }
+            let tol = 4e-6 * dim as f32;
+            let what = |n: &str| format!("fused qkv {ty:?} {dim} {heads}x{head_dim}: {n}");
+            assert_close(&what("norm"), d, &read(d, &b_xn, dim), &xn, 1e-5);
+            assert_close(&what("q"), d, &read(d, &b_q, q_dim), &q, tol);
+            assert_close(&what("k"), d, &read(d, &b_k, kv_dim), &kk, tol);
+            assert_close(&what("v"), d, &read(d, &b_v, kv_dim), &v, tol);
+            let n = slots * kv_dim;
+            assert_close(&what("k cache"), d, &read(d, &b_kc, n), &kc, tol);
+            assert_close(&what("v cache"), d, &read(d, &b_vc, n), &vc, tol);
+        }
+    }
+}
+
 #[test]
 fn rmsnorm_softmax_silu_add() {
     let mut rng = StdRng::seed_from_u64(3);
