@@ -29,7 +29,12 @@ fn options() -> cairn_engine::EngineOptions {
     if off("CAIRN_CUDA_SPLIT_ATTENTION") {
         o.cuda.split_attention = 0;
     }
-    o.wgpu.fuse = !off("CAIRN_WGPU_FUSE");
+    // The norms are folded on software rasterizers too, to test that kernel here.
+    if off("CAIRN_WGPU_FUSE") {
+        o.wgpu.fuse = cairn_engine::options::WgpuFuse::Off;
+    } else {
+        o.wgpu.fuse = cairn_engine::options::WgpuFuse::All;
+    }
     o
 }
 
@@ -390,7 +395,7 @@ fn fused_decode_ffn_matches_the_ops_one_by_one() {
                 }),
             ])
             .unwrap();
-            if options().wgpu.fuse {
+            if options().wgpu.fuse != cairn_engine::options::WgpuFuse::Off {
                 assert_eq!(
                     d.launches_in_last_run(),
                     Some(3),
@@ -524,7 +529,7 @@ fn fused_decode_qkv_with_rope_and_cache_copies_matches_the_ops_one_by_one() {
                 copy(&b_v, &b_vc),
             ])
             .unwrap();
-            if options().wgpu.fuse {
+            if options().wgpu.fuse != cairn_engine::options::WgpuFuse::Off {
                 assert_eq!(
                     d.launches_in_last_run(),
                     Some(3),

@@ -359,6 +359,15 @@ impl Device {
         }
     }
 
+    /// Buffer copies of the latest `run` where the backend counts them apart from its launches
+    /// (`wgpu` and `vulkan`, whose copies end a compute pass); `None` elsewhere.
+    pub fn copies_in_last_run(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::Wgpu(b) => Some(b.copies_in_last_run()),
+            _ => None,
+        }
+    }
+
     /// Reads `len` bytes at `offset` once all earlier work has finished.
     pub async fn read(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
         self.check_range("read", buf, offset, len)?;

@@ -48,14 +48,20 @@ pub(crate) const MODE_STORE: u32 = 16;
 const LOOKAHEAD: usize = 6;
 
 /// Every op of a run as the steps that run it, fused where `fuse` allows.
-pub(crate) fn plan_run<'a>(ops: &[Op<'a>], max_dim: u32, fuse: bool) -> Result<Vec<Step<'a>>> {
+/// (`norms`: RMS norms too).
+pub(crate) fn plan_run<'a>(
+    ops: &[Op<'a>],
+    max_dim: u32,
+    fuse: bool,
+    norms: bool,
+) -> Result<Vec<Step<'a>>> {
     let mut steps = Vec::with_capacity(ops.len());
     let mut taken = vec![false; ops.len()];
     for i in 0..ops.len() {
         if taken[i] {
             continue;
         }
-        if fuse && let Some(step) = fuse_at(ops, i, &mut taken, max_dim)? {
+        if fuse && let Some(step) = fuse_at(ops, i, &mut taken, norms, max_dim)? {
             steps.push(step);
             continue;
         }
@@ -99,22 +105,27 @@ fn fuse_at<'a>(
     ops: &[Op<'a>],
     i: usize,
     taken: &mut [bool],
+    norms: bool,
     max_dim: u32,
 ) -> Result<Option<Step<'a>>> {
     let next = ops.get(i + 1);
     let (mut f, p) = match (&ops[i], next.and_then(matvec)) {
-        (Op::RmsNorm(n), Some(l)) if n.tokens == 1 && n.dim == l.cols && same(n.y, l.x) => (
-            Fused {
-                l: *l,
-                x: n.x,
-                aux: n.weight,
-                out: n.y,
-                mode: MODE_NORM,
-                extra: n.eps.to_bits(),
-                rope: None,
-            },
-            i + 1,
-        ),
+        (Op::RmsNorm(n), Some(l))
+            if norms && n.tokens == 1 && n.dim == l.cols && same(n.y, l.x) =>
+        {
+            (
+                Fused {
+                    l: *l,
+                    x: n.x,
+                    aux: n.weight,
+                    out: n.y,
+                    mode: MODE_NORM,
+                    extra: n.eps.to_bits(),
+                    rope: None,
+                },
+                i + 1,
+            )
+        }
         (op, _) => match matvec(op) {
             Some(l) => (
                 Fused {
@@ -363,7 +374,7 @@ mod tests {
                 n: 64,
             }),
         ];
-        let steps = plan_run(&ops, 65535, true).unwrap();
+        let steps = plan_run(&ops, 65535, true, true).unwrap();
         assert_eq!(shape(&steps), ["fused1", "fused4", "fused2"]);
         let ids = |s: &Step| match s {
             Step::Dispatch { buffers, .. } => buffers.iter().map(|b| b.id()).collect::<Vec<_>>(),
@@ -383,7 +394,10 @@ mod tests {
             [b.w[2].id(), b.a.id(), b.a.id(), b.o.id(), b.h.id()]
         );
         // Off, every op is its own dispatch.
-        assert_eq!(plan_run(&ops, 65535, false).unwrap().len(), ops.len());
+        assert_eq!(
+            plan_run(&ops, 65535, false, false).unwrap().len(),
+            ops.len()
+        );
     }
 
     fn rope(x: &Buffer) -> Op<'_> {
@@ -444,7 +458,7 @@ mod tests {
     fn a_decode_attention_half_folds_into_four_dispatches() {
         let b = bufs();
         let ops = attention_half(&b);
-        let steps = plan_run(&ops, 65535, true).unwrap();
+        let steps = plan_run(&ops, 65535, true, true).unwrap();
         assert_eq!(shape(&steps), ["fused9", "fused24", "fused16", "attention"]);
         let Step::Dispatch {
             params, buffers, ..
@@ -479,7 +493,7 @@ mod tests {
                 n: 64,
             }),
         );
-        let steps = plan_run(&ops, 65535, true).unwrap();
+        let steps = plan_run(&ops, 65535, true, true).unwrap();
         assert_eq!(
             shape(&steps),
             [
@@ -499,7 +513,7 @@ mod tests {
             panic!("rope k")
         };
         r.neox = true;
-        let steps = plan_run(&ops, 65535, true).unwrap();
+        let steps = plan_run(&ops, 65535, true, true).unwrap();
         assert_eq!(
             shape(&steps),
             [
@@ -583,7 +597,7 @@ mod tests {
             ],
         ];
         for (i, ops) in cases.iter().enumerate() {
-            let steps = plan_run(ops, 65535, true).unwrap();
+            let steps = plan_run(ops, 65535, true, true).unwrap();
             assert_eq!(steps.len(), 2, "case {i}: {:?}", shape(&steps));
         }
     }
