@@ -31,6 +31,7 @@ kernels! {
     LINEAR_MATVEC = "linear_matvec", true;
     LINEAR_MATMAT = "linear_matmat", true;
     LINEAR_MATVEC_SUBGROUP = "linear_matvec_subgroup", true;
+    LINEAR_MATVEC_FUSED = "linear_matvec_fused", true;
     RMSNORM = "rmsnorm", false;
     ROPE = "rope", false;
     ROPE_TABLES = "rope_tables", false;

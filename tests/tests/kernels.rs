@@ -30,6 +30,12 @@ fn options() -> cairn_engine::EngineOptions {
     if off("CAIRN_CUDA_SPLIT_ATTENTION") {
         o.cuda.split_attention = 0;
     }
+    // The norms are folded on software rasterizers too, to test that kernel here.
+    if off("CAIRN_WGPU_FUSE") {
+        o.wgpu.fuse = cairn_engine::options::WgpuFuse::Off;
+    } else {
+        o.wgpu.fuse = cairn_engine::options::WgpuFuse::All;
+    }
     o
 }
 
@@ -383,6 +389,256 @@ fn linear_prefill_tiles() {
                 &reference,
                 2e-6 * cols as f32,
             );
+        }
+    }
+}
+
+/// A decode layer's feed-forward half (norm, gate, up, silu, down, residual add), which the
+/// wgpu and vulkan backends fold into three dispatches (backend/wgpu/fuse.rs), against the
+/// reference run op by op: every buffer the ops write, the norm's output included.
+#[test]
+fn fused_decode_ffn_matches_the_ops_one_by_one() {
+    let mut rng = StdRng::seed_from_u64(23);
+    // (format, dim, ffn): rows not a multiple of a workgroup's 8, a row tail past the last
+    // 4-element chunk (F32 45), and every block family.
+    let cases = [
+        (GgmlType::F32, 45, 37),
+        (GgmlType::Q8_0, 96, 160),
+        (GgmlType::Q4_0, 160, 96),
+        (GgmlType::Q4_1, 96, 160),
+        (GgmlType::Q4_K, 256, 512),
+        (GgmlType::Q6_K, 256, 256),
+    ];
+    let devs: Vec<Device> = devices()
+        .into_iter()
+        .filter(|d| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
+        .collect();
+    for (ty, dim, ffn) in cases {
+        let quant = |rows: usize, cols: usize, rng: &mut StdRng| -> Vec<u8> {
+            let wf = rand_vec(rng, rows * cols, 1.0);
+            wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect()
+        };
+        let (wg, wu, wd) = (
+            quant(ffn, dim, &mut rng),
+            quant(ffn, dim, &mut rng),
+            quant(dim, ffn, &mut rng),
+        );
+        let h = rand_vec(&mut rng, dim, 3.0);
+        let nw = rand_vec(&mut rng, dim, 1.0);
+        let mut xn = vec![0f32; dim];
+        k::norm::rms_norm(&h, &nw, &mut xn, dim, 1e-5);
+        let (mut g, mut u, mut a) = (vec![0f32; ffn], vec![0f32; ffn], vec![0f32; ffn]);
+        k::linear::linear(ty, &wg, &xn, &mut g, ffn, dim, 1);
+        k::linear::linear(ty, &wu, &xn, &mut u, ffn, dim, 1);
+        k::elementwise::silu_mul(&g, &u, &mut a);
+        let mut o = vec![0f32; dim];
+        k::linear::linear(ty, &wd, &a, &mut o, dim, ffn, 1);
+        let mut h2 = vec![0f32; dim];
+        k::elementwise::add(&h, &o, &mut h2);
+        for d in &devs {
+            let b_h = upload_f32(d, "h", &h);
+            let b_nw = upload_f32(d, "nw", &nw);
+            let (b_wg, b_wu, b_wd) = (
+                d.upload("wg", &wg).unwrap(),
+                d.upload("wu", &wu).unwrap(),
+                d.upload("wd", &wd).unwrap(),
+            );
+            let f = |n: &str, len: usize| d.alloc(n, (len * 4) as u64).unwrap();
+            let (b_xn, b_g, b_u, b_a, b_o) = (
+                f("xn", dim),
+                f("g", ffn),
+                f("u", ffn),
+                f("a", ffn),
+                f("o", dim),
+            );
+            let lin = |w, x, y, rows: usize, cols: usize| {
+                Op::Linear(Linear {
+                    w,
+                    wtype: ty,
+                    x,
+                    y,
+                    rows: rows as u32,
+                    cols: cols as u32,
+                    tokens: 1,
+                })
+            };
+            d.run(&[
+                Op::RmsNorm(RmsNorm {
+                    x: &b_h,
+                    weight: &b_nw,
+                    y: &b_xn,
+                    dim: dim as u32,
+                    tokens: 1,
+                    eps: 1e-5,
+                }),
+                lin(&b_wg, &b_xn, &b_g, ffn, dim),
+                lin(&b_wu, &b_xn, &b_u, ffn, dim),
+                Op::SiluMul(SiluMul {
+                    gate: &b_g,
+                    up: &b_u,
+                    out: &b_a,
+                    n: ffn as u32,
+                }),
+                lin(&b_wd, &b_a, &b_o, dim, ffn),
+                Op::Add(Add {
+                    a: &b_h,
+                    b: &b_o,
+                    out: &b_h,
+                    n: dim as u32,
+                }),
+            ])
+            .unwrap();
+            if options().wgpu.fuse != cairn_engine::options::WgpuFuse::Off {
+                assert_eq!(
+                    d.launches_in_last_run(),
+                    Some(3),
+                    "{ty:?} on {}",
+                    d.info().id
+                );
+            }
+            // Sums of a few hundred terms, chained through three products.
+            let tol = 4e-6 * (dim + ffn) as f32;
+            let what = |n: &str| format!("fused ffn {ty:?} {dim}x{ffn}: {n}");
+            assert_close(&what("norm"), d, &read(d, &b_xn, dim), &xn, 1e-5);
+            assert_close(&what("gate"), d, &read(d, &b_g, ffn), &g, tol);
+            assert_close(&what("up"), d, &read(d, &b_u, ffn), &u, tol);
+            assert_close(&what("silu"), d, &read(d, &b_a, ffn), &a, tol);
+            assert_close(&what("down"), d, &read(d, &b_o, dim), &o, tol);
+            assert_close(&what("residual"), d, &read(d, &b_h, dim), &h2, tol);
+        }
+    }
+}
+
+/// A decode layer's attention half up to attention (norm, q, k, v, the ropes, the copies
+/// into the KV cache), which the wgpu and vulkan backends fold into three dispatches, against
+/// the reference op by op; rope only on part of each head, at a large position.
+#[test]
+fn fused_decode_qkv_with_rope_and_cache_copies_matches_the_ops_one_by_one() {
+    let mut rng = StdRng::seed_from_u64(29);
+    // (format, dim, heads, kv heads, head dim, rope dim)
+    let cases = [
+        (GgmlType::F32, 45, 3, 1, 14, 10),
+        (GgmlType::Q8_0, 96, 6, 2, 16, 16),
+        (GgmlType::Q4_1, 160, 5, 1, 32, 24),
+        (GgmlType::Q4_K, 256, 4, 2, 64, 64),
+    ];
+    let devs: Vec<Device> = devices()
+        .into_iter()
+        .filter(|d| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
+        .collect();
+    let (pos0, base, slots) = (1234u32, 10_000.0f32, 4usize);
+    for (ty, dim, heads, kv_heads, head_dim, rope_dim) in cases {
+        let (q_dim, kv_dim) = (heads * head_dim, kv_heads * head_dim);
+        let quant = |rows: usize, rng: &mut StdRng| -> Vec<u8> {
+            let wf = rand_vec(rng, rows * dim, 1.0);
+            wf.chunks(dim).flat_map(|r| quantize_row(ty, r)).collect()
+        };
+        let (wq, wk, wv) = (
+            quant(q_dim, &mut rng),
+            quant(kv_dim, &mut rng),
+            quant(kv_dim, &mut rng),
+        );
+        let h = rand_vec(&mut rng, dim, 3.0);
+        let nw = rand_vec(&mut rng, dim, 1.0);
+        let cache0 = rand_vec(&mut rng, slots * kv_dim, 1.0);
+        let mut xn = vec![0f32; dim];
+        k::norm::rms_norm(&h, &nw, &mut xn, dim, 1e-5);
+        let (mut q, mut kk, mut v) = (vec![0f32; q_dim], vec![0f32; kv_dim], vec![0f32; kv_dim]);
+        k::linear::linear(ty, &wq, &xn, &mut q, q_dim, dim, 1);
+        k::linear::linear(ty, &wk, &xn, &mut kk, kv_dim, dim, 1);
+        k::linear::linear(ty, &wv, &xn, &mut v, kv_dim, dim, 1);
+        k::rope::rope(
+            &mut q, heads, head_dim, rope_dim, pos0, None, base, false, None,
+        );
+        k::rope::rope(
+            &mut kk, kv_heads, head_dim, rope_dim, pos0, None, base, false, None,
+        );
+        // The token goes to slot 2 of each cache.
+        let at = 2 * kv_dim;
+        let (mut kc, mut vc) = (cache0.clone(), cache0.clone());
+        kc[at..at + kv_dim].copy_from_slice(&kk);
+        vc[at..at + kv_dim].copy_from_slice(&v);
+        for d in &devs {
+            let b_h = upload_f32(d, "h", &h);
+            let b_nw = upload_f32(d, "nw", &nw);
+            let (b_wq, b_wk, b_wv) = (
+                d.upload("wq", &wq).unwrap(),
+                d.upload("wk", &wk).unwrap(),
+                d.upload("wv", &wv).unwrap(),
+            );
+            let f = |n: &str, len: usize| d.alloc(n, (len * 4) as u64).unwrap();
+            let (b_xn, b_q, b_k, b_v) =
+                (f("xn", dim), f("q", q_dim), f("k", kv_dim), f("v", kv_dim));
+            let (b_kc, b_vc) = (upload_f32(d, "kc", &cache0), upload_f32(d, "vc", &cache0));
+            let lin = |w, y, rows: usize| {
+                Op::Linear(Linear {
+                    w,
+                    wtype: ty,
+                    x: &b_xn,
+                    y,
+                    rows: rows as u32,
+                    cols: dim as u32,
+                    tokens: 1,
+                })
+            };
+            let rope = |x, heads: usize| {
+                Op::Rope(Rope {
+                    x,
+                    factors: None,
+                    positions: None,
+                    heads: heads as u32,
+                    head_dim: head_dim as u32,
+                    rope_dim: rope_dim as u32,
+                    tokens: 1,
+                    pos0,
+                    freq_base: base,
+                    neox: false,
+                })
+            };
+            let copy = |src, dst| {
+                Op::Copy(k::BufferCopy {
+                    src,
+                    src_offset: 0,
+                    dst,
+                    dst_offset: (at * 4) as u64,
+                    bytes: (kv_dim * 4) as u64,
+                })
+            };
+            d.run(&[
+                Op::RmsNorm(RmsNorm {
+                    x: &b_h,
+                    weight: &b_nw,
+                    y: &b_xn,
+                    dim: dim as u32,
+                    tokens: 1,
+                    eps: 1e-5,
+                }),
+                lin(&b_wq, &b_q, q_dim),
+                lin(&b_wk, &b_k, kv_dim),
+                lin(&b_wv, &b_v, kv_dim),
+                rope(&b_q, heads),
+                rope(&b_k, kv_heads),
+                copy(&b_k, &b_kc),
+                copy(&b_v, &b_vc),
+            ])
+            .unwrap();
+            if options().wgpu.fuse != cairn_engine::options::WgpuFuse::Off {
+                assert_eq!(
+                    d.launches_in_last_run(),
+                    Some(3),
+                    "{ty:?} on {}",
+                    d.info().id
+                );
+            }
+            let tol = 4e-6 * dim as f32;
+            let what = |n: &str| format!("fused qkv {ty:?} {dim} {heads}x{head_dim}: {n}");
+            assert_close(&what("norm"), d, &read(d, &b_xn, dim), &xn, 1e-5);
+            assert_close(&what("q"), d, &read(d, &b_q, q_dim), &q, tol);
+            assert_close(&what("k"), d, &read(d, &b_k, kv_dim), &kk, tol);
+            assert_close(&what("v"), d, &read(d, &b_v, kv_dim), &v, tol);
+            let n = slots * kv_dim;
+            assert_close(&what("k cache"), d, &read(d, &b_kc, n), &kc, tol);
+            assert_close(&what("v cache"), d, &read(d, &b_vc, n), &vc, tol);
         }
     }
 }

@@ -331,8 +331,6 @@ impl Device {
         }
     }
 
-    /// Kernel launches of the latest `run`, where the backend turns ops into launches other
-    /// than one by one (`cuda` fuses decode ops); `None` elsewhere.
     /// The most rows a pass of batched decode steps should hold here, where more would be
     /// slower than the sequences one pass each: the cuda backend's matrix-vector kernels take
     /// up to [`CUDA_MATVEC_MAX_TOKENS`] tokens, past which its tiled fp32 product (about as
@@ -350,9 +348,22 @@ impl Device {
         }
     }
 
+    /// Kernel launches of the latest `run`, where the backend turns ops into launches other
+    /// than one by one (`cuda` fuses decode ops, `wgpu` and `vulkan` fold small ops into
+    /// their products); `None` on the cpu backend.
     pub fn launches_in_last_run(&self) -> Option<usize> {
         match &self.inner {
             Inner::Cuda(b) => b.launches_in_last_run(),
+            Inner::Wgpu(b) => Some(b.dispatches_in_last_run()),
+            Inner::Cpu(_) => None,
+        }
+    }
+
+    /// Buffer copies of the latest `run` where the backend counts them apart from its launches
+    /// (`wgpu` and `vulkan`, whose copies end a compute pass); `None` elsewhere.
+    pub fn copies_in_last_run(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::Wgpu(b) => Some(b.copies_in_last_run()),
             _ => None,
         }
     }

@@ -491,7 +491,8 @@ pub fn run(a: Args) -> Result<()> {
     let mut shape = step_shape(&cfg);
     if let Some(n) = dev.launches_in_last_run() {
         shape.dispatches = n;
-        shape.copies = 0;
+        // cuda's launches include its copies; wgpu's stay buffer copies, counted apart.
+        shape.copies = dev.copies_in_last_run().unwrap_or(0);
     }
 
     let wpt = weight_bytes_per_token(tensors, &cfg);

@@ -1,7 +1,9 @@
 //! The engine's backend settings as flags, each also read from the environment variable it
 //! has always had (the engine itself reads none): `EngineOptions` for discovery.
 
-use cairn_engine::options::{CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions};
+use cairn_engine::options::{
+    CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuFuse, WgpuOptions,
+};
 use clap::builder::BoolishValueParser;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -10,6 +12,11 @@ pub struct EngineArgs {
     /// Threads of the cpu backend (default: one per core).
     #[arg(long, env = "CAIRN_CPU_THREADS")]
     pub cpu_threads: Option<usize>,
+    /// wgpu and vulkan: which ops are folded into the matrix-vector products beside them
+    /// (residual adds, silu, rope, KV-cache copies; with `all` the RMS norms too; `auto`:
+    /// all on GPUs, off on software rasterizers).
+    #[arg(long, env = "CAIRN_WGPU_FUSE", value_enum, default_value_t = WgpuFuseArg::Auto)]
+    pub wgpu_fuse: WgpuFuseArg,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
     #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_graphs: bool,
@@ -39,6 +46,18 @@ pub struct EngineArgs {
     pub cuda_kernels: Option<std::path::PathBuf>,
 }
 
+/// `WgpuFuse` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuFuseArg {
+    #[value(alias = "0")]
+    Off,
+    /// Everything but the RMS norms.
+    Nonorm,
+    #[value(alias = "1")]
+    All,
+    Auto,
+}
+
 /// `CudaFuse` for the command line; `0` and `1`, the variable's old values, still work.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FuseArg {
@@ -58,6 +77,14 @@ impl EngineArgs {
             cpu_f32_linear: false,
             // wgpu reads its own variables (WGPU_BACKEND).
             wgpu_backends: None,
+            wgpu: WgpuOptions {
+                fuse: match self.wgpu_fuse {
+                    WgpuFuseArg::Off => WgpuFuse::Off,
+                    WgpuFuseArg::Nonorm => WgpuFuse::NoNorms,
+                    WgpuFuseArg::All => WgpuFuse::All,
+                    WgpuFuseArg::Auto => WgpuFuse::ByAdapter,
+                },
+            },
             cuda: CudaOptions {
                 graphs: self.cuda_graphs,
                 fuse: match self.cuda_fuse {
@@ -116,6 +143,7 @@ mod tests {
     fn no_flags_give_the_engine_defaults() {
         let vars = [
             "CAIRN_CPU_THREADS",
+            "CAIRN_WGPU_FUSE",
             "CAIRN_CUDA_GRAPHS",
             "CAIRN_CUDA_FUSE",
             "CAIRN_CUDA_FUSED_BLOCKS_PER_SM",
@@ -137,6 +165,8 @@ mod tests {
         let o = parse(&[
             "--cpu-threads",
             "3",
+            "--wgpu-fuse",
+            "nonorm",
             "--cuda-graphs",
             "0",
             "--cuda-fuse",
@@ -153,6 +183,8 @@ mod tests {
             "1",
         ]);
         assert_eq!(o.cpu_threads, Some(3));
+        assert_eq!(o.wgpu.fuse, WgpuFuse::NoNorms);
+        assert_eq!(parse(&["--wgpu-fuse", "0"]).wgpu.fuse, WgpuFuse::Off);
         assert_eq!(
             o.cuda,
             CudaOptions {

@@ -79,7 +79,8 @@ pub(crate) fn open(
     let adapter = adapter.ok_or_else(|| {
         BackendError::Unsupported(format!("{}: no wgpu adapter behind this device", info.id))
     })?;
-    open_backend(adapter, info, &opts.vulkan).map(|b| Device::new_wgpu(info.clone(), b))
+    open_backend(adapter, info, &opts.vulkan)
+        .map(|b| Device::new_wgpu(info.clone(), b.with_fusion(opts.wgpu.fuse, info)))
 }
 
 fn open_backend(

@@ -9,14 +9,17 @@
 //! SPIR-V (see `backend/vulkan/spirv.rs`) and take their parameters as push constants.
 
 pub(crate) mod discover;
+mod fuse;
 mod plan;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::{Accounting, BackendError, Buffer, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
+use crate::options::WgpuFuse;
 use plan::Step;
 
 const PARAM_SLOT: u64 = 256;
@@ -90,6 +93,13 @@ pub struct WgpuBackend {
     #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
     spirv: Option<super::vulkan::spirv::SpirvKernels>,
     params: Mutex<Option<wgpu::Buffer>>,
+    /// Small ops are folded into the matrix-vector products beside them (`fuse.rs`)...
+    fuse: bool,
+    /// ...the RMS norms too.
+    fuse_norms: bool,
+    /// Dispatches and buffer copies of the latest `run`.
+    last_dispatches: AtomicUsize,
+    last_copies: AtomicUsize,
     /// Errors wgpu reports asynchronously (validation, out of memory, device loss), surfaced
     /// by the next call instead of aborting the process.
     errors: Arc<Mutex<Vec<String>>>,
@@ -146,6 +156,10 @@ impl WgpuBackend {
             #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
             spirv: None,
             params: Mutex::new(None),
+            fuse: true,
+            fuse_norms: true,
+            last_dispatches: AtomicUsize::new(0),
+            last_copies: AtomicUsize::new(0),
             errors,
             lost,
         }
@@ -155,6 +169,23 @@ impl WgpuBackend {
     pub(crate) fn with_spirv(mut self, spirv: super::vulkan::spirv::SpirvKernels) -> WgpuBackend {
         self.spirv = Some(spirv);
         self
+    }
+
+    /// What is folded into the products beside them (all of it by default) on `info`'s
+    /// device.
+    pub(crate) fn with_fusion(mut self, fuse: WgpuFuse, info: &DeviceInfo) -> WgpuBackend {
+        (self.fuse, self.fuse_norms) = fuse.resolve(info.is_software());
+        self
+    }
+
+    /// Dispatches of the latest `run`, fused ones counted once.
+    pub(crate) fn dispatches_in_last_run(&self) -> usize {
+        self.last_dispatches.load(Ordering::Relaxed)
+    }
+
+    /// Buffer copies of the latest `run`.
+    pub(crate) fn copies_in_last_run(&self) -> usize {
+        self.last_copies.load(Ordering::Relaxed)
     }
 
     pub(crate) fn max_binding_bytes(&self) -> u64 {
@@ -305,14 +336,15 @@ impl WgpuBackend {
     pub(crate) fn run(&self, ops: &[Op<'_>], accounting: &Accounting) -> Result<()> {
         self.check_errors()?;
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
-        let steps = ops
-            .iter()
-            .map(|op| plan::plan(op, max_dim))
-            .collect::<Result<Vec<_>>>()?;
+        let steps = fuse::plan_run(ops, max_dim, self.fuse, self.fuse_norms)?;
         let n_dispatch = steps
             .iter()
             .filter(|s| matches!(s, Step::Dispatch { .. }))
             .count() as u64;
+        self.last_dispatches
+            .store(n_dispatch as usize, Ordering::Relaxed);
+        self.last_copies
+            .store(steps.len() - n_dispatch as usize, Ordering::Relaxed);
         let slot = PARAM_SLOT.max(u64::from(self.limits.min_uniform_buffer_offset_alignment));
         let params_buf = self.param_buffer((n_dispatch.max(1)) * slot)?;
         let mut param_bytes = vec![0u8; (n_dispatch.max(1) * slot) as usize];

@@ -30,7 +30,7 @@ pub(crate) enum Step<'a> {
 
 /// Spreads `n` workgroups over x and y so neither passes the per-dimension limit; kernels
 /// recover the linear index as `wid.y * num_workgroups.x + wid.x`.
-fn grid(n: u32, max_dim: u32) -> Result<[u32; 3]> {
+pub(super) fn grid(n: u32, max_dim: u32) -> Result<[u32; 3]> {
     let n = n.max(1);
     let x = n.min(max_dim);
     let y = n.div_ceil(x);
@@ -372,12 +372,17 @@ mod tests {
     where
         O::Params: Layout,
     {
-        let rust: Vec<(String, u32)> = <O::Params as Layout>::MEMBERS
+        declares::<O::Params>(O::KERNELS)
+    }
+
+    /// Checks that each of `kernels` declares `P`; their names.
+    fn declares<P: Layout>(kernels: &[Kernel]) -> Vec<&'static str> {
+        let rust: Vec<(String, u32)> = P::MEMBERS
             .iter()
             .map(|(n, _, off)| (n.to_string(), *off as u32))
             .collect();
-        let size = std::mem::size_of::<O::Params>() as u32;
-        for &kernel in O::KERNELS {
+        let size = std::mem::size_of::<P>() as u32;
+        for &kernel in kernels {
             let (members, span) = wgsl_params(kernel);
             assert_eq!(members, rust, "{}: members of Params", kernel.name);
             assert_eq!(span, size, "{}: size of Params", kernel.name);
@@ -388,11 +393,11 @@ mod tests {
                 super::super::PARAM_BYTES
             );
         }
-        O::KERNELS.iter().map(|k| k.name).collect()
+        kernels.iter().map(|k| k.name).collect()
     }
 
     /// Each kernel's WGSL `Params` has the members, offsets and size of the `#[repr(C)]`
-    /// struct its op writes, and every kernel belongs to an op.
+    /// struct its op (or the fusion pass) writes, and every kernel belongs to one.
     #[test]
     fn every_wgsl_params_declaration_is_its_ops_struct() {
         let mut covered = [
@@ -413,6 +418,7 @@ mod tests {
             matches::<Argmax>(),
             matches::<Sample>(),
             matches::<BufferCopy>(),
+            declares::<super::super::fuse::FusedMatvecParams>(&[shaders::LINEAR_MATVEC_FUSED]),
         ]
         .concat();
         covered.sort();
