@@ -201,8 +201,9 @@ fn fuse_at<'a>(
         freq_base: rope.map_or(0.0, |r| r.freq_base),
         dims: rope.map_or(0, |r| r.head_dim | r.rope_dim << 16),
     };
-    let mut params = [0u32; 8];
-    params.copy_from_slice(bytemuck::cast_slice(bytemuck::bytes_of(&p)));
+    let mut params = [0u32; super::PARAM_WORDS];
+    let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(&p));
+    params[..words.len()].copy_from_slice(words);
     Ok(Some(Step::Dispatch {
         kernel: shaders::LINEAR_MATVEC_FUSED,
         format: Some(f.l.wtype.name()),
