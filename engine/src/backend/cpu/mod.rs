@@ -144,22 +144,7 @@ impl CpuBackend {
         })
     }
 
-    /// Runs `ops` in order. A list of several runs whole on one of the pool's threads: the
-    /// caller hands over once per list instead of once per parallel op, and each op's
-    /// parallel parts start from inside the pool, where the other threads are still awake
-    /// from the op before (a hand-over from outside wakes a sleeping thread through the
-    /// kernel, which on a busy machine costs more than a small op's work).
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
-        #[cfg(not(target_arch = "wasm32"))]
-        if ops.len() > 1
-            && let Some(pool) = crate::kernels::linear::pool()
-        {
-            return pool.install(|| self.run_here(ops));
-        }
-        self.run_here(ops)
-    }
-
-    fn run_here(&self, ops: &[Op<'_>]) -> Result<()> {
         for op in ops {
             match op {
                 Op::Linear(l) if !self.f32_linear => self.linear(l)?,
