@@ -1,37 +1,79 @@
 #!/usr/bin/env bash
-# Decode and prefill speed of the default model on this machine, in one run: `cairn bench` on
-# the cpu backend and on wgpu (lavapipe where there is no GPU), then llama.cpp's own CPU
-# figures for the same model, prompt length and generation length through llama-cpp-python.
+# Cairn's cpu backend against llama.cpp's CPU backend on this machine, side by side: the same
+# model files, prompt and generation lengths and thread count, in rounds that interleave the
+# two (cairn, llama.cpp, cairn, llama.cpp, ...) so a change in the machine's load hits both.
+# Prints each round and the medians with Cairn's ratio to llama.cpp (decode and prefill).
 #
-#   scripts/bench-cpu.sh [MODEL]          (default: $CAIRN_MODEL, then the default location)
+#   scripts/bench-cpu.sh [MODEL.gguf ...]
 #
-# Environment: PROMPT_TOKENS (128), GEN_TOKENS (64), RUNS (3); WGPU_GEN_TOKENS (16) and
-# WGPU_RUNS (1) for the wgpu backend, since lavapipe decodes at about a token a second;
-# THREADS (llama.cpp threads, default nproc); CAIRN_REFENV (the llama-cpp-python virtual
-# environment, default ~/.cache/cairn/refenv); BACKENDS ("cpu wgpu"); CAIRN_BIN (a cairn
-# binary to use instead of building target/release/cairn). Benchmarks on a shared machine are
-# only as quiet as the machine: the load average is printed before and after.
+# Models: the arguments; by default the default model (Q4_1) and a Q4_K_M made from it with
+# llama.cpp's llama-quantize (kept next to it), when llama-quantize is at hand.
+#
+# llama.cpp: `llama-bench` from $LLAMA_BENCH, else built once into $LLAMA_BUILD
+# (/tmp/llbench-build) from llama.cpp's source in $LLAMA_SRC (the `llama-cpp-python==0.3.36`
+# source package's vendor/llama.cpp; ../shared/README.md says how to download it). The build
+# is CPU only, Release, and not `GGML_NATIVE`: these virtual machines advertise instructions
+# (AMX) the VM does not enable, so `-march=native` binaries die with "Illegal instruction".
+# It turns on AVX-512 (with VNNI) only where /proc/cpuinfo lists it: the AMD EPYC machines
+# have AVX2 and FMA only, and an AVX-512 build crashes there.
+#
+# Environment: PROMPT_TOKENS (128), GEN_TOKENS (64), ROUNDS (3), THREADS (2), CAIRN_BIN
+# (a cairn binary instead of building target/release/cairn), LLAMA_BENCH, LLAMA_BUILD,
+# LLAMA_SRC, LLAMA_QUANTIZE. A shared machine's load bends both engines (llama.cpp's
+# spinning threads the most): the load average is printed with every round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cache="${XDG_CACHE_HOME:-$HOME/.cache}"
-model="${1:-${CAIRN_MODEL:-$cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf}}"
 prompt_tokens="${PROMPT_TOKENS:-128}"
 gen_tokens="${GEN_TOKENS:-64}"
-runs="${RUNS:-3}"
-threads="${THREADS:-$(nproc)}"
-refenv="${CAIRN_REFENV:-$HOME/.cache/cairn/refenv}"
-backends="${BACKENDS:-cpu wgpu}"
-wgpu_gen_tokens="${WGPU_GEN_TOKENS:-16}"
-wgpu_runs="${WGPU_RUNS:-1}"
-
-if [ ! -f "$model" ]; then
-    echo "no model at $model; fetch the default one with scripts/fetch-model.sh" >&2
-    exit 1
-fi
+rounds="${ROUNDS:-3}"
+threads="${THREADS:-2}"
+llama_build="${LLAMA_BUILD:-/tmp/llbench-build}"
+llama_src="${LLAMA_SRC:-$cache/cairn/llama-cpp-python-0.3.36/vendor/llama.cpp}"
+default_model="${CAIRN_MODEL:-$cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/xdg-$(id -u)}"
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+
+# llama-bench: given, already built, or built now.
+llama_bench="${LLAMA_BENCH:-$llama_build/bin/llama-bench}"
+if [ ! -x "$llama_bench" ]; then
+    if [ ! -f "$llama_src/CMakeLists.txt" ]; then
+        echo "no llama.cpp source at $llama_src (set LLAMA_SRC, or LLAMA_BENCH to a built llama-bench)" >&2
+        exit 1
+    fi
+    simd=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+    if grep -qw avx512f /proc/cpuinfo; then
+        simd+=(-DGGML_AVX512=ON)
+        grep -qw avx512_vnni /proc/cpuinfo && simd+=(-DGGML_AVX512_VNNI=ON)
+    else
+        simd+=(-DGGML_AVX512=OFF)
+    fi
+    echo "== building llama-bench into $llama_build (${simd[*]})"
+    cmake -S "$llama_src" -B "$llama_build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+        "${simd[@]}" -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_CURL=OFF >/dev/null
+    cmake --build "$llama_build" --target llama-bench llama-quantize -j"$(nproc)" >/dev/null
+fi
+llama_quantize="${LLAMA_QUANTIZE:-$(dirname "$llama_bench")/llama-quantize}"
+
+models=("$@")
+if [ ${#models[@]} -eq 0 ]; then
+    if [ ! -f "$default_model" ]; then
+        echo "no model at $default_model; fetch the default one with scripts/fetch-model.sh" >&2
+        exit 1
+    fi
+    models=("$default_model")
+    kq="${default_model%.Q4_1.gguf}.Q4_K_M.gguf"
+    if [ ! -f "$kq" ] && [ -x "$llama_quantize" ]; then
+        echo "== making $kq with llama-quantize"
+        LD_LIBRARY_PATH="$(dirname "$llama_quantize")" \
+            "$llama_quantize" --allow-requantize "$default_model" "$kq" Q4_K_M >/dev/null 2>&1
+    fi
+    [ -f "$kq" ] && models+=("$kq")
+fi
 
 if [ -n "${CAIRN_BIN:-}" ]; then
     cairn="$CAIRN_BIN"
@@ -46,78 +88,63 @@ date -u +"%Y-%m-%d %H:%M UTC"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
 grep -m1 'model name' /proc/cpuinfo | sed 's/.*: /cpu: /'
 echo "cores: $(nproc), memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "model: $model ($(stat -c %s "$model") bytes)"
-echo "prompt $prompt_tokens tokens, generate $gen_tokens, $runs runs (medians)"
-"$cairn" devices
+echo "prompt $prompt_tokens tokens, generate $gen_tokens, $threads threads, $rounds rounds"
+"$cairn" devices 2>/dev/null | grep -E '^cpu ' || true
 
-for b in $backends; do
-    g="$gen_tokens" r="$runs"
-    [ "$b" = wgpu ] && g="$wgpu_gen_tokens" r="$wgpu_runs"
-    echo
-    echo "== cairn bench --backend $b --prompt-tokens $prompt_tokens --gen-tokens $g --runs $r"
-    "$cairn" bench --model "$model" --backend "$b" --prompt-tokens "$prompt_tokens" \
-        --gen-tokens "$g" --runs "$r"
+results="$(mktemp)"
+summary="$(mktemp)"
+trap 'rm -f "$results" "$summary"' EXIT
+# Reads result lines (one JSON object each: round, model, engine, load, the engine's own
+# JSON) from stdin; `rows` prints each, `medians` the medians and Cairn's ratio to llama.cpp.
+cat >"$summary" <<'EOF'
+import json, statistics, sys
+
+
+def speeds(r):
+    o = r["out"]
+    if r["engine"] == "cairn":
+        return o["prefill_tokens_per_s"], o["decode_tokens_per_s"]
+    prefill = next(x["avg_ts"] for x in o if x["n_prompt"] > 0)
+    decode = next(x["avg_ts"] for x in o if x["n_gen"] > 0)
+    return prefill, decode
+
+
+lines = [json.loads(line) for line in sys.stdin if line.strip()]
+if sys.argv[1] == "rows":
+    for r in lines:
+        p, d = speeds(r)
+        print(f"round {r['round']} {r['model']:<36} {r['engine']:<10} prefill {p:7.1f} tok/s"
+              f"  decode {d:6.1f} tok/s  (load {r['load']})")
+    sys.exit()
+rows = {}
+for r in lines:
+    rows.setdefault(r["model"], {}).setdefault(r["engine"], []).append(speeds(r))
+print(f"{'model':<36} {'engine':<10} {'prefill':>8} {'decode':>8}")
+for model, engines in rows.items():
+    med = {e: tuple(statistics.median(v[i] for v in vals) for i in range(2))
+           for e, vals in engines.items()}
+    for e, (p, d) in med.items():
+        print(f"{model:<36} {e:<10} {p:8.1f} {d:8.1f}")
+    if "cairn" in med and "llama.cpp" in med:
+        (cp, cd), (lp, ld) = med["cairn"], med["llama.cpp"]
+        print(f"{model:<36} {'ratio':<10} {cp / lp:7.2f}x {cd / ld:7.2f}x")
+EOF
+for r in $(seq 1 "$rounds"); do
+    for m in "${models[@]}"; do
+        name="$(basename "$m" .gguf)"
+        load="$(cut -d' ' -f1 /proc/loadavg)"
+        c="$("$cairn" bench --model "$m" --backend cpu --cpu-threads "$threads" \
+            --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" --runs 1 --json 2>/dev/null)"
+        echo "{\"round\": $r, \"model\": \"$name\", \"engine\": \"cairn\", \"load\": $load, \"out\": $c}" >>"$results"
+        load="$(cut -d' ' -f1 /proc/loadavg)"
+        l="$(LD_LIBRARY_PATH="$(dirname "$llama_bench")" "$llama_bench" -m "$m" -t "$threads" \
+            -p "$prompt_tokens" -n "$gen_tokens" -r 1 -o json 2>/dev/null)"
+        echo "{\"round\": $r, \"model\": \"$name\", \"engine\": \"llama.cpp\", \"load\": $load, \"out\": $(echo "$l" | tr -d '\n')}" >>"$results"
+        tail -2 "$results" | python3 "$summary" rows
+    done
 done
 
 echo
-echo "== llama.cpp (llama-cpp-python), CPU, $threads threads"
-if [ ! -x "$refenv/bin/python" ]; then
-    cat >&2 <<EOF
-no llama-cpp-python environment at $refenv (set CAIRN_REFENV to another). Create it with:
-    python3 -m venv $refenv
-    $refenv/bin/python -m pip install llama-cpp-python numpy
-(pip builds llama.cpp from source: a few minutes, needs cmake and a C++ compiler).
-EOF
-    exit 1
-fi
-"$refenv/bin/python" - "$model" "$prompt_tokens" "$gen_tokens" "$runs" "$threads" <<'EOF'
-import statistics, sys, time
-
-import llama_cpp
-import numpy as np
-from llama_cpp import Llama
-
-model, P, G, runs, threads = sys.argv[1], *map(int, sys.argv[2:])
-llm = Llama(model_path=model, n_ctx=P + G + 8, n_batch=512, n_threads=threads,
-            n_threads_batch=threads, verbose=False)
-vocab = llm.n_vocab()
-# The same prompt `cairn bench` feeds: ids (1000 + 7919 i) mod vocab.
-prompt = [(1000 + 7919 * i) % vocab for i in range(P)]
-
-
-def greedy():
-    logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-    return int(np.argmax(np.ctypeslib.as_array(logits, shape=(vocab,))))
-
-
-rows = []
-for r in range(runs + 1):  # the first run warms up
-    llm.reset()
-    llama_cpp.llama_perf_context_reset(llm.ctx)
-    t0 = time.perf_counter()
-    llm.eval(prompt)
-    tok = greedy()
-    t1 = time.perf_counter()
-    for _ in range(G - 1):
-        llm.eval([tok])
-        tok = greedy()
-    t2 = time.perf_counter()
-    d = llama_cpp.llama_perf_context(llm.ctx)
-    row = {
-        "prefill_wall": P / (t1 - t0),
-        "decode_wall": (G - 1) / (t2 - t1),
-        "prefill_llama": d.n_p_eval / d.t_p_eval_ms * 1e3 if d.t_p_eval_ms > 0 else 0.0,
-        "decode_llama": d.n_eval / d.t_eval_ms * 1e3 if d.t_eval_ms > 0 else 0.0,
-    }
-    if r > 0:
-        rows.append(row)
-        print(f"run {r}: prefill {row['prefill_llama']:.1f} tok/s, decode {row['decode_llama']:.1f} tok/s "
-              f"(llama.cpp timers; wall clock {row['prefill_wall']:.1f} / {row['decode_wall']:.1f})")
-med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-print(f"llama.cpp {llama_cpp.__version__} (llama-cpp-python), {threads} threads: "
-      f"prefill {med['prefill_llama']:.1f} tok/s ({P} tokens), decode {med['decode_llama']:.1f} tok/s "
-      f"(medians of {runs}; wall clock {med['prefill_wall']:.1f} / {med['decode_wall']:.1f})")
-EOF
-echo
+echo "== medians over $rounds rounds (Cairn / llama.cpp)"
+python3 "$summary" medians <"$results"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

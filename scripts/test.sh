@@ -14,6 +14,10 @@ dpkg -s chromium >/dev/null 2>&1 || need+=(chromium chromium-driver)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # The chaos test (tests/tests/chaos.rs) makes its namespaces' veth pairs with `ip`.
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The cpu backend's aarch64 NEON kernels run under qemu (scripts/test-aarch64.sh).
+dpkg -s qemu-user-static >/dev/null 2>&1 || need+=(qemu-user-static)
+dpkg -s gcc-aarch64-linux-gnu >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
+dpkg -s libc6-dev-arm64-cross >/dev/null 2>&1 || need+=(libc6-dev-arm64-cross)
 if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
     $sudo_cmd apt-get update -qq
@@ -23,6 +27,7 @@ fi
 echo "== rust components and targets"
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add wasm32-unknown-unknown >/dev/null
+rustup target add aarch64-unknown-linux-gnu >/dev/null
 
 scripts/fetch-model.sh
 # llama.cpp's tokenizer test data (vocabulary files with expected ids), for engine/tests/vocab.rs.
@@ -61,3 +66,6 @@ export CAIRN_TEST_REQUIRE_OLLAMA_CLIENT=1
 # Kernel and model tests must also run on a wgpu adapter (lavapipe here), not only the CPU.
 cargo build -p cairn -p cairn-signal --features "$features"
 CAIRN_TEST_REQUIRE_GPU=1 cargo test --workspace --features "$features"
+# The aarch64 NEON kernels against the scalar reference: the engine's cpu-backend unit tests,
+# cross-compiled and run under qemu (with and without the dot-product extension).
+scripts/test-aarch64.sh

@@ -66,14 +66,23 @@ impl<'a> OpSpec<'a> for RmsNorm<'a> {
     fn cpu(&self) -> backend::Result<()> {
         let n = (self.dim * self.tokens) as usize;
         let (dim, eps) = (self.dim as usize, self.eps);
-        let wv = rd(self.weight)?.clone();
+        if std::ptr::eq(self.weight, self.y) {
+            // One lock for both: take the weight's values first.
+            let mut g = wr(self.y)?;
+            let (w, xs) = (f(&g)[..dim].to_vec(), f(&g)[..n].to_vec());
+            rms_norm(&xs, &w, &mut fm(&mut g)[..n], dim, eps);
+            return Ok(());
+        }
+        // The weight is read under its own lock, not copied.
+        let wv = rd(self.weight)?;
+        let w = &f(&wv)[..dim];
         if std::ptr::eq(self.x, self.y) {
             let mut g = wr(self.y)?;
             let xs = f(&g)[..n].to_vec();
-            rms_norm(&xs, f(&wv), &mut fm(&mut g)[..n], dim, eps);
+            rms_norm(&xs, w, &mut fm(&mut g)[..n], dim, eps);
         } else {
             let (x, mut y) = (rd(self.x)?, wr(self.y)?);
-            rms_norm(&f(&x)[..n], f(&wv), &mut fm(&mut y)[..n], dim, eps);
+            rms_norm(&f(&x)[..n], w, &mut fm(&mut y)[..n], dim, eps);
         }
         Ok(())
     }

@@ -351,3 +351,60 @@ fn the_kernel_check_compares_every_simd_kernel() {
     // Seven formats with SIMD kernels, three shapes each, at least.
     assert!(check.comparisons >= 21 * simd.len(), "{check:?}");
 }
+
+/// On aarch64 NEON is always compared, and the dot-product kernels exactly where the
+/// processor has the extension (under qemu: its default CPU has it, a Cortex-A53 does not);
+/// the best of them is what runs.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn aarch64_runs_neon_and_dotprod_where_present() {
+    let dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
+    let names: Vec<&str> = Isa::available().into_iter().map(Isa::name).collect();
+    eprintln!("aarch64 dotprod: {dotprod}, instruction sets: {names:?}");
+    let mut want = vec!["scalar", "neon"];
+    if dotprod {
+        want.push("neon+dotprod");
+    }
+    assert_eq!(names, want);
+    assert_eq!(
+        Isa::detect(),
+        if dotprod { Isa::NeonDot } else { Isa::Neon }
+    );
+    for ty in quantized() {
+        let dot = Isa::detect().dot(ty).expect("quantized").0;
+        let scalar = Isa::Scalar.dot(ty).expect("quantized").0;
+        let simd = matches!(
+            ty,
+            GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q8_0
+                | GgmlType::Q4_K
+                | GgmlType::Q6_K
+        );
+        // The formats with a NEON kernel do not run the scalar one.
+        assert_eq!(
+            dot as usize == scalar as usize,
+            !simd,
+            "{} runs the {} kernel",
+            ty.name(),
+            if simd { "scalar" } else { "NEON" }
+        );
+    }
+}
+
+/// The inlined f16 conversion the kernels use gives `half`'s value for every one of the
+/// 65,536 bit patterns (NaNs as NaNs).
+#[test]
+fn f16_conversion_is_exact_for_every_value() {
+    for h in 0..=u16::MAX {
+        let want = f16::from_bits(h).to_f32();
+        let got = super::dot::scalar::f16_to_f32(h);
+        if want.is_nan() {
+            assert!(got.is_nan(), "{h:#06x}: {got}");
+        } else {
+            assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}: {got} vs {want}");
+        }
+    }
+}

@@ -8,6 +8,8 @@ use crate::quant::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub(crate) mod scalar;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
@@ -24,6 +26,12 @@ pub(crate) enum Isa {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// aarch64 NEON without the dot-product extension (`smull` and pairwise adds).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+    /// aarch64 NEON with `sdot` (Armv8.2's dot-product extension, detected at run time).
+    #[cfg(target_arch = "aarch64")]
+    NeonDot,
     /// wasm SIMD, chosen when the build enables it (wasm cannot detect it at run time).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     Simd128,
@@ -40,6 +48,12 @@ impl Isa {
             {
                 return Isa::Avx2;
             }
+            #[cfg(target_arch = "aarch64")]
+            return if neon::has_dotprod() {
+                Isa::NeonDot
+            } else {
+                Isa::Neon
+            };
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             return Isa::Simd128;
             #[allow(unreachable_code)]
@@ -52,6 +66,7 @@ impl Isa {
         #[cfg_attr(
             not(any(
                 target_arch = "x86_64",
+                target_arch = "aarch64",
                 all(target_arch = "wasm32", target_feature = "simd128")
             )),
             allow(unused_mut)
@@ -60,6 +75,13 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         if Isa::detect() == Isa::Avx2 {
             all.push(Isa::Avx2);
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            all.push(Isa::Neon);
+            if neon::has_dotprod() {
+                all.push(Isa::NeonDot);
+            }
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         all.push(Isa::Simd128);
@@ -71,6 +93,10 @@ impl Isa {
             Isa::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => "neon",
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDot => "neon+dotprod",
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Isa::Simd128 => "simd128",
         }
@@ -90,6 +116,10 @@ impl Isa {
             Isa::Scalar => scalar_dot(ty)?,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::dot(ty).or_else(|| scalar_dot(ty))?,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => neon::dot(ty, false).or_else(|| scalar_dot(ty))?,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDot => neon::dot(ty, true).or_else(|| scalar_dot(ty))?,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Isa::Simd128 => simd128::dot(ty).or_else(|| scalar_dot(ty))?,
         };
@@ -108,6 +138,8 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::dot4(ty),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon | Isa::NeonDot => None,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Isa::Simd128 => None,
         }
