@@ -214,7 +214,7 @@ fn on_tensor_cores(d: &Device, tokens: usize, cols: usize) -> bool {
         .as_ref()
         .and_then(|c| c.compute_capability.split('.').next()?.parse::<u32>().ok());
     tokens > CUDA_MATVEC_MAX_TOKENS
-        && cols % 32 == 0
+        && cols.is_multiple_of(32)
         && major.is_some_and(|m| m >= 8)
         && options().cuda.tensor_cores
 }

@@ -432,7 +432,7 @@ pub(crate) fn tensor_core_linear(l: &mut Launch<'_>, sms: u32) {
     let size = std::mem::size_of::<crate::kernels::LinearParams>();
     let p: crate::kernels::LinearParams =
         bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
-    if p.cols % 32 != 0 {
+    if !p.cols.is_multiple_of(32) {
         return;
     }
     let tiles = p.tokens.div_ceil(64);
@@ -454,8 +454,7 @@ pub(crate) fn tensor_core_attention(l: &mut Launch<'_>) {
         return;
     }
     let size = std::mem::size_of::<AttentionParams>();
-    let p: AttentionParams =
-        bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
+    let p: AttentionParams = bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
     let kernel = match p.head_dim {
         64 => Kernel::AttentionMma64,
         128 => Kernel::AttentionMma128,
@@ -763,7 +762,11 @@ mod tests {
         };
         assert_eq!(lin(4096, 4096, 512), (Kernel::LinearMma128, [32, 8, 1]));
         assert_eq!(lin(576, 576, 512), (Kernel::LinearMma64, [9, 8, 1]));
-        assert_eq!(lin(576, 576, 5).0, Kernel::LinearMatvec, "decode keeps its kernels");
+        assert_eq!(
+            lin(576, 576, 5).0,
+            Kernel::LinearMatvec,
+            "decode keeps its kernels"
+        );
         let mut f32_rows = plan(&Op::Linear(Linear {
             w: &b,
             wtype: GgmlType::F32,
@@ -776,7 +779,11 @@ mod tests {
         .unwrap()
         .unwrap();
         tensor_core_linear(&mut f32_rows, 132);
-        assert_eq!(f32_rows.kernel, Kernel::LinearMatmat, "45 columns: f32 tiles");
+        assert_eq!(
+            f32_rows.kernel,
+            Kernel::LinearMatmat,
+            "45 columns: f32 tiles"
+        );
     }
 
     #[test]
@@ -798,7 +805,9 @@ mod tests {
             softcap: 0.0,
         };
         let moved = |tokens, head_dim| {
-            let mut l = plan(&Op::Attention(att(tokens, head_dim))).unwrap().unwrap();
+            let mut l = plan(&Op::Attention(att(tokens, head_dim)))
+                .unwrap()
+                .unwrap();
             tensor_core_attention(&mut l);
             l
         };

@@ -449,6 +449,8 @@ mod tests {
                 tokens: 1,
                 pos0: 3,
                 scale: 0.3,
+                window: 0,
+                softcap: 0.0,
             }),
         ]
     }
