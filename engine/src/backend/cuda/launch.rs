@@ -763,9 +763,14 @@ mod tests {
         assert_eq!(lin(4096, 4096, 512), (Kernel::LinearMma128, [32, 8, 1]));
         assert_eq!(lin(576, 576, 512), (Kernel::LinearMma64, [9, 8, 1]));
         assert_eq!(
-            lin(576, 576, 5).0,
+            lin(576, 576, MATVEC_MAX_TOKENS).0,
             Kernel::LinearMatvec,
             "decode keeps its kernels"
+        );
+        assert_eq!(
+            lin(576, 576, MATVEC_MAX_TOKENS + 1).0,
+            Kernel::LinearMma64,
+            "a few more tokens than decode takes: tensor cores"
         );
         let mut f32_rows = plan(&Op::Linear(Linear {
             w: &b,
