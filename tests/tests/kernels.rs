@@ -1300,47 +1300,13 @@ fn attention_decode_and_causal_prefill() {
         (7, 0, 3, 0.7),
         (5, 290, 100, 0.0),
     ] {
-        let n_pos = pos0 + tokens;
-        let q = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
-        let kc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
-        let vc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let mut want = vec![0f32; q.len()];
-        k::attention::attention(
-            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale, window,
-            softcap,
+        check_attention(
+            &mut rng,
+            (heads, kv_heads, head_dim),
+            (tokens, pos0),
+            (window, softcap),
+            |_| 1e-5,
         );
-        for d in devices() {
-            let (bq, bk, bv) = (
-                upload_f32(&d, "q", &q),
-                upload_f32(&d, "k", &kc),
-                upload_f32(&d, "v", &vc),
-            );
-            let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
-            d.run(&[Op::Attention(Attention {
-                q: &bq,
-                k_cache: &bk,
-                v_cache: &bv,
-                out: &bo,
-                heads: heads as u32,
-                kv_heads: kv_heads as u32,
-                head_dim: head_dim as u32,
-                tokens: tokens as u32,
-                pos0: pos0 as u32,
-                scale,
-                window: window as u32,
-                softcap,
-            })])
-            .unwrap();
-            // Online softmax rescales partial sums: 1e-5 relative.
-            assert_close(
-                &format!("attention tokens={tokens} pos0={pos0} window={window} softcap={softcap}"),
-                &d,
-                &read(&d, &bo, q.len()),
-                &want,
-                1e-5,
-            );
-        }
     }
 }
 
@@ -1361,53 +1327,71 @@ fn prefill_attention_at_head_sizes_64_and_128() {
         (128, 150, 20, 70, 0.0),
         (64, 100, 3, 5, 2.0),
     ] {
-        let n_pos = pos0 + tokens;
-        let q = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
-        let kc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
-        let vc = rand_vec(&mut rng, n_pos * kv_heads * head_dim, 1.0);
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let mut want = vec![0f32; q.len()];
-        k::attention::attention(
-            &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale, window,
-            softcap,
+        check_attention(
+            &mut rng,
+            (heads, kv_heads, head_dim),
+            (tokens, pos0),
+            (window, softcap),
+            |d| {
+                if on_tensor_cores(d, tokens, 32) {
+                    4e-3
+                } else {
+                    1e-5
+                }
+            },
         );
-        for d in devices() {
-            let (bq, bk, bv) = (
-                upload_f32(&d, "q", &q),
-                upload_f32(&d, "k", &kc),
-                upload_f32(&d, "v", &vc),
-            );
-            let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
-            d.run(&[Op::Attention(Attention {
-                q: &bq,
-                k_cache: &bk,
-                v_cache: &bv,
-                out: &bo,
-                heads: heads as u32,
-                kv_heads: kv_heads as u32,
-                head_dim: head_dim as u32,
-                tokens: tokens as u32,
-                pos0: pos0 as u32,
-                scale,
-                window: window as u32,
-                softcap,
-            })])
-            .unwrap();
-            let tol = if on_tensor_cores(&d, tokens, 32) {
-                4e-3
-            } else {
-                1e-5
-            };
-            assert_close(
-                &format!(
-                    "attention head_dim={head_dim} tokens={tokens} pos0={pos0} window={window} softcap={softcap}"
-                ),
-                &d,
-                &read(&d, &bo, q.len()),
-                &want,
-                tol,
-            );
-        }
+    }
+}
+
+/// Random q, k and v for one `Attention` op, run on every device and compared with the CPU
+/// reference within `tol(device)` of the largest output.
+fn check_attention(
+    rng: &mut StdRng,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    (tokens, pos0): (usize, usize),
+    (window, softcap): (usize, f32),
+    tol: impl Fn(&Device) -> f32,
+) {
+    let n_pos = pos0 + tokens;
+    let q = rand_vec(rng, tokens * heads * head_dim, 1.0);
+    let kc = rand_vec(rng, n_pos * kv_heads * head_dim, 1.0);
+    let vc = rand_vec(rng, n_pos * kv_heads * head_dim, 1.0);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut want = vec![0f32; q.len()];
+    k::attention::attention(
+        &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale, window, softcap,
+    );
+    for d in devices() {
+        let (bq, bk, bv) = (
+            upload_f32(&d, "q", &q),
+            upload_f32(&d, "k", &kc),
+            upload_f32(&d, "v", &vc),
+        );
+        let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
+        d.run(&[Op::Attention(Attention {
+            q: &bq,
+            k_cache: &bk,
+            v_cache: &bv,
+            out: &bo,
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            tokens: tokens as u32,
+            pos0: pos0 as u32,
+            scale,
+            window: window as u32,
+            softcap,
+        })])
+        .unwrap();
+        assert_close(
+            &format!(
+                "attention head_dim={head_dim} tokens={tokens} pos0={pos0} window={window} softcap={softcap}"
+            ),
+            &d,
+            &read(&d, &bo, q.len()),
+            &want,
+            tol(&d),
+        );
     }
 }
 
