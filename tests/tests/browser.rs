@@ -622,6 +622,10 @@ async fn long_prefill_leaves_the_page_responsive(
         tokio::select! {
             m = link.recv() => match m {
                 Ok(Message::Telemetry(t)) => telemetry.push(serde_json::to_value(&t).unwrap()),
+                // A loaded test machine does put the browser under pressure; it only asks,
+                // and the prefill it is running still answers.
+                Ok(Message::Pause { reason }) => eprintln!("the browser asks to pause: {reason}"),
+                Ok(Message::Resume) => eprintln!("the browser resumes"),
                 Ok(m) => break m,
                 Err(e) => panic!("the link went down during the long prefill: {e}"),
             },
