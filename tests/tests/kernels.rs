@@ -8,7 +8,10 @@
 //! `tol` stated per test. Float sums are reordered across invocations, so exact equality is
 //! only required for integer results (argmax, ids).
 
-use cairn_engine::backend::BackendKind;
+// CUDA_MATVEC_MAX_TOKENS: token counts up to it take the cuda backend's matrix-vector kernels,
+// more its tiled products (on tensor cores, f16 inputs); past CUDA_DECODE_MAX_TOKENS queries,
+// its attention runs prefill's kernels (on tensor cores too).
+use cairn_engine::backend::{BackendKind, CUDA_DECODE_MAX_TOKENS, CUDA_MATVEC_MAX_TOKENS};
 use cairn_engine::kernels::{
     self as k, Add, AddBias, Argmax, Attention, Embed, GeluMul, KvStore, Linear, MatMul, Op,
     PagedAttention, PagedAttentionParams, RmsNorm, Rope, Sample, SampleParams, ScaleCap, SiluMul,
@@ -132,9 +135,6 @@ fn matmul_f32() {
     }
 }
 
-/// Token counts up to this take the cuda backend's matrix-vector kernels (launch.rs's
-/// MATVEC_MAX_TOKENS); more take the tiled kernels, which keep activations in f32.
-const CUDA_MATVEC_MAX_TOKENS: usize = 4;
 /// Rows of this many 8-element lane steps and more take the split matrix-vector kernels
 /// (launch.rs's SPLIT_MIN_STEPS), where the 4-bit formats and Q5_0 round activations to int8.
 const CUDA_SPLIT_MIN_STEPS: usize = 256;
@@ -208,15 +208,22 @@ fn linear_f16_inputs(
 /// Whether `d` runs `Linear` over `tokens` tokens and `cols` columns on f16 tensor cores:
 /// cuda's tiled product on compute capability 8.0 and up, rows a multiple of 32.
 fn on_tensor_cores(d: &Device, tokens: usize, cols: usize) -> bool {
+    tokens > CUDA_MATVEC_MAX_TOKENS && cols.is_multiple_of(32) && has_tensor_cores(d)
+}
+
+/// Whether `d` runs prefill's attention over `tokens` queries on f16 tensor cores.
+fn attention_on_tensor_cores(d: &Device, tokens: usize) -> bool {
+    tokens > CUDA_DECODE_MAX_TOKENS && has_tensor_cores(d)
+}
+
+/// cuda on compute capability 8.0 and up, with its tensor-core kernels on.
+fn has_tensor_cores(d: &Device) -> bool {
     let major = d
         .info()
         .cuda
         .as_ref()
         .and_then(|c| c.compute_capability.split('.').next()?.parse::<u32>().ok());
-    tokens > CUDA_MATVEC_MAX_TOKENS
-        && cols.is_multiple_of(32)
-        && major.is_some_and(|m| m >= 8)
-        && options().cuda.tensor_cores
+    major.is_some_and(|m| m >= 8) && options().cuda.tensor_cores
 }
 
 fn linear_int8_activations(
@@ -297,7 +304,9 @@ fn linear_every_format_matvec_and_matmat() {
     for (ty, rows, cols) in cases {
         let wf = rand_vec(&mut rng, rows * cols, 1.0);
         let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
-        for tokens in [1usize, 5, 33] {
+        // One token (decode), a batch of decode steps (cuda: blocks of 4 tokens, then 2 or 3
+        // left), and a prefill past them.
+        for tokens in [1usize, 3, 6, 33] {
             let x = rand_vec(&mut rng, tokens * cols, 1.0);
             let mut want = vec![0f32; tokens * rows];
             k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
@@ -1333,7 +1342,7 @@ fn prefill_attention_at_head_sizes_64_and_128() {
             (tokens, pos0),
             (window, softcap),
             |d| {
-                if on_tensor_cores(d, tokens, 32) {
+                if attention_on_tensor_cores(d, tokens) {
                     4e-3
                 } else {
                     1e-5

@@ -179,9 +179,14 @@ impl Drop for Buffer {
     }
 }
 
-/// Tokens the cuda backend's `Linear` runs as matrix-vector products (its fused kernels and
-/// scratch are sized for at most this many).
-pub const CUDA_MATVEC_MAX_TOKENS: usize = 4;
+/// Tokens the cuda backend's `Linear` runs as matrix-vector products (each weight row read
+/// once for every 4 tokens), and so the most rows of a pass of batched decode steps there.
+pub const CUDA_MATVEC_MAX_TOKENS: usize = 16;
+
+/// Up to this many tokens a cuda pass counts as decode: products fuse with their neighbours
+/// and attention splits its keys across blocks; past it, prefill's attention (on tensor cores
+/// where present) takes over.
+pub const CUDA_DECODE_MAX_TOKENS: usize = 4;
 
 enum Inner {
     Cpu(cpu::CpuBackend),
@@ -333,9 +338,9 @@ impl Device {
 
     /// The most rows a pass of batched decode steps should hold here, where more would be
     /// slower than the sequences one pass each: the cuda backend's matrix-vector kernels take
-    /// up to [`CUDA_MATVEC_MAX_TOKENS`] tokens, past which its tiled fp32 product (about as
-    /// slow for 16 rows as for 256: an 8B-shaped model on an H200 gave 0.3x one sequence's
-    /// tokens/s with 16 at once) takes over. The WGSL matrix-vector kernel takes one token,
+    /// up to [`CUDA_MATVEC_MAX_TOKENS`] tokens (each weight row read once per 4), past which
+    /// its tiled product takes over (on an H100, 8B shape, 16 sequences at once: 725 tok/s in
+    /// one pass of 16 rows, 453 in four passes of 4). The WGSL matrix-vector kernel takes one token,
     /// and the tiled one is slower for a few rows than a pass per row (vulkan on an H200,
     /// 8B shape: 4 at once 0.23x one), so wgpu and vulkan run a decode batch a row per pass
     /// until they have kernels for small batches. `None`: no such limit (the cpu backend

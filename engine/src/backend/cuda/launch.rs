@@ -13,9 +13,20 @@ use crate::quant::GgmlType;
 /// Parameter words per launch in the device's parameter arena (see kernels/common.cuh).
 pub(crate) const PARAM_WORDS: usize = 16;
 
-/// Up to this many tokens, `Linear` runs as one matrix-vector pass per token (weights are
-/// re-read per token, which costs less than a tiled product's setup for so few).
+/// Up to this many tokens, `Linear` runs as matrix-vector products: one token's kernels for
+/// one, and past it kernels that read each weight row once for up to 4 tokens
+/// (`linear_matvec_tokens`, `linear_matvec_split_tokens`; a batch of decode steps), which cost
+/// less than a tiled product's setup for so few.
 pub(crate) const MATVEC_MAX_TOKENS: u32 = crate::backend::CUDA_MATVEC_MAX_TOKENS as u32;
+
+/// Tokens a block of the several-token matrix-vector kernels takes (`MATVEC_TOKENS` in
+/// kernels/linear.cu).
+pub(crate) const MATVEC_TOKENS: u32 = 4;
+
+/// Up to this many tokens a pass counts as decode: products fuse with their neighbours
+/// (fuse.rs, whose scratch is sized for this many) and attention splits its keys across
+/// blocks; past it, prefill's kernels (tensor cores, a block per query tile) take over.
+pub(crate) const DECODE_MAX_TOKENS: u32 = crate::backend::CUDA_DECODE_MAX_TOKENS as u32;
 
 /// From this many lane steps per row up, a matrix-vector product splits each row's columns
 /// across the block (`linear_matvec_split`) instead of giving each row one warp: one warp per
@@ -49,6 +60,8 @@ pub(crate) enum Kernel {
     MatMul,
     LinearMatvec,
     LinearMatvecSplit,
+    LinearMatvecTokens,
+    LinearMatvecSplitTokens,
     LinearMatmat,
     LinearMma64,
     LinearMma128,
@@ -84,6 +97,8 @@ impl Kernel {
             Kernel::MatMul => "matmul",
             Kernel::LinearMatvec => "linear_matvec",
             Kernel::LinearMatvecSplit => "linear_matvec_split",
+            Kernel::LinearMatvecTokens => "linear_matvec_tokens",
+            Kernel::LinearMatvecSplitTokens => "linear_matvec_split_tokens",
             Kernel::LinearMatmat => "linear_matmat",
             Kernel::LinearMma64 => "linear_mma64",
             Kernel::LinearMma128 => "linear_mma128",
@@ -208,12 +223,28 @@ impl<'a> CudaOp<'a> for Linear<'a> {
         let (rows, tokens, module) = (self.rows, self.tokens, ModuleKey::Weights(self.wtype));
         let buffers = vec![self.w, self.x, self.y];
         if tokens <= MATVEC_MAX_TOKENS {
-            let kernel = if self.cols / lane_step(self.wtype) >= SPLIT_MIN_STEPS {
-                Kernel::LinearMatvecSplit
+            let split = self.cols / lane_step(self.wtype) >= SPLIT_MIN_STEPS;
+            let row_blocks = blocks(rows.into(), 8);
+            if tokens == 1 {
+                let kernel = if split {
+                    Kernel::LinearMatvecSplit
+                } else {
+                    Kernel::LinearMatvec
+                };
+                let grid = [row_blocks, 1, 1];
+                return launch(self, (kernel, module), grid, [256, 1, 1], buffers);
+            }
+            // Several tokens: the token blocks of the same rows side by side (see linear.cu).
+            let kernel = if split {
+                Kernel::LinearMatvecSplitTokens
             } else {
-                Kernel::LinearMatvec
+                Kernel::LinearMatvecTokens
             };
-            let grid = [blocks(rows.into(), 8), tokens, 1];
+            let grid = [
+                tokens.div_ceil(MATVEC_TOKENS),
+                grid_yz(self.name(), "rows / 8", row_blocks)?,
+                1,
+            ];
             launch(self, (kernel, module), grid, [256, 1, 1], buffers)
         } else {
             let tiles = grid_yz(self.name(), "tokens", tokens.div_ceil(64))?;
@@ -460,7 +491,7 @@ pub(crate) fn tensor_core_attention(l: &mut Launch<'_>) {
         128 => Kernel::AttentionMma128,
         _ => return,
     };
-    if p.tokens <= MATVEC_MAX_TOKENS {
+    if p.tokens <= DECODE_MAX_TOKENS {
         return;
     }
     l.kernel = kernel;
@@ -486,7 +517,7 @@ fn split_dense(l: &mut Launch<'_>, target_blocks: u32) {
     let mut p: AttentionParams =
         bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
     // Prefill's causal rows differ in length; only decode's few tokens split.
-    if p.tokens > MATVEC_MAX_TOKENS {
+    if p.tokens > DECODE_MAX_TOKENS {
         return;
     }
     let pairs = p.heads.saturating_mul(p.tokens);
@@ -660,7 +691,7 @@ mod tests {
         let b2 = split(1, 500);
         assert_eq!((b2.grid, b2.params[6]), (a.grid, a.params[6]));
         assert_eq!(
-            split(MATVEC_MAX_TOKENS + 1, 0).kernel,
+            split(DECODE_MAX_TOKENS + 1, 0).kernel,
             Kernel::Attention,
             "prefill keeps a block per (head, token)"
         );
@@ -763,9 +794,22 @@ mod tests {
         assert_eq!(lin(4096, 4096, 512), (Kernel::LinearMma128, [32, 8, 1]));
         assert_eq!(lin(576, 576, 512), (Kernel::LinearMma64, [9, 8, 1]));
         assert_eq!(
-            lin(576, 576, MATVEC_MAX_TOKENS).0,
-            Kernel::LinearMatvec,
+            lin(576, 576, 1),
+            (Kernel::LinearMatvec, [72, 1, 1]),
             "decode keeps its kernels"
+        );
+        assert_eq!(lin(4096, 4096, 1), (Kernel::LinearMatvecSplit, [512, 1, 1]));
+        assert_eq!(
+            lin(576, 576, MATVEC_MAX_TOKENS),
+            (
+                Kernel::LinearMatvecTokens,
+                [MATVEC_MAX_TOKENS.div_ceil(MATVEC_TOKENS), 72, 1]
+            ),
+            "a batch of decode steps: each weight row read once per 4 tokens"
+        );
+        assert_eq!(
+            lin(4096, 4096, 6),
+            (Kernel::LinearMatvecSplitTokens, [2, 512, 1])
         );
         assert_eq!(
             lin(576, 576, MATVEC_MAX_TOKENS + 1).0,
@@ -822,7 +866,7 @@ mod tests {
         assert_eq!(moved(512, 128).kernel, Kernel::AttentionMma128);
         assert_eq!(moved(512, 96).kernel, Kernel::Attention, "no tile for 96");
         assert_eq!(
-            moved(MATVEC_MAX_TOKENS, 64).kernel,
+            moved(DECODE_MAX_TOKENS, 64).kernel,
             Kernel::Attention,
             "decode keeps its kernels"
         );

@@ -197,10 +197,6 @@ __device__ __forceinline__ XQ8 load_x_q8(const float* x, u32 s) {
     r.sum = f.sum;
     return r;
 }
-// sum_j n_j q_j over the 8 nibbles of `w` against the int8 activations.
-__device__ __forceinline__ int nib_dot_q8(u32 w, const XQ8& x) {
-    return dp4a((int)(w & 0x0f0f0f0fu), x.lo, dp4a((int)((w >> 4) & 0x0f0f0f0fu), x.hi, 0));
-}
 
 // Packed f16x2 arithmetic on raw words (no cuda_fp16.h under NVRTC): the tensor-core prefill's
 // weight staging (stage8 in the 4-bit format headers).
@@ -240,11 +236,23 @@ __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
 // same 8 columns on; b[0] rows 2q, 2q + 1 of column g, b[1] 8 rows on; c[0], c[1] row g,
 // columns 2q, 2q + 1; c[2], c[3] row g + 8.
 __device__ __forceinline__ void mma_16x8x16(float* c, const u32* a, const u32* b) {
-    asm volatile(
+    // Not volatile: its outputs order it, and the compiler may interleave it with the next
+    // fragment loads.
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Four 8x8 f16 matrices from shared memory in one instruction: lane l gives the address of
+// row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned), and r[m] receives matrix m's
+// fragment (row lane / 4, columns 2 (lane % 4) and the next), as mma's operands want them.
+// Volatile: it reads what other threads stored before a __syncthreads.
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* row) {
+    const u32 at = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
 }
 #endif
 

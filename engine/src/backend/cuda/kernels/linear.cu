@@ -10,6 +10,16 @@
 #define split_load_x load_x
 #define split_row_dot row_dot
 #endif
+// A row's step for the several-token split kernel, read once for all of its tokens: a format
+// header may decode it once (split_w_load) and dot it with each token's step (split_w_dot);
+// by default the step is the row and index, and each token's dot reads the weights again.
+#ifndef HAVE_SPLIT_W
+struct SplitW { const u8* row; u32 s; };
+__device__ __forceinline__ SplitW split_w_load(const u8* row, u32 s) { return SplitW{row, s}; }
+__device__ __forceinline__ float split_w_dot(const SplitW& w, const SPLIT_XS& x) {
+    return split_row_dot(w.row, w.s, x);
+}
+#endif
 
 #define MATVEC_ROWS 8  // rows per block of 256 threads, in both matrix-vector kernels
 
@@ -85,6 +95,113 @@ linear_matvec_split(const LinearParams* __restrict__ p, const u8* __restrict__ w
 #pragma unroll
         for (int k = 0; k < 8; k++) s += part[k][threadIdx.x];
         if (row < rows) y[(size_t)t * rows + row] = s;
+    }
+}
+
+// The same products for a few tokens at once (a batch of decode steps): each block takes up
+// to MATVEC_TOKENS tokens, so a weight row is read once for all of them where the kernels above
+// read it once per token. Grid (tokens / MATVEC_TOKENS rounded up, rows / 8): the blocks of
+// the same rows are neighbours, so past the first the weights come from L2. NT, the tokens of
+// a block, is a template argument so the sums stay in registers.
+#define MATVEC_TOKENS 4
+
+template <int NT>
+__device__ __forceinline__ void matvec_warp_tokens(const u8* __restrict__ wr, const float* __restrict__ x,
+                                                   float* __restrict__ y, u32 cols, u32 rows, u32 row,
+                                                   u32 t0) {
+    const u32 lane = threadIdx.x & 31, steps = cols / SUB;
+    float s[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) s[j] = 0.0f;
+    for (u32 i = lane; i < steps; i += 32) {
+#pragma unroll
+        for (int j = 0; j < NT; j++) s[j] += row_dot(wr, i, load_x(x + (size_t)(t0 + j) * cols, i));
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const float v = warp_sum(s[j]);
+        if (lane == 0) y[(size_t)(t0 + j) * rows + row] = v;
+    }
+}
+
+// linear_matvec for up to MATVEC_TOKENS tokens per block: one warp per row.
+extern "C" __global__ void __launch_bounds__(256)
+linear_matvec_tokens(const LinearParams* __restrict__ p, const u8* __restrict__ w,
+                     const float* __restrict__ x, float* __restrict__ y) {
+    const u32 rows = p->rows, cols = p->cols, t0 = blockIdx.x * MATVEC_TOKENS;
+    const u32 row = blockIdx.y * MATVEC_ROWS + (threadIdx.x >> 5);
+    if (row >= rows || t0 >= p->tokens) return;
+    const u8* wr = w + (size_t)row * p->row_bytes;
+    switch (min(p->tokens - t0, (u32)MATVEC_TOKENS)) {
+        case 1: matvec_warp_tokens<1>(wr, x, y, cols, rows, row, t0); break;
+        case 2: matvec_warp_tokens<2>(wr, x, y, cols, rows, row, t0); break;
+        case 3: matvec_warp_tokens<3>(wr, x, y, cols, rows, row, t0); break;
+        default: matvec_warp_tokens<4>(wr, x, y, cols, rows, row, t0); break;
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void matvec_split_tokens(const LinearParams* __restrict__ p,
+                                                    const u8* __restrict__ w,
+                                                    const float* __restrict__ x,
+                                                    float* __restrict__ y, u32 t0,
+                                                    float (*part)[MATVEC_ROWS * MATVEC_TOKENS]) {
+    const u32 rows = p->rows, cols = p->cols, row_bytes = p->row_bytes;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 row0 = blockIdx.y * MATVEC_ROWS;
+    const u8* w0 = w + (size_t)row0 * row_bytes;
+    const u32 last = rows - 1 - row0;
+    u32 off[MATVEC_ROWS];
+    float acc[NT][MATVEC_ROWS];
+#pragma unroll
+    for (int r = 0; r < MATVEC_ROWS; r++) off[r] = min((u32)r, last) * row_bytes;
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int r = 0; r < MATVEC_ROWS; r++) acc[j][r] = 0.0f;
+    const u32 steps = cols / SUB;
+#pragma unroll 2
+    for (u32 i = threadIdx.x; i < steps; i += 256) {
+        SPLIT_XS xs[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++) xs[j] = split_load_x(x + (size_t)(t0 + j) * cols, i);
+#pragma unroll
+        for (int r = 0; r < MATVEC_ROWS; r++) {
+            const SplitW wv = split_w_load(w0 + off[r], i);
+#pragma unroll
+            for (int j = 0; j < NT; j++) acc[j][r] += split_w_dot(wv, xs[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int r = 0; r < MATVEC_ROWS; r++) {
+            const float s = warp_sum(acc[j][r]);
+            if (lane == 0) part[warp][j * MATVEC_ROWS + r] = s;
+        }
+    __syncthreads();
+    if (threadIdx.x < MATVEC_ROWS * NT) {
+        const u32 j = threadIdx.x / MATVEC_ROWS, row = row0 + threadIdx.x % MATVEC_ROWS;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += part[k][threadIdx.x];
+        if (row < rows) y[(size_t)(t0 + j) * rows + row] = s;
+    }
+}
+
+// linear_matvec_split for up to MATVEC_TOKENS tokens per block. Twice the registers of one
+// token's sums, so two blocks per multiprocessor where one token's kernel holds four.
+extern "C" __global__ void __launch_bounds__(256, 2)
+linear_matvec_split_tokens(const LinearParams* __restrict__ p, const u8* __restrict__ w,
+                           const float* __restrict__ x, float* __restrict__ y) {
+    __shared__ float part[8][MATVEC_ROWS * MATVEC_TOKENS];
+    const u32 t0 = blockIdx.x * MATVEC_TOKENS;
+    if (t0 >= p->tokens) return;
+    switch (min(p->tokens - t0, (u32)MATVEC_TOKENS)) {
+        case 1: matvec_split_tokens<1>(p, w, x, y, t0, part); break;
+        case 2: matvec_split_tokens<2>(p, w, x, y, t0, part); break;
+        case 3: matvec_split_tokens<3>(p, w, x, y, t0, part); break;
+        default: matvec_split_tokens<4>(p, w, x, y, t0, part); break;
     }
 }
 
@@ -224,6 +341,21 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
 #pragma unroll
         for (u32 kh = 0; kh < MM_K / 2; kh += 8) {
             u32 a[2][4], b[NT][2];
+#ifndef CAIRN_EXP_NO_LDMATRIX
+            // A: matrices (rows 0-7, 8-15) x (columns 0-7, 8-15) of the 16x16 tile, in a[0..3]'s
+            // order; B: two 8-token tiles' (columns 0-7, 8-15) per instruction.
+#pragma unroll
+            for (int i = 0; i < 2; i++) ldmatrix_x4(a[i], &ws[wm + 16 * i + (lane & 15)][kh + (lane >> 4) * 4]);
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                u32 r[4];
+                ldmatrix_x4(r, &xs[wn + 8 * j + (lane & 7) + (lane >> 4) * 8][kh + ((lane >> 3) & 1) * 4]);
+                b[j][0] = r[0];
+                b[j][1] = r[1];
+                b[j + 1][0] = r[2];
+                b[j + 1][1] = r[3];
+            }
+#else
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const u32 m = wm + 16 * i + g;
@@ -238,6 +370,7 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
                 b[j][0] = xs[n][kh + q];
                 b[j][1] = xs[n][kh + q + 4];
             }
+#endif
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll

@@ -45,11 +45,20 @@ __device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {
 // The split kernels' step: int8 activations (load_x_q8 in common), dp4a.
 #define SPLIT_XS XQ8
 #define split_load_x load_x_q8
-__device__ __forceinline__ float split_row_dot(const u8* row, u32 s, const XQ8& x) {
+// A row's step read once (split_w_load) and dotted with each token's (split_w_dot).
+#define HAVE_SPLIT_W
+struct SplitW { float d, m; int lo, hi; };
+__device__ __forceinline__ SplitW split_w_load(const u8* row, u32 s) {
     const u32 blk = s >> 2, q = s & 3;
     const u32* b = reinterpret_cast<const u32*>(row + blk * 20);
     const u32 dm = __ldg(b), w = __ldg(b + 1 + q);
-    const float d = f16_bits_to_f32((u16)(dm & 0xffff)), m = f16_bits_to_f32((u16)(dm >> 16));
-    return d * x.d * (float)nib_dot_q8(w, x) + m * x.sum;
+    return SplitW{f16_bits_to_f32((u16)(dm & 0xffff)), f16_bits_to_f32((u16)(dm >> 16)),
+                  (int)(w & 0x0f0f0f0fu), (int)((w >> 4) & 0x0f0f0f0fu)};
+}
+__device__ __forceinline__ float split_w_dot(const SplitW& w, const XQ8& x) {
+    return w.d * x.d * (float)dp4a(w.lo, x.lo, dp4a(w.hi, x.hi, 0)) + w.m * x.sum;
+}
+__device__ __forceinline__ float split_row_dot(const u8* row, u32 s, const XQ8& x) {
+    return split_w_dot(split_w_load(row, s), x);
 }
 #endif

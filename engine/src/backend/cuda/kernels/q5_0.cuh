@@ -35,13 +35,21 @@ __device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {
 #define split_load_x load_x_q8
 // Bits 0..3 of `h` to bit 0 of bytes 0..3 (the shifted copies do not overlap, so no carries).
 __device__ __forceinline__ u32 spread4(u32 h) { return ((h & 15) * 0x00204081u) & 0x01010101u; }
-__device__ __forceinline__ float split_row_dot(const u8* row, u32 s, const XQ8& x) {
+// A row's step read once (split_w_load) and dotted with each token's (split_w_dot).
+#define HAVE_SPLIT_W
+struct SplitW { float d; int lo, hi; };
+__device__ __forceinline__ SplitW split_w_load(const u8* row, u32 s) {
     const u32 blk = s >> 2, q = s & 3;
     const u16* b = reinterpret_cast<const u16*>(row + blk * BLOCK_BYTES);
-    const float d = f16_bits_to_f32(__ldg(b));
     const u32 h = ld2_u16(b + 1) >> (4 * q), w = ld2_u16(b + 3 + 2 * q);
     const u32 lo = __vsub4((w & 0x0f0f0f0fu) | (spread4(h) << 4), 0x10101010u);
     const u32 hi = __vsub4(((w >> 4) & 0x0f0f0f0fu) | (spread4(h >> 16) << 4), 0x10101010u);
-    return d * x.d * (float)dp4a((int)lo, x.lo, dp4a((int)hi, x.hi, 0));
+    return SplitW{f16_bits_to_f32(__ldg(b)), (int)lo, (int)hi};
+}
+__device__ __forceinline__ float split_w_dot(const SplitW& w, const XQ8& x) {
+    return w.d * x.d * (float)dp4a(w.lo, x.lo, dp4a(w.hi, x.hi, 0));
+}
+__device__ __forceinline__ float split_row_dot(const u8* row, u32 s, const XQ8& x) {
+    return split_w_dot(split_w_load(row, s), x);
 }
 #endif
