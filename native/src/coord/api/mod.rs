@@ -3,6 +3,7 @@
 //! file workers fetch their shards from.
 
 pub mod auth;
+mod bodies;
 mod cluster;
 mod error;
 mod ollama;
@@ -69,10 +70,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
 /// a count or errors, never a panic.
 #[doc(hidden)]
 pub fn parse_bodies(body: &[u8]) -> usize {
-    let bytes = axum::body::Bytes::copy_from_slice(body);
-    openai::parse_bodies(&bytes)
-        + ollama::parse_bodies(&bytes)
-        + usize::from(cluster::parse_placement(body))
+    bodies::parse_bodies(body)
 }
 
 #[cfg(test)]
