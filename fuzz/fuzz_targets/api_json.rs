@@ -1,6 +1,6 @@
 //! The API's JSON bodies (OpenAI chat and completions, Ollama show,
-//! generate and chat, a placement) and every check on them that needs no
-//! cluster: any bytes parse or give an error, never a panic.
+//! generate and chat, a placement, a join token) and every check on them
+//! that needs no cluster: any bytes parse or give an error, never a panic.
 //!
 //! `native/src/coord/api/bodies.rs` holds those bodies and checks with
 //! only serde and serde_json beneath them, so this target compiles that

@@ -1,5 +1,5 @@
 //! The API's request bodies (OpenAI chat and completions, Ollama show, generate and chat, a
-//! placement) and every check on them that needs nothing of the cluster: sampling ranges,
+//! placement, a join token) and every check on them that needs nothing of the cluster: sampling ranges,
 //! context room, stop strings, roles and content parts, Ollama's options and refused
 //! features. What needs the cluster (the model's name, the tokenizer, the vocabulary, the
 //! peers) stays with the routes.
@@ -456,6 +456,27 @@ pub fn parse_placement(body: &[u8]) -> Result<PlacementIn, Invalid> {
     })
 }
 
+/// `POST /api/tokens`: a join token's lifetime.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssueBody {
+    /// Lifetime in seconds (default: the server's `--join-ttl`).
+    pub ttl_s: Option<u64>,
+}
+
+/// The lifetime a token request asks for (`None`: the default); an empty body asks none.
+pub fn token_ttl(body: &[u8]) -> Result<Option<u64>, Invalid> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let ask: IssueBody = serde_json::from_slice(body)
+        .map_err(|e| invalid(format!("expected {{\"ttl_s\": SECONDS}}: {e}"), None))?;
+    if ask.ttl_s == Some(0) {
+        return Err(invalid("ttl_s must be at least 1", Some("ttl_s")));
+    }
+    Ok(ask.ttl_s)
+}
+
 /// A context for [`parse_bodies`]' checks: the default model's.
 const CHECK_CTX: usize = 2048;
 
@@ -493,6 +514,9 @@ pub fn parse_bodies(body: &[u8]) -> usize {
         }
     }
     if parse_placement(body).is_ok() {
+        n += 1;
+    }
+    if !body.iter().all(u8::is_ascii_whitespace) && token_ttl(body).is_ok() {
         n += 1;
     }
     n
@@ -590,6 +614,20 @@ mod tests {
             Some("stop")
         );
         assert_eq!(refused(r#"{"stop":[""]}"#, 1), Some("stop"));
+    }
+
+    #[test]
+    fn a_token_request_asks_a_lifetime_or_none() {
+        assert_eq!(token_ttl(b" \n").expect("empty"), None);
+        assert_eq!(token_ttl(br#"{"ttl_s":60}"#).expect("valid"), Some(60));
+        assert_eq!(
+            token_ttl(br#"{"ttl_s":0}"#).expect_err("0").param,
+            Some("ttl_s")
+        );
+        assert!(
+            token_ttl(br#"{"ttl":60}"#).is_err(),
+            "unknown fields are refused"
+        );
     }
 
     #[test]

@@ -65,9 +65,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 /// Parses `body` as every JSON body the API takes (OpenAI chat and
-/// completions, Ollama show, generate and chat, a placement): how many it
-/// is. For the fuzz targets (`fuzz/`) and the garbage tests: any bytes give
-/// a count or errors, never a panic.
+/// completions, Ollama show, generate and chat, a placement, a join token)
+/// and runs the checks that need no cluster: how many it is. For the garbage
+/// tests (the fuzz target compiles `bodies.rs` alone): any bytes give a
+/// count or errors, never a panic.
 #[doc(hidden)]
 pub fn parse_bodies(body: &[u8]) -> usize {
     bodies::parse_bodies(body)
