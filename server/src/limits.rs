@@ -202,18 +202,21 @@ impl RateLimiter {
 /// ([`TokenRates`]).
 pub(crate) const TOKEN_RATE_SESSIONS: u32 = 4;
 
+/// Each live token's session count and shared limiter.
+type LiveTokens = Arc<Mutex<HashMap<String, (usize, Arc<Mutex<RateLimiter>>)>>>;
+
 /// One [`RateLimiter`] per token id, shared by every live session of that token, at
 /// [`TOKEN_RATE_SESSIONS`] times a connection's rate and burst: opening more sessions with
 /// one token does not buy more messages. An entry lives while a session of its token does.
 pub(crate) struct TokenRates {
-    live: Arc<Mutex<HashMap<String, (usize, Arc<Mutex<RateLimiter>>)>>>,
+    live: LiveTokens,
     per_sec: u32,
     burst: u32,
 }
 
 /// A session's share of its token's [`TokenRates`] limiter, given back on drop.
 pub(crate) struct TokenRate {
-    live: Arc<Mutex<HashMap<String, (usize, Arc<Mutex<RateLimiter>>)>>>,
+    live: LiveTokens,
     token_id: String,
     limiter: Arc<Mutex<RateLimiter>>,
 }

@@ -1490,6 +1490,10 @@ fn the_cluster_serves_again_after_the_signaling_server_restarts() {
             (get_text(&format!("{api}/healthz")).0 == 200).then_some(())
         })
     };
+    // The API listens once the coordinator has started; until then a GET is refused.
+    wait_for(Duration::from_secs(60), "the coordinator's API", || {
+        get_json(&format!("{api}/v1/models"))
+    });
     ready();
     let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
     assert_eq!(status, 200, "{body}");
