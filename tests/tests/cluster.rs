@@ -1907,7 +1907,7 @@ fn a_worker_returning_wrong_tokens_is_caught_evicted_and_the_request_recovers() 
         true,
     );
     let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
-    let (_bad, bad) = cpu_worker(
+    let (bad_proc, bad) = cpu_worker(
         signal,
         token,
         &dir,
@@ -1984,4 +1984,36 @@ fn a_worker_returning_wrong_tokens_is_caught_evicted_and_the_request_recovers() 
     let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
+
+    // The same worker started again (a new peer id, the same token, the same address) is
+    // evicted again before it is calibrated or placed.
+    drop(bad_proc);
+    let (_again, again) = cpu_worker(
+        signal,
+        token,
+        &dir,
+        "worker-corrupt-again",
+        &["--memory-budget", BUDGET, "--model", model],
+        &[("CAIRN_DEBUG_CORRUPT_TOKENS", std::path::Path::new("1"))],
+    );
+    assert_ne!(again, bad);
+    let c = wait_for(Duration::from_secs(60), "the second eviction", || {
+        let c = get_json(&format!("{api}/api/cluster"))?;
+        c["evicted"]
+            .as_array()?
+            .iter()
+            .any(|e| e["peer_id"] == again.as_str())
+            .then_some(c)
+    });
+    let peers = c["peers"].as_array().expect("peers");
+    assert!(
+        peers
+            .iter()
+            .all(|p| p["peer_id"] != again.as_str() || p["calibration"].is_null()),
+        "the returning worker was calibrated: {c}"
+    );
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
+    assert!(stages(api).iter().all(|st| st.0 != again));
 }
