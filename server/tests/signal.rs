@@ -1166,6 +1166,44 @@ async fn one_address_cannot_take_every_http_connection() {
     server.shutdown().await;
 }
 
+/// A kept-alive connection that sends no next request is closed after the head timeout,
+/// like one that never sends its first: idle sockets cannot be held.
+#[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_after_the_head_timeout() {
+    let server = start(with_limits(Limits {
+        handshake_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    }))
+    .await;
+    let mut tcp = TcpStream::connect(server.local_addr()).await.unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(WAIT, tcp.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    let idle = std::time::Instant::now();
+    // Whatever is left of the answer, then the end of the stream.
+    loop {
+        let n = tokio::time::timeout(WAIT, tcp.read(&mut buf))
+            .await
+            .expect("the idle connection was not closed")
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+    }
+    assert!(
+        idle.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        idle.elapsed()
+    );
+    server.shutdown().await;
+}
+
 /// Opening more sessions with one token buys no more messages: its sessions share a
 /// budget of four connections (`TOKEN_RATE_SESSIONS`), while another token keeps its own.
 #[tokio::test]
