@@ -25,7 +25,7 @@ pub mod token;
 pub use config::{HealthCheck, MdnsMode, SessionEvent, SessionObserver, SignalConfig, TlsMode};
 pub use error::SignalError;
 pub use limits::Limits;
-pub use server::{Revoker, Server};
+pub use server::{Revoker, Server, serve_limited};
 pub use token::{Claims, Role, Secret};
 
 /// Result type of the library.

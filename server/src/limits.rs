@@ -1,5 +1,8 @@
-//! Per-server limits and the per-connection message rate limiter.
+//! Per-server limits and the message rate limiters: per connection, and per token across
+//! its sessions.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Every bound the server enforces. The defaults suit a LAN cluster of a few
@@ -195,6 +198,92 @@ impl RateLimiter {
     }
 }
 
+/// How many connections' worth of messages all sessions of one token may send together
+/// ([`TokenRates`]).
+pub(crate) const TOKEN_RATE_SESSIONS: u32 = 4;
+
+/// Each live token's session count and shared limiter.
+type LiveTokens = Arc<Mutex<HashMap<String, (usize, Arc<Mutex<RateLimiter>>)>>>;
+
+/// One [`RateLimiter`] per token id, shared by every live session of that token, at
+/// [`TOKEN_RATE_SESSIONS`] times a connection's rate and burst: opening more sessions with
+/// one token does not buy more messages. An entry lives while a session of its token does.
+pub(crate) struct TokenRates {
+    live: LiveTokens,
+    per_sec: u32,
+    burst: u32,
+}
+
+/// A session's share of its token's [`TokenRates`] limiter, given back on drop.
+pub(crate) struct TokenRate {
+    live: LiveTokens,
+    token_id: String,
+    limiter: Arc<Mutex<RateLimiter>>,
+}
+
+impl TokenRates {
+    pub(crate) fn new(limits: &Limits) -> Self {
+        Self {
+            live: Arc::new(Mutex::new(HashMap::new())),
+            per_sec: limits.messages_per_sec.saturating_mul(TOKEN_RATE_SESSIONS),
+            burst: limits.message_burst.saturating_mul(TOKEN_RATE_SESSIONS),
+        }
+    }
+
+    pub(crate) fn join(&self, token_id: &str) -> TokenRate {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let (count, limiter) = live.entry(token_id.to_owned()).or_insert_with(|| {
+            let limiter = RateLimiter::new(self.per_sec, self.burst, Instant::now());
+            (0, Arc::new(Mutex::new(limiter)))
+        });
+        *count += 1;
+        TokenRate {
+            live: Arc::clone(&self.live),
+            token_id: token_id.to_owned(),
+            limiter: Arc::clone(limiter),
+        }
+    }
+
+    #[cfg(test)]
+    fn tokens(&self) -> usize {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+impl TokenRate {
+    /// Whether the token may send one more message now. Its sessions are not closed for
+    /// the token's rate (their own limiters do that); over it, messages are refused.
+    pub(crate) fn allows(&self, now: Instant) -> bool {
+        let mut l = self.limiter.lock().unwrap_or_else(PoisonError::into_inner);
+        let allowed = l.check(now) == Verdict::Allow;
+        l.refusals = 0;
+        allowed
+    }
+
+    /// See [`RateLimiter::charge`].
+    pub(crate) fn charge(&self, extra: usize) {
+        self.limiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .charge(extra);
+    }
+}
+
+impl Drop for TokenRate {
+    fn drop(&mut self) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((count, _)) = live.get_mut(&self.token_id) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                live.remove(&self.token_id);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +335,32 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         assert!(Limits::default().validate().is_ok());
+    }
+
+    #[test]
+    fn a_tokens_sessions_share_one_budget_while_any_lives() {
+        let limits = Limits {
+            messages_per_sec: 1,
+            message_burst: 3,
+            ..Limits::default()
+        };
+        let rates = TokenRates::new(&limits);
+        let now = Instant::now();
+        let a = rates.join("t");
+        let b = rates.join("t");
+        let other = rates.join("u");
+        // 4 sessions' burst of 3, shared by a and b however they split it.
+        let allowed = (0..20)
+            .filter(|i| (if i % 2 == 0 { &a } else { &b }).allows(now))
+            .count();
+        assert_eq!(allowed, 12);
+        assert!(other.allows(now), "another token has its own budget");
+        b.charge(100);
+        drop(a);
+        assert!(!b.allows(now + Duration::from_secs(1)), "still in debt");
+        drop(b);
+        drop(other);
+        assert_eq!(rates.tokens(), 0, "no entry outlives its sessions");
+        assert!(rates.join("t").allows(now), "a fresh session starts afresh");
     }
 }

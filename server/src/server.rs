@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::config::{MdnsMode, SignalConfig, TlsMode};
-use crate::limits::Limits;
+use crate::limits::{Limits, TokenRates};
 use crate::mdns::Announcement;
 use crate::quota::Quota;
 use crate::room::Hub;
@@ -43,6 +43,8 @@ pub(crate) struct AppState {
     /// WebSocket sessions per client address and per token id.
     pub sessions_per_addr: Quota<IpAddr>,
     pub sessions_per_token: Quota<String>,
+    /// Messages per token, shared by its sessions.
+    pub token_rates: TokenRates,
     pub tracker: TaskTracker,
     pub observer: Option<crate::config::SessionObserver>,
 }
@@ -125,6 +127,7 @@ impl Server {
             sessions: Arc::new(Semaphore::new(limits.max_connections)),
             sessions_per_addr: Quota::new(limits.max_sessions_per_addr),
             sessions_per_token: Quota::new(limits.max_sessions_per_token),
+            token_rates: TokenRates::new(&limits),
             limits: limits.clone(),
             hub,
             tracker: tracker.clone(),
@@ -322,6 +325,23 @@ fn reachable(addr: SocketAddr) -> SocketAddr {
         }
         _ => addr,
     }
+}
+
+/// Serves `router` on `listener` behind the signaling server's connection limits (HTTP
+/// connections in all and per address, the time to send a request's head), for as long as
+/// the task runs: for an HTTP service beside an outside signaling server (`cairn serve
+/// --signal`), so one client cannot hold every connection there either.
+pub async fn serve_limited(listener: TcpListener, router: Router, limits: Limits) {
+    let tracker = TaskTracker::new();
+    accept_loop(
+        listener,
+        router,
+        None,
+        limits,
+        CancellationToken::new(),
+        tracker,
+    )
+    .await;
 }
 
 async fn accept_loop(

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tracing::{Instrument as _, debug, info, info_span};
 
 use crate::config::{SessionEvent, SessionObserver};
-use crate::limits::{RateLimiter, Verdict};
+use crate::limits::{RateLimiter, TokenRate, Verdict};
 use crate::protocol::{Incoming, Outgoing, PeerId, close_code};
 use crate::quota;
 use crate::room::{Joined, Kick, RelayError, Reservation};
@@ -209,6 +209,7 @@ async fn run(
         app: Arc::clone(&app),
         room: claims.room.clone(),
         peer_id: joined.peer_id.clone(),
+        token_rate: app.token_rates.join(&claims.jti),
     }
     .serve(socket, joined, &claims)
     .instrument(span)
@@ -235,6 +236,8 @@ struct Session {
     app: Arc<AppState>,
     room: String,
     peer_id: PeerId,
+    /// The token's budget, shared with its other sessions.
+    token_rate: TokenRate,
 }
 
 /// What the read side decided about the session.
@@ -338,8 +341,9 @@ impl Session {
         if matches!(message, Message::Close(_)) {
             return Next::Gone;
         }
-        let over_rate = match limiter.check(std::time::Instant::now()) {
-            Verdict::Allow => false,
+        let now = std::time::Instant::now();
+        let over_rate = match limiter.check(now) {
+            Verdict::Allow => !self.token_rate.allows(now),
             Verdict::Refuse => true,
             Verdict::Disconnect => return Next::Close(KICK_RATE),
         };
@@ -416,6 +420,7 @@ impl Session {
         // Each copy costs the sender, so an update fanned out to a full
         // room is worth as many messages as it makes.
         limiter.charge(sent.saturating_sub(1));
+        self.token_rate.charge(sent.saturating_sub(1));
         Next::Continue
     }
 }

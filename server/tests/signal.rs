@@ -1166,6 +1166,140 @@ async fn one_address_cannot_take_every_http_connection() {
     server.shutdown().await;
 }
 
+/// A kept-alive connection that sends no next request is closed after the head timeout,
+/// like one that never sends its first: idle sockets cannot be held.
+#[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_after_the_head_timeout() {
+    let server = start(with_limits(Limits {
+        handshake_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    }))
+    .await;
+    let mut tcp = TcpStream::connect(server.local_addr()).await.unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(WAIT, tcp.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    let idle = std::time::Instant::now();
+    // Whatever is left of the answer, then the end of the stream.
+    loop {
+        let n = tokio::time::timeout(WAIT, tcp.read(&mut buf))
+            .await
+            .expect("the idle connection was not closed")
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+    }
+    assert!(
+        idle.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        idle.elapsed()
+    );
+    server.shutdown().await;
+}
+
+/// Opening more sessions with one token buys no more messages: its sessions share a
+/// budget of four connections (`TOKEN_RATE_SESSIONS`), while another token keeps its own.
+#[tokio::test]
+async fn a_tokens_sessions_share_one_message_budget() {
+    let server = start(with_limits(Limits {
+        messages_per_sec: 10,
+        message_burst: 100,
+        ..Limits::default()
+    }))
+    .await;
+    let shared = format!("room=lab&token={}", worker_token(&server, "lab"));
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        let mut ws = raw(&server, &shared).await.unwrap();
+        assert_eq!(next_json(&mut ws).await["type"], "welcome");
+        sessions.push(ws);
+    }
+    let (mut alone, _) = join(&server, "lab").await;
+    let nope = json!({"type": "nope"}).to_string();
+    let started = std::time::Instant::now();
+    // Each session alone may send its burst of 100; all eight together, 400 and 40 a second.
+    for ws in &mut sessions {
+        for _ in 0..100 {
+            ws.send(Message::text(nope.clone())).await.unwrap();
+        }
+    }
+    let (mut allowed, mut refused) = (0, 0);
+    for ws in &mut sessions {
+        let mut answers = 0;
+        while answers < 100 {
+            let m = next_json(ws).await;
+            if m["type"] != "error" {
+                continue;
+            }
+            answers += 1;
+            match m["message"].as_str() {
+                Some("unknown message type 'nope'") => allowed += 1,
+                Some("rate limit exceeded: message dropped") => refused += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(allowed + refused, 800);
+    assert!(allowed >= 400, "the token's burst is used: {allowed}");
+    assert!(
+        f64::from(allowed) <= 400.0 + 40.0 * elapsed + 1.0,
+        "{allowed} allowed in {elapsed:.2} s"
+    );
+    // Another token's session still has its own burst.
+    for _ in 0..100 {
+        alone.send(Message::text(nope.clone())).await.unwrap();
+    }
+    let mut answered = 0;
+    while answered < 100 {
+        let m = next_json(&mut alone).await;
+        if m["type"] == "error" {
+            assert_eq!(m["message"], "unknown message type 'nope'");
+            answered += 1;
+        }
+    }
+    server.shutdown().await;
+}
+
+/// `cairn serve --signal` serves its API through `serve_limited`: the same per-address cap.
+#[tokio::test]
+async fn an_http_service_beside_an_outside_server_is_capped_per_address_too() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" }));
+    let limits = Limits {
+        max_http_connections: 16,
+        max_http_connections_per_addr: 8,
+        handshake_timeout: Duration::from_secs(30),
+        ..Limits::default()
+    };
+    let served = tokio::spawn(cairn_signal::serve_limited(listener, router, limits));
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(connect_from(addr, "127.0.0.2").await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut ninth = connect_from(addr, "127.0.0.2").await;
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(WAIT, ninth.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "a ninth connection from the same address is closed at once"
+    );
+    assert_eq!(http_get(addr, "/healthz").await, (200, "ok\n".into()));
+    drop(held);
+    served.abort();
+}
+
 #[tokio::test]
 async fn sessions_are_capped_per_token_and_per_address() {
     let server = start(with_limits(Limits {

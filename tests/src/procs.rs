@@ -257,8 +257,13 @@ impl Signal {
     /// Kills the server (every session ends at once) and starts it again on
     /// the same address with the same secret, after `down`.
     pub fn restart(&mut self, dir: &Path, down: Duration) {
+        self.restart_after(dir, || std::thread::sleep(down));
+    }
+
+    /// [`Signal::restart`], with the server down while `down` runs.
+    pub fn restart_after(&mut self, dir: &Path, down: impl FnOnce()) {
         self.proc.kill();
-        std::thread::sleep(down);
+        down();
         let listen = self.url.trim_start_matches("ws://").to_owned();
         self.proc = Self::spawn(dir, &listen, &self.secret, "cairn-signal-again");
     }

@@ -507,7 +507,8 @@ fn cluster_serves_survives_a_kill_and_a_join() {
     drop(workers);
 }
 
-fn dashboard_shows(api: &str, peer: &str, dir: &std::path::Path) {
+/// The installed headless browser, if any (CI requires one).
+fn chromium() -> Option<&'static str> {
     let chromium = ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
         .find(|c| {
@@ -516,12 +517,40 @@ fn dashboard_shows(api: &str, peer: &str, dir: &std::path::Path) {
                 .output()
                 .is_ok_and(|o| o.status.success())
         });
-    let Some(chromium) = chromium else {
+    if chromium.is_none() {
         assert!(
             std::env::var_os("CAIRN_TEST_REQUIRE_BROWSER").is_none(),
             "chromium is not installed (CAIRN_TEST_REQUIRE_BROWSER is set)"
         );
-        eprintln!("skipping the dashboard screenshot: chromium is not installed");
+        eprintln!("skipping the dashboard check: chromium is not installed");
+    }
+    chromium
+}
+
+/// The dashboard's DOM after its first fetches, when a browser is installed.
+fn dashboard_dom(api: &str, dir: &std::path::Path) -> Option<String> {
+    let chromium = chromium()?;
+    let out = bounded(
+        std::process::Command::new(chromium)
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--virtual-time-budget=4000",
+                "--dump-dom",
+            ])
+            .arg(format!(
+                "--user-data-dir={}",
+                dir.join("chromium-dom-profile").display()
+            ))
+            .arg(format!("{api}/?poll")),
+    );
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn dashboard_shows(api: &str, peer: &str, dir: &std::path::Path) {
+    let Some(chromium) = chromium() else {
         return;
     };
     let profile = dir.join("chromium-profile");
@@ -676,6 +705,25 @@ fn a_throttled_worker_loses_its_layers() {
     // The embedded cairn-signal's /healthz speaks for the coordinator.
     let (status, text) = get_text(&format!("{api}/healthz"));
     assert_eq!(status, 503, "{text}");
+    // The dashboard lists the join tokens issued (the join URL's), each with its revoke button.
+    if let Some(dom) = dashboard_dom(api, &dir) {
+        assert!(
+            dom.contains("data-token-id=") && dom.contains("data-action=\"revoke\""),
+            "the dashboard lists no join token to revoke"
+        );
+    }
+    // CORS is off by default: no origin gets CORS headers, on a read or a preflight.
+    for method in ["GET", "OPTIONS"] {
+        let r = match ureq::request(method, &format!("{api}/v1/models"))
+            .set("Origin", "https://page.example")
+            .set("Access-Control-Request-Method", "GET")
+            .call()
+        {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method}: {e}"),
+        };
+        assert_eq!(r.header("access-control-allow-origin"), None, "{method}");
+    }
     let mut workers = Vec::new();
     for name in ["a", "b"] {
         let sys = dir.join(format!("sys-{name}"));
@@ -1442,12 +1490,27 @@ fn the_cluster_serves_again_after_the_signaling_server_restarts() {
             (get_text(&format!("{api}/healthz")).0 == 200).then_some(())
         })
     };
+    // The API listens once the coordinator has started; until then a GET is refused.
+    wait_for(Duration::from_secs(60), "the coordinator's API", || {
+        get_json(&format!("{api}/v1/models"))
+    });
     ready();
     let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
 
-    signal.restart(&dir, Duration::from_secs(2));
+    // While the server is down the coordinator is out of its room: health says so.
+    signal.restart_after(&dir, || {
+        wait_for(
+            Duration::from_secs(10),
+            "health to say out of the room",
+            || {
+                let (status, text) = get_text(&format!("{api}/healthz"));
+                (status == 503 && text.contains("out of its room")).then_some(())
+            },
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    });
     for (w, _) in &mut workers {
         assert!(
             w.is_running(),
@@ -1844,7 +1907,7 @@ fn a_worker_returning_wrong_tokens_is_caught_evicted_and_the_request_recovers() 
         true,
     );
     let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
-    let (_bad, bad) = cpu_worker(
+    let (bad_proc, bad) = cpu_worker(
         signal,
         token,
         &dir,
@@ -1921,4 +1984,36 @@ fn a_worker_returning_wrong_tokens_is_caught_evicted_and_the_request_recovers() 
     let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
+
+    // The same worker started again (a new peer id, the same token, the same address) is
+    // evicted again before it is calibrated or placed.
+    drop(bad_proc);
+    let (_again, again) = cpu_worker(
+        signal,
+        token,
+        &dir,
+        "worker-corrupt-again",
+        &["--memory-budget", BUDGET, "--model", model],
+        &[("CAIRN_DEBUG_CORRUPT_TOKENS", std::path::Path::new("1"))],
+    );
+    assert_ne!(again, bad);
+    let c = wait_for(Duration::from_secs(60), "the second eviction", || {
+        let c = get_json(&format!("{api}/api/cluster"))?;
+        c["evicted"]
+            .as_array()?
+            .iter()
+            .any(|e| e["peer_id"] == again.as_str())
+            .then_some(c)
+    });
+    let peers = c["peers"].as_array().expect("peers");
+    assert!(
+        peers
+            .iter()
+            .all(|p| p["peer_id"] != again.as_str() || p["calibration"].is_null()),
+        "the returning worker was calibrated: {c}"
+    );
+    let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
+    assert!(stages(api).iter().all(|st| st.0 != again));
 }

@@ -398,11 +398,13 @@ async fn serve(mut a: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(a.listen)
             .await
             .with_context(|| format!("listening on {}", a.listen))?;
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::error!(error = %e, "the HTTP server stopped");
-            }
-        });
+        // The same connection limits as the embedded server's, so one client cannot hold
+        // every connection of the API.
+        tokio::spawn(cairn_signal::serve_limited(
+            listener,
+            router,
+            cairn_signal::Limits::default(),
+        ));
     } else {
         let _ = late.set(router);
     }

@@ -388,3 +388,42 @@ impl Context {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A peer that sends faster than the stage takes its messages waits at
+    /// `PEER_QUEUE_PLACES` queued, and goes on as the stage takes one.
+    #[tokio::test]
+    async fn a_peer_waits_once_its_places_in_the_queue_are_full() {
+        let (jobs, mut taken) = mpsc::unbounded_channel();
+        let stage = StageThread { jobs };
+        let places = Arc::new(Semaphore::new(PEER_QUEUE_PLACES));
+        let ping = |nonce| Message::Ping { nonce, sent_us: 0 };
+        for n in 0..PEER_QUEUE_PLACES as u64 {
+            stage.send_from_peer(&places, "p", ping(n)).await;
+        }
+        let next = stage.send_from_peer(&places, "p", ping(99));
+        tokio::pin!(next);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), next.as_mut())
+                .await
+                .is_err(),
+            "a message past the peer's places was queued"
+        );
+        // The stage takes one (its permit goes with it): the waiting message goes in.
+        drop(taken.recv().await);
+        tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("queued once a place was free");
+        let mut queued = 0;
+        while let Ok(job) = taken.try_recv() {
+            assert!(matches!(job, Job::Peer(ref p, _, _) if p == "p"));
+            queued += 1;
+        }
+        assert_eq!(queued, PEER_QUEUE_PLACES);
+    }
+}

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use super::auth::{self, Scope};
+use super::bodies;
 use crate::coord::Shared;
 use crate::coord::core::profiles;
 
@@ -267,18 +268,6 @@ pub async fn events(
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
-#[derive(Deserialize)]
-struct StageIn {
-    peer_id: String,
-    start: usize,
-    end: usize,
-}
-
-#[derive(Deserialize)]
-struct PlacementIn {
-    stages: Vec<StageIn>,
-}
-
 pub async fn get_placement(State(shared): State<Arc<Shared>>) -> Json<Value> {
     let v = cluster_json(&shared, Scope::Read);
     Json(v["placement"].clone())
@@ -289,12 +278,7 @@ pub async fn set_placement(
     State(shared): State<Arc<Shared>>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let p: PlacementIn = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::invalid(
-            format!("expected {{\"stages\":[{{\"peer_id\":ID,\"start\":0,\"end\":15}},...]}}: {e}"),
-            Some("stages"),
-        )
-    })?;
+    let p = bodies::parse_placement(&body)?;
     let stages: Vec<Stage> = p
         .stages
         .into_iter()
@@ -560,9 +544,4 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         }
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s)
-}
-
-/// Whether `body` parses as a placement (see `api::parse_bodies`).
-pub(super) fn parse_placement(body: &[u8]) -> bool {
-    serde_json::from_slice::<PlacementIn>(body).is_ok()
 }

@@ -5,6 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::bodies::Invalid;
+
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -90,5 +92,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(e: Invalid) -> ApiError {
+        ApiError::invalid(e.message, e.param)
     }
 }

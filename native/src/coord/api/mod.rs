@@ -3,6 +3,7 @@
 //! file workers fetch their shards from.
 
 pub mod auth;
+mod bodies;
 mod cluster;
 mod error;
 mod ollama;
@@ -64,15 +65,13 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 /// Parses `body` as every JSON body the API takes (OpenAI chat and
-/// completions, Ollama show, generate and chat, a placement): how many it
-/// is. For the fuzz targets (`fuzz/`) and the garbage tests: any bytes give
-/// a count or errors, never a panic.
+/// completions, Ollama show, generate and chat, a placement, a join token)
+/// and runs the checks that need no cluster: how many it is. For the garbage
+/// tests (the fuzz target compiles `bodies.rs` alone): any bytes give a
+/// count or errors, never a panic.
 #[doc(hidden)]
 pub fn parse_bodies(body: &[u8]) -> usize {
-    let bytes = axum::body::Bytes::copy_from_slice(body);
-    openai::parse_bodies(&bytes)
-        + ollama::parse_bodies(&bytes)
-        + usize::from(cluster::parse_placement(body))
+    bodies::parse_bodies(body)
 }
 
 #[cfg(test)]

@@ -13,11 +13,13 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiError;
-use super::openai::{self, Common, Generation, InMessage, Job, Step, Stop};
+use super::bodies::{
+    self, Content, GenerateRequest, InMessage, OllamaChatRequest, ShowRequest, untagged,
+};
+use super::openai::{self, Generation, Job, Step};
 use crate::coord::Shared;
 
 /// The Ollama API version these routes follow; clients check it before using newer fields.
@@ -38,136 +40,9 @@ impl IntoResponse for OllamaError {
     }
 }
 
-/// Ollama's `options`: the ones honoured, the rest (num_ctx, mirostat, ...) ignored as Ollama
-/// ignores what a runner does not use.
-#[derive(Deserialize, Default)]
-struct Options {
-    #[serde(default)]
-    temperature: Option<f32>,
-    #[serde(default)]
-    top_p: Option<f32>,
-    #[serde(default)]
-    top_k: Option<i64>,
-    #[serde(default)]
-    num_predict: Option<i64>,
-    #[serde(default)]
-    stop: Option<Vec<String>>,
-    #[serde(default)]
-    seed: Option<i64>,
-}
-
-#[derive(Deserialize)]
-struct GenerateRequest {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    prompt: Option<String>,
-    #[serde(default)]
-    system: Option<String>,
-    #[serde(default)]
-    raw: bool,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    options: Option<Options>,
-    #[serde(default)]
-    format: Option<Value>,
-    #[serde(default)]
-    images: Option<Vec<Value>>,
-    #[serde(default)]
-    suffix: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    messages: Vec<OllamaMessage>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    options: Option<Options>,
-    #[serde(default)]
-    format: Option<Value>,
-    #[serde(default)]
-    tools: Option<Vec<Value>>,
-}
-
-#[derive(Deserialize)]
-struct OllamaMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    images: Option<Vec<Value>>,
-}
-
-#[derive(Deserialize)]
-struct ShowRequest {
-    #[serde(default)]
-    model: Option<String>,
-    /// What older clients send instead of `model`.
-    #[serde(default)]
-    name: Option<String>,
-}
-
 /// Ollama names carry a tag; this cluster serves one model, listed as `NAME:latest`.
 fn tagged(shared: &Shared) -> String {
     format!("{}:latest", shared.model.name)
-}
-
-fn untagged(model: Option<String>) -> Option<String> {
-    model.map(|m| m.strip_suffix(":latest").map(str::to_owned).unwrap_or(m))
-}
-
-/// Ollama's options as the OpenAI routes' fields, with Ollama's defaults where a request
-/// leaves one out (temperature 0.8, top_k 40, top_p 0.9), so a client sees what it would
-/// from Ollama.
-fn common(model: Option<String>, o: Option<Options>, stream: bool) -> Result<Common, ApiError> {
-    let o = o.unwrap_or_default();
-    let seed = match o.seed {
-        Some(s) if s < 0 => {
-            return Err(ApiError::invalid(
-                format!("options.seed must be 0 or more, got {s}"),
-                Some("seed"),
-            ));
-        }
-        s => s.map(|s| s as u64),
-    };
-    Ok(Common {
-        model: untagged(model),
-        // Ollama's -1 (until the end) and -2 (fill the context) are the default here.
-        max_tokens: o.num_predict.filter(|&n| n != -1 && n != -2),
-        temperature: Some(o.temperature.unwrap_or(0.8)),
-        top_p: Some(o.top_p.unwrap_or(0.9)),
-        top_k: Some(o.top_k.unwrap_or(40)),
-        seed,
-        stream,
-        stop: o.stop.filter(|s| !s.is_empty()).map(Stop::Many),
-        ..Common::default()
-    })
-}
-
-fn unsupported_format(format: &Option<Value>) -> Result<(), ApiError> {
-    match format {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(s)) if s.is_empty() => Ok(()),
-        Some(_) => Err(ApiError::invalid(
-            "format (JSON mode and schemas) is not supported",
-            Some("format"),
-        )),
-    }
-}
-
-fn no_images(images: &Option<Vec<Value>>) -> Result<(), ApiError> {
-    match images {
-        Some(v) if !v.is_empty() => Err(ApiError::invalid(
-            "images are not supported: this cluster serves a text model",
-            Some("images"),
-        )),
-        _ => Ok(()),
-    }
 }
 
 pub async fn version() -> Json<Value> {
@@ -252,17 +127,9 @@ pub async fn generate(
     body: Bytes,
 ) -> Result<Response, OllamaError> {
     let req: GenerateRequest = openai::parse(&body)?;
-    unsupported_format(&req.format)?;
-    no_images(&req.images)?;
-    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid(
-            "suffix (fill-in-the-middle) is not supported",
-            Some("suffix"),
-        )
-        .into());
-    }
+    bodies::generate_unsupported(&req).map_err(ApiError::from)?;
     let stream = req.stream.unwrap_or(true);
-    let c = common(req.model, req.options, stream)?;
+    let c = bodies::ollama_common(req.model, req.options, stream).map_err(ApiError::from)?;
     let prompt_text = req.prompt.unwrap_or_default();
     if prompt_text.is_empty() {
         // Ollama's way to load a model: an empty prompt answers at once.
@@ -288,16 +155,10 @@ pub async fn generate(
 }
 
 pub async fn chat(State(shared): State<Arc<Shared>>, body: Bytes) -> Result<Response, OllamaError> {
-    let req: ChatRequest = openai::parse(&body)?;
-    unsupported_format(&req.format)?;
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools are not supported", Some("tools")).into());
-    }
-    for m in &req.messages {
-        no_images(&m.images)?;
-    }
+    let req: OllamaChatRequest = openai::parse(&body)?;
+    bodies::chat_unsupported(&req).map_err(ApiError::from)?;
     let stream = req.stream.unwrap_or(true);
-    let c = common(req.model, req.options, stream)?;
+    let c = bodies::ollama_common(req.model, req.options, stream).map_err(ApiError::from)?;
     let messages: Vec<InMessage> = req
         .messages
         .into_iter()
@@ -311,7 +172,7 @@ pub async fn chat(State(shared): State<Arc<Shared>>, body: Bytes) -> Result<Resp
 fn message(role: &str, text: String) -> InMessage {
     InMessage {
         role: role.to_owned(),
-        content: Some(openai::Content::Text(text)),
+        content: Some(Content::Text(text)),
     }
 }
 
@@ -496,13 +357,6 @@ fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-/// How many of the Ollama bodies `body` parses as (see `api::parse_bodies`).
-pub(super) fn parse_bodies(body: &axum::body::Bytes) -> usize {
-    usize::from(openai::parse::<ShowRequest>(body).is_ok())
-        + usize::from(openai::parse::<GenerateRequest>(body).is_ok())
-        + usize::from(openai::parse::<ChatRequest>(body).is_ok())
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -516,48 +370,5 @@ mod tests {
         assert_eq!(rfc3339(t), "2026-11-25T20:44:10Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");
-    }
-
-    #[test]
-    fn options_map_onto_the_openai_fields_with_ollama_defaults() {
-        let c = common(Some("m:latest".into()), None, true).expect("valid");
-        assert_eq!(c.model.as_deref(), Some("m"));
-        assert_eq!(
-            (c.temperature, c.top_p, c.top_k, c.max_tokens),
-            (Some(0.8), Some(0.9), Some(40), None)
-        );
-        let o: Options = serde_json::from_value(json!({
-            "temperature": 0, "top_p": 0.5, "top_k": 3, "num_predict": 7,
-            "stop": ["x"], "seed": 9, "num_ctx": 4096,
-        }))
-        .expect("options");
-        let c = common(None, Some(o), false).expect("valid");
-        assert_eq!(
-            (c.temperature, c.top_p, c.top_k, c.max_tokens, c.seed),
-            (Some(0.0), Some(0.5), Some(3), Some(7), Some(9))
-        );
-        assert!(matches!(c.stop, Some(Stop::Many(ref v)) if v == &["x"]));
-        for fill in [-1, -2] {
-            let o = Options {
-                num_predict: Some(fill),
-                ..Options::default()
-            };
-            assert_eq!(common(None, Some(o), true).expect("valid").max_tokens, None);
-        }
-        let o = Options {
-            seed: Some(-3),
-            ..Options::default()
-        };
-        assert!(common(None, Some(o), true).is_err());
-    }
-
-    #[test]
-    fn json_mode_and_images_are_refused_by_name() {
-        assert!(unsupported_format(&None).is_ok());
-        assert!(unsupported_format(&Some(json!(""))).is_ok());
-        let e = unsupported_format(&Some(json!("json"))).expect_err("refused");
-        assert_eq!(e.param, Some("format"));
-        assert!(no_images(&Some(vec![])).is_ok());
-        assert!(no_images(&Some(vec![json!("aGk=")])).is_err());
     }
 }

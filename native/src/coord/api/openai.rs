@@ -17,115 +17,12 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::ApiError;
+use super::bodies::{self, ChatRequest, Common, CompletionRequest, InMessage, OnePrompt};
 use crate::coord::Shared;
 use crate::coord::pipeline::{self, FinishReason, GenEvent, GenRequest};
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-pub(super) enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize)]
-pub(super) struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct InMessage {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<Content>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-pub(super) enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize, Default)]
-pub(super) struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-/// The sampling fields both endpoints share; the Ollama routes fill it from their `options`.
-#[derive(Deserialize, Default)]
-pub(super) struct Common {
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
-    #[serde(default)]
-    pub max_completion_tokens: Option<i64>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<i64>,
-    #[serde(default)]
-    pub seed: Option<u64>,
-    #[serde(default)]
-    pub n: Option<i64>,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    pub stop: Option<Stop>,
-    /// Keep generating past end-of-generation tokens (as vLLM and llama.cpp's
-    /// server offer): for benchmarks that need a fixed length.
-    #[serde(default)]
-    pub ignore_eos: bool,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    messages: Vec<InMessage>,
-    #[serde(flatten)]
-    common: Common,
-}
-
-/// OpenAI's four prompt forms: text, texts, token ids, lists of token ids.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Prompt {
-    One(String),
-    Many(Vec<String>),
-    Tokens(Vec<i64>),
-    TokenLists(Vec<Vec<i64>>),
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    prompt: Prompt,
-    #[serde(flatten)]
-    common: Common,
-}
-
-/// How many of the OpenAI bodies `body` parses as (the fuzz targets'
-/// and garbage tests' entry, through `api::parse_bodies`).
-pub(super) fn parse_bodies(body: &Bytes) -> usize {
-    usize::from(parse::<ChatRequest>(body).is_ok())
-        + usize::from(parse::<CompletionRequest>(body).is_ok())
-}
-
 pub(super) fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::invalid(
-            "the request body is empty; send a JSON object",
-            None,
-        ));
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}"), None))
+    Ok(bodies::parse(body)?)
 }
 
 fn now() -> u64 {
@@ -183,84 +80,24 @@ pub(super) fn validate(shared: &Shared, c: &Common, prompt: Vec<u32>) -> Result<
     {
         return Err(ApiError::model_not_found(m, &shared.model.name));
     }
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
-    }
-    let temperature = c.temperature.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::invalid(
-            format!("temperature must be between 0 and 2, got {temperature}"),
-            Some("temperature"),
-        ));
-    }
-    let top_p = c.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(
-            format!("top_p must be in (0, 1], got {top_p}"),
-            Some("top_p"),
-        ));
-    }
-    let top_k = c.top_k.unwrap_or(0);
-    if !(0..=u32::MAX as i64).contains(&top_k) {
-        return Err(ApiError::invalid("top_k must be 0 or more", Some("top_k")));
-    }
     let ctx = shared
         .opts
         .ctx
         .min(shared.model.config.context_length.max(1));
-    if prompt.len() >= ctx {
-        return Err(ApiError::invalid(
-            format!(
-                "the prompt is {} tokens; this cluster's context is {ctx}",
-                prompt.len()
-            ),
-            Some("messages"),
-        ));
-    }
-    let room = ctx - prompt.len();
-    let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
-        None => room.min(1024),
-        Some(m) if m < 1 => {
-            return Err(ApiError::invalid(
-                format!("max_tokens must be at least 1, got {m}"),
-                Some("max_tokens"),
-            ));
-        }
-        Some(m) if m as usize > room => {
-            return Err(ApiError::invalid(
-                format!(
-                    "max_tokens {m} plus the prompt's {} tokens is over the context of {ctx}",
-                    prompt.len()
-                ),
-                Some("max_tokens"),
-            ));
-        }
-        Some(m) => m as usize,
-    };
-    let stops = match &c.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
-    };
-    if stops.len() > 4 || stops.iter().any(|s| s.is_empty()) {
-        return Err(ApiError::invalid(
-            "stop takes up to 4 non-empty strings",
-            Some("stop"),
-        ));
-    }
+    let checked = bodies::sampling(c, prompt.len(), ctx)?;
     Ok(Job {
         prompt,
-        max_tokens,
+        max_tokens: checked.max_tokens,
         sample: SampleParams {
-            temperature,
-            top_k: top_k as u32,
-            top_p,
+            temperature: checked.temperature,
+            top_k: checked.top_k,
+            top_p: checked.top_p,
             seed: c.seed.unwrap_or_else(rand::random),
             step: 0,
         },
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        stops,
+        stops: checked.stops,
         ignore_eos: c.ignore_eos,
     })
 }
@@ -281,47 +118,10 @@ pub(super) fn encode_chat(
     shared: &Shared,
     messages_in: &[InMessage],
 ) -> Result<Vec<u32>, ApiError> {
-    if messages_in.is_empty() {
-        return Err(ApiError::invalid(
-            "messages must not be empty",
-            Some("messages"),
-        ));
-    }
-    let mut messages = Vec::with_capacity(messages_in.len());
-    for m in messages_in {
-        if !matches!(
-            m.role.as_str(),
-            "system" | "user" | "assistant" | "developer" | "tool"
-        ) {
-            return Err(ApiError::invalid(
-                format!("unknown message role '{}'", m.role),
-                Some("messages"),
-            ));
-        }
-        let text = match &m.content {
-            None => String::new(),
-            Some(Content::Text(t)) => t.clone(),
-            Some(Content::Parts(parts)) => {
-                let mut t = String::new();
-                for p in parts {
-                    if p.kind != "text" {
-                        return Err(ApiError::invalid(
-                            format!("content parts of type '{}' are not supported", p.kind),
-                            Some("messages"),
-                        ));
-                    }
-                    t.push_str(p.text.as_deref().unwrap_or(""));
-                }
-                t
-            }
-        };
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
-        messages.push(ChatMessage::new(role, text));
-    }
+    let messages: Vec<ChatMessage> = bodies::chat_turns(messages_in)?
+        .into_iter()
+        .map(|(role, text)| ChatMessage::new(role, text))
+        .collect();
     shared.model.tokenizer.encode_chat(&messages).map_err(|e| {
         ApiError::invalid(
             format!("cannot render the conversation: {e}"),
@@ -335,17 +135,9 @@ pub async fn completions(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(&body)?;
-    let prompt = match req.prompt {
-        Prompt::One(text) => encode_text(&shared, &text)?,
-        Prompt::Many(mut v) if v.len() == 1 => encode_text(&shared, &v.remove(0))?,
-        Prompt::Tokens(ids) => checked_ids(&shared, &ids)?,
-        Prompt::TokenLists(lists) if lists.len() == 1 => checked_ids(&shared, &lists[0])?,
-        Prompt::Many(_) | Prompt::TokenLists(_) => {
-            return Err(ApiError::invalid(
-                "only one prompt per request is supported",
-                Some("prompt"),
-            ));
-        }
+    let prompt = match bodies::one_prompt(req.prompt)? {
+        OnePrompt::Text(text) => encode_text(&shared, &text)?,
+        OnePrompt::Ids(ids) => checked_ids(&shared, &ids)?,
     };
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", Some("prompt")));

@@ -7,10 +7,10 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiError;
+use super::bodies;
 use crate::coord::Shared;
 use crate::coord::join::{JoinError, JoinTokens};
 
@@ -28,28 +28,13 @@ pub async fn list(State(shared): State<Arc<Shared>>) -> Result<Json<Value>, ApiE
     Ok(Json(json!({ "tokens": t.list() })))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct IssueBody {
-    /// Lifetime in seconds (default: the server's `--join-ttl`).
-    ttl_s: Option<u64>,
-}
-
 pub async fn issue(
     State(shared): State<Arc<Shared>>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let t = tokens(&shared)?;
-    let ask: IssueBody = if body.iter().all(u8::is_ascii_whitespace) {
-        IssueBody { ttl_s: None }
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::invalid(format!("expected {{\"ttl_s\": SECONDS}}: {e}"), None))?
-    };
-    if ask.ttl_s == Some(0) {
-        return Err(ApiError::invalid("ttl_s must be at least 1", Some("ttl_s")));
-    }
-    let (record, token) = t.issue(ask.ttl_s.map(Duration::from_secs));
+    let ttl_s = bodies::token_ttl(&body)?;
+    let (record, token) = t.issue(ttl_s.map(Duration::from_secs));
     Ok(Json(json!({
         "id": record.id,
         "role": record.role,

@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use super::approval::{Approval, PendingWorker};
 use super::claims::{judge_load, stage_bytes};
 use super::peers::{Replace, after_condition, after_loss};
-use super::placing::{Debounce, Loading, load_timeout};
+use super::placing::{Debounce, LOAD_BASE, Loading, load_timeout};
 use super::plan::{chain_routes, describe, target, unchanged};
 use crate::coord::state::{Active, ActiveStage, PeerState, PlacementStatus, State};
 
@@ -648,15 +648,27 @@ impl Cluster {
             });
         }
         let cost = &self.cfg.cost;
-        let largest = stages
+        // Each stage at its own worker's measured speed; browsers' loads are bound by their
+        // device more than their link, so they get the slowest rate.
+        let timeout = workers
             .iter()
-            .map(|s| stage_bytes(cost, s.start, s.end))
+            .zip(&stages)
+            .map(|((peer, _, native), s)| {
+                let measured = self
+                    .state
+                    .peers
+                    .get(peer)
+                    .filter(|_| *native)
+                    .and_then(|p| p.link.as_ref())
+                    .and_then(|l| l.throughput_bytes_per_s);
+                load_timeout(stage_bytes(cost, s.start, s.end), measured)
+            })
             .max()
-            .unwrap_or(0);
+            .unwrap_or(LOAD_BASE);
         let loading = Loading::new(
             workers.iter().map(|(p, ..)| p.clone()).collect(),
             now,
-            load_timeout(largest),
+            timeout,
         );
         self.round = Some(Round {
             stages,

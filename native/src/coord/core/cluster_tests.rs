@@ -459,7 +459,7 @@ fn a_load_shard_without_answer_times_out() {
     let sent = h.now;
     // The whole model on one worker: its 300 MiB of layers at the slowest rate allowed
     // (2 MB/s) after the base 20 s, well under the 300 s cap.
-    let timeout = load_timeout(LAYERS as u64 * 10 * MB);
+    let timeout = load_timeout(LAYERS as u64 * 10 * MB, None);
     assert_eq!(timeout, Duration::from_secs(20 + 314_572_800 / 2_000_000));
     assert_eq!(h.core.poll_timeout(), Some(sent + timeout));
     h.advance(timeout - Duration::from_millis(1));
@@ -478,6 +478,51 @@ fn a_load_shard_without_answer_times_out() {
     h.take();
     h.advance(RETRY + DEBOUNCE);
     assert_eq!(h.loads().len(), 1, "tried again");
+}
+
+#[test]
+fn a_load_is_given_time_by_its_workers_measured_link_speed() {
+    let bytes = LAYERS as u64 * 10 * MB;
+    // 40 MB/s measured counts as 10 MB/s: 51 s for 300 MiB instead of 177 s.
+    assert_eq!(
+        load_timeout(bytes, Some(40e6)),
+        Duration::from_secs(20 + bytes / 10_000_000)
+    );
+    // However fast the probe, never more than 10 MB/s; however slow (or a NaN), no more time
+    // than no measurement; and never over the cap.
+    assert_eq!(
+        load_timeout(bytes, Some(1e12)),
+        load_timeout(bytes, Some(40e6))
+    );
+    for slow in [1e3, 0.0, -5.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(
+            load_timeout(bytes, Some(slow)),
+            load_timeout(bytes, None),
+            "{slow}"
+        );
+    }
+    assert_eq!(load_timeout(100 * bytes, None), Duration::from_secs(300));
+
+    let fast = SessionStats {
+        throughput_bytes_per_s: Some(40e6),
+        ..SessionStats::default()
+    };
+    for (kind, expected) in [
+        ("native", load_timeout(bytes, Some(40e6))),
+        // A browser's load is bound by its device, not its link.
+        ("browser", load_timeout(bytes, None)),
+    ] {
+        let mut h = Harness::new();
+        let g = h.link("a", kind, WHOLE);
+        h.core.set_link(&peer("a"), g, fast.clone());
+        h.say("a", Message::Calibration(calibration()));
+        h.advance(DEBOUNCE);
+        assert_eq!(h.loads().len(), 1, "{kind}");
+        let sent = h.now;
+        assert_eq!(h.core.poll_timeout(), Some(sent + expected), "{kind}");
+        h.advance(expected);
+        assert_eq!(h.st().status, PlacementStatus::NoFit, "{kind}");
+    }
 }
 
 #[test]
@@ -750,7 +795,7 @@ fn changes_during_a_load_are_placed_once_it_ends() {
     h.join("b", WHOLE);
     assert_eq!(
         h.core.poll_timeout(),
-        Some(h.now + load_timeout(LAYERS as u64 * 10 * MB) - Duration::from_secs(1)),
+        Some(h.now + load_timeout(LAYERS as u64 * 10 * MB, None) - Duration::from_secs(1)),
         "nothing is placed while a placement loads"
     );
     h.advance(Duration::from_secs(1));

@@ -20,14 +20,29 @@ pub const LOAD_BASE: Duration = Duration::from_secs(20);
 /// The slowest fetch and upload a worker is allowed, in bytes a second: a
 /// phone on Wi-Fi fetching its layers from the coordinator.
 pub const LOAD_MIN_BYTES_PER_S: u64 = 2_000_000;
+/// The fastest a load is ever counted on, whatever a link measured: past
+/// the network, loading parses the file and uploads it to the device.
+pub const LOAD_MAX_BYTES_PER_S: u64 = 10_000_000;
+/// The share of a native worker's measured link speed a load is counted
+/// on: the file comes over HTTP rather than the probed link, and is then
+/// parsed and uploaded.
+pub const LOAD_SPEED_SHARE: f64 = 0.25;
 
-/// How long a placement whose largest stage holds `bytes` of weights may
-/// take to load: [`LOAD_BASE`] plus those bytes at
-/// [`LOAD_MIN_BYTES_PER_S`], never over [`LOAD_TIMEOUT`]. A worker that
-/// never answers then holds up a small model's placement for seconds, not
-/// minutes.
-pub fn load_timeout(bytes: u64) -> Duration {
-    (LOAD_BASE + Duration::from_secs(bytes / LOAD_MIN_BYTES_PER_S)).min(LOAD_TIMEOUT)
+/// How long a worker may take to load `bytes` of weights: [`LOAD_BASE`]
+/// plus those bytes at the rate its link's probe measured
+/// (`measured_bytes_per_s`, taken at [`LOAD_SPEED_SHARE`]), never slower
+/// than [`LOAD_MIN_BYTES_PER_S`] nor faster than [`LOAD_MAX_BYTES_PER_S`],
+/// and never over [`LOAD_TIMEOUT`]. Without a measurement, the slowest
+/// rate. A worker that never answers then holds up a small model's
+/// placement for seconds, not minutes, and a fast link's large stage is
+/// not given the slow link's minutes; a link that measures slow (or a
+/// worker that slows its own probe) is given no more than no measurement.
+pub fn load_timeout(bytes: u64, measured_bytes_per_s: Option<f64>) -> Duration {
+    let rate = measured_bytes_per_s
+        .filter(|b| b.is_finite() && *b > 0.0)
+        .map_or(LOAD_MIN_BYTES_PER_S, |b| (b * LOAD_SPEED_SHARE) as u64)
+        .clamp(LOAD_MIN_BYTES_PER_S, LOAD_MAX_BYTES_PER_S);
+    (LOAD_BASE + Duration::from_secs(bytes / rate)).min(LOAD_TIMEOUT)
 }
 
 /// When the placer should look at the cluster next.
@@ -75,7 +90,7 @@ pub struct Loading {
 
 impl Loading {
     /// `LoadShard` went to `peers` (in stage order) at `now`; they have
-    /// `timeout` to answer ([`load_timeout`]).
+    /// `timeout` to answer (the longest [`load_timeout`] of their stages).
     pub fn new(peers: Vec<PeerId>, now: Instant, timeout: Duration) -> Loading {
         Loading {
             answers: peers.into_iter().map(|p| (p, None)).collect(),
