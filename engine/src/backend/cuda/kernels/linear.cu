@@ -265,11 +265,15 @@ linear_matmat(const LinearParams* __restrict__ p, const u8* __restrict__ w, cons
 // The same product on tensor cores (compute capability 8.0 and up, rows a multiple of 32
 // columns; launch::tensor_core_linear picks it and the tile): BM weight rows (64 or 128) x 64
 // tokens per block of 8 warps, each warp 32 rows x (64 / (8 / (BM / 32))) tokens of 16x8
-// tiles. Each step stages 32 columns of the rows (dequantized, f16) and of the tokens'
-// activations (f16) in shared memory, rows padded to 40 halves so the fragment loads hit 32
-// distinct banks; the next step's global loads are issued before this step's products. Sums
-// stay f32; rounding the activations to f16 loses less than the cpu backend's int8 ones.
-#define MMA_PAD 20  // u32 words per staged row: 32 halves + 8 of padding
+// tiles. Each step stages 64 columns of the rows (dequantized, f16) and of the tokens'
+// activations (f16) in shared memory, rows padded to 72 halves so the fragment loads (ldmatrix)
+// hit 32 distinct banks; the next step's global loads are issued before this step's products.
+// 64 columns a step, not 32: each step's products then cover the latency of the next step's
+// loads (8B shape prefill on an H100: see docs/performance.md). A row's last 32 columns may be
+// the step's only ones. Sums stay f32; rounding the activations to f16 loses less than the cpu
+// backend's int8 ones.
+#define MMA_K 64    // columns per step
+#define MMA_PAD 36  // u32 words per staged row: 64 halves + 8 of padding
 #if __CUDA_ARCH__ >= 800
 // A format header may split its 8-weight staging into the loads (W8, stage8_load, a step
 // ahead) and the arithmetic (stage8_make); otherwise the loads are the whole of it.
@@ -291,12 +295,14 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
                                                 const float* __restrict__ x,
                                                 float* __restrict__ y) {
     constexpr int WARPS_M = BM / 32, WN = 64 / (8 / WARPS_M), NT = WN / 8;
-    constexpr int WGROUPS = BM / 64;  // 8-weight groups each thread stages per step
+    constexpr int WGROUPS = BM / 64;  // row groups each thread stages per step
+    constexpr int HALVES = MMA_K / 32;  // 8-column groups each thread stages per row and step
     __shared__ __align__(16) u32 ws[BM][MMA_PAD];
     __shared__ __align__(16) u32 xs[64][MMA_PAD];
     const u32 rows = p->rows, cols = p->cols, tokens = p->tokens, row_bytes = p->row_bytes;
     const u32 r0 = blockIdx.x * BM, t0 = blockIdx.y * 64;
-    // Staging: thread i fills columns kq..kq+7 of weight rows i / 4 (+ 64) and of token i / 4.
+    // Staging: thread i fills columns kq..kq+7 (+ 32) of weight rows i / 4 (+ 64) and of token
+    // i / 4.
     const u32 sr = threadIdx.x >> 2, kq = (threadIdx.x & 3) * 8;
     bool w_in[WGROUPS];
     const u8* wrow[WGROUPS];
@@ -316,36 +322,47 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-    W8 wr[WGROUPS];
-    float4 xa = make_float4(0.0f, 0.0f, 0.0f, 0.0f), xb = xa;
+    W8 wr[WGROUPS][HALVES];
+    float4 xa[HALVES], xb[HALVES];
     auto load = [&](u32 k0) {
 #pragma unroll
-        for (int i = 0; i < WGROUPS; i++)
-            if (w_in[i]) wr[i] = stage8_load(wrow[i], k0 + kq);
-        if (x_in) {
-            xa = *reinterpret_cast<const float4*>(xrow + k0 + kq);
-            xb = *reinterpret_cast<const float4*>(xrow + k0 + kq + 4);
+        for (int h = 0; h < HALVES; h++) {
+            const u32 c = k0 + 32 * h + kq;
+            if (c >= cols) continue;
+#pragma unroll
+            for (int i = 0; i < WGROUPS; i++)
+                if (w_in[i]) wr[i][h] = stage8_load(wrow[i], c);
+            if (x_in) {
+                xa[h] = *reinterpret_cast<const float4*>(xrow + c);
+                xb[h] = *reinterpret_cast<const float4*>(xrow + c + 4);
+            }
         }
     };
     load(0);
-    for (u32 k0 = 0; k0 < cols; k0 += MM_K) {
+    for (u32 k0 = 0; k0 < cols; k0 += MMA_K) {
 #pragma unroll
-        for (int i = 0; i < WGROUPS; i++)
-            *reinterpret_cast<uint4*>(&ws[sr + 64 * i][kq >> 1]) =
-                w_in[i] ? stage8_make(wr[i], k0 + kq) : make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(&xs[sr][kq >> 1]) =
-            make_uint4(pack_f16x2(xa.x, xa.y), pack_f16x2(xa.z, xa.w), pack_f16x2(xb.x, xb.y),
-                       pack_f16x2(xb.z, xb.w));
+        for (int h = 0; h < HALVES; h++) {
+            const u32 c = k0 + 32 * h + kq, at = (32 * h + kq) >> 1;
+            const bool in = c < cols;
+#pragma unroll
+            for (int i = 0; i < WGROUPS; i++)
+                *reinterpret_cast<uint4*>(&ws[sr + 64 * i][at]) =
+                    w_in[i] && in ? stage8_make(wr[i][h], c) : make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(&xs[sr][at]) =
+                x_in && in ? make_uint4(pack_f16x2(xa[h].x, xa[h].y), pack_f16x2(xa[h].z, xa[h].w),
+                                        pack_f16x2(xb[h].x, xb[h].y), pack_f16x2(xb[h].z, xb[h].w))
+                           : make_uint4(0u, 0u, 0u, 0u);
+        }
         __syncthreads();
-        if (k0 + MM_K < cols) load(k0 + MM_K);
+        if (k0 + MMA_K < cols) load(k0 + MMA_K);
 #pragma unroll
-        for (u32 kh = 0; kh < MM_K / 2; kh += 8) {
+        for (u32 kh = 0; kh < MMA_K / 2; kh += 8) {
             u32 a[2][4], b[NT][2];
-#ifndef CAIRN_EXP_NO_LDMATRIX
             // A: matrices (rows 0-7, 8-15) x (columns 0-7, 8-15) of the 16x16 tile, in a[0..3]'s
             // order; B: two 8-token tiles' (columns 0-7, 8-15) per instruction.
 #pragma unroll
-            for (int i = 0; i < 2; i++) ldmatrix_x4(a[i], &ws[wm + 16 * i + (lane & 15)][kh + (lane >> 4) * 4]);
+            for (int i = 0; i < 2; i++)
+                ldmatrix_x4(a[i], &ws[wm + 16 * i + (lane & 15)][kh + (lane >> 4) * 4]);
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 u32 r[4];
@@ -355,22 +372,6 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
                 b[j + 1][0] = r[2];
                 b[j + 1][1] = r[3];
             }
-#else
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const u32 m = wm + 16 * i + g;
-                a[i][0] = ws[m][kh + q];
-                a[i][1] = ws[m + 8][kh + q];
-                a[i][2] = ws[m][kh + q + 4];
-                a[i][3] = ws[m + 8][kh + q + 4];
-            }
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const u32 n = wn + 8 * j + g;
-                b[j][0] = xs[n][kh + q];
-                b[j][1] = xs[n][kh + q + 4];
-            }
-#endif
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
