@@ -77,6 +77,39 @@ pub struct WgpuOptions {
     /// Which ops are folded into the matrix-vector products beside them
     /// (`backend/wgpu/fuse.rs`).
     pub fuse: WgpuFuse,
+    /// Which matrix-vector kernels run one-token products and small decode batches.
+    pub matvec: WgpuMatvec,
+}
+
+/// The `wgpu` and `vulkan` backends' matrix-vector kernels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WgpuMatvec {
+    /// `linear_matvec`: 32 invocations per row, 8 rows per workgroup, one token; a decode
+    /// batch runs a pass per sequence.
+    Rows,
+    /// The streaming kernels (`linear_matvec_stream`): 4 rows per workgroup with each
+    /// chunk's activations loaded once for all of them, 8 weights per load of quants, decode
+    /// batches of up to 8 tokens in one pass; sums reduced through workgroup memory.
+    Stream,
+    /// `Stream` with subgroup reductions where the device has subgroups (else `Stream`).
+    Subgroup,
+    /// `Subgroup` on GPUs, `Rows` on software rasterizers (lavapipe, SwiftShader), where the
+    /// streaming kernels were slower (kernel benches, lavapipe: see docs/performance.md) and
+    /// CI's model tests keep their time; the kernel tests force each.
+    #[default]
+    ByAdapter,
+}
+
+impl WgpuMatvec {
+    /// What runs on a device that is a software rasterizer or not: `Rows`, `Stream` or
+    /// `Subgroup`.
+    pub fn resolve(self, software: bool) -> WgpuMatvec {
+        match self {
+            WgpuMatvec::ByAdapter if software => WgpuMatvec::Rows,
+            WgpuMatvec::ByAdapter => WgpuMatvec::Subgroup,
+            other => other,
+        }
+    }
 }
 
 /// What the `wgpu` and `vulkan` backends fold into their products.

@@ -210,7 +210,7 @@ impl Discovery {
             },
             BackendKind::Wgpu => WgpuBackend::open(self.adapter(&info)?, &info)
                 .await
-                .map(|b| Device::new_wgpu(info.clone(), b.with_fusion(opts.wgpu.fuse, &info))),
+                .map(|b| Device::new_wgpu(info.clone(), b.with_options(&opts.wgpu, &info))),
         };
         opened.map_err(|source| SelectError::Open {
             id: info.id.clone(),
