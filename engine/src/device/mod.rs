@@ -197,6 +197,12 @@ impl Discovery {
         self.open_info(info).await
     }
 
+    /// What devices opened from here on are given (the kernel tests open a device once per
+    /// kernel variant).
+    pub fn options_mut(&mut self) -> &mut EngineOptions {
+        &mut self.options
+    }
+
     pub async fn open_info(&self, info: DeviceInfo) -> Result<Device, SelectError> {
         let opts = &self.options;
         let opened = match info.backend {
