@@ -21,8 +21,7 @@ pub struct EngineArgs {
     /// wgpu and vulkan: the matrix-vector kernels (`rows`: 32 invocations a row, a decode
     /// batch a pass per sequence; `stream`: 4 rows a workgroup, activations loaded once for
     /// them, decode batches of up to 8 in one pass; `subgroup`: `stream` with subgroup
-    /// reductions where the GPU has them; `auto`: subgroup on GPUs, rows on software
-    /// rasterizers).
+    /// reductions where the GPU has them; `auto`: subgroup).
     #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
     pub wgpu_matvec: WgpuMatvecArg,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.

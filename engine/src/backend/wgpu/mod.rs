@@ -183,7 +183,7 @@ impl WgpuBackend {
     pub(crate) fn with_options(mut self, opts: &WgpuOptions, info: &DeviceInfo) -> WgpuBackend {
         (self.fuse, self.fuse_norms) = opts.fuse.resolve(info.is_software());
         let subgroups = self.device.features().contains(wgpu::Features::SUBGROUP);
-        self.matvec = match opts.matvec.resolve(info.is_software()) {
+        self.matvec = match opts.matvec.resolve() {
             WgpuMatvec::Rows => Matvec::Rows,
             WgpuMatvec::Subgroup if subgroups => Matvec::Stream { subgroups: true },
             _ => Matvec::Stream { subgroups: false },
