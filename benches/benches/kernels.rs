@@ -23,8 +23,9 @@ use std::cell::Cell;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cairn_engine::device::{Selection, discover_blocking};
+use cairn_engine::device::{Selection, discover_blocking_with};
 use cairn_engine::kernels::{Add, Attention, BufferCopy, Linear, MatMul, Op, RmsNorm};
+use cairn_engine::options::{EngineOptions, WgpuMatvec};
 use cairn_engine::quant::GgmlType;
 use cairn_engine::{BackendKind, Buffer, Device};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
@@ -140,8 +141,21 @@ impl Tier {
     }
 }
 
+/// `CAIRN_WGPU_MATVEC` (rows, stream, subgroup; else auto) picks the wgpu and vulkan
+/// matrix-vector kernels, as `cairn`'s `--wgpu-matvec` does.
+fn options() -> EngineOptions {
+    let mut o = EngineOptions::default();
+    o.wgpu.matvec = match std::env::var("CAIRN_WGPU_MATVEC").as_deref() {
+        Ok("rows") => WgpuMatvec::Rows,
+        Ok("stream") => WgpuMatvec::Stream,
+        Ok("subgroup") => WgpuMatvec::Subgroup,
+        _ => WgpuMatvec::ByAdapter,
+    };
+    o
+}
+
 fn open_device() -> Device {
-    let found = discover_blocking();
+    let found = discover_blocking_with(options());
     let backend = std::env::var("CAIRN_BENCH_BACKEND")
         .ok()
         .filter(|s| !s.is_empty());

@@ -77,6 +77,41 @@ pub struct WgpuOptions {
     /// Which ops are folded into the matrix-vector products beside them
     /// (`backend/wgpu/fuse.rs`).
     pub fuse: WgpuFuse,
+    /// Which matrix-vector kernels run one-token products and small decode batches.
+    pub matvec: WgpuMatvec,
+}
+
+/// The `wgpu` and `vulkan` backends' matrix-vector kernels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WgpuMatvec {
+    /// `linear_matvec`: 32 invocations per row, 8 rows per workgroup, one token; a decode
+    /// batch runs a pass per sequence.
+    Rows,
+    /// The streaming kernels (`linear_matvec_stream`): 4 rows per workgroup with each
+    /// chunk's activations loaded once for all of them, 8 weights per load of quants, decode
+    /// batches of up to 8 tokens in one pass; sums reduced through workgroup memory.
+    Stream,
+    /// `Stream` with subgroup reductions where the device has subgroups (else `Stream`).
+    Subgroup,
+    /// Natively `Subgroup`, on GPUs (the streaming kernels are written for their bandwidth)
+    /// and on software rasterizers alike, where they measured faster too (lavapipe, 135M
+    /// decode: 3.7 s a token against 4.5 on wgpu, 4.4 against 4.8 on vulkan;
+    /// docs/performance.md). In a browser `Rows` (with SwiftShader in headless Chromium
+    /// too) until the streaming kernels have run under the browsers' WGSL compilers. The
+    /// kernel tests force each family.
+    #[default]
+    ByAdapter,
+}
+
+impl WgpuMatvec {
+    /// What runs: `Rows`, `Stream` or `Subgroup`.
+    pub fn resolve(self) -> WgpuMatvec {
+        match self {
+            WgpuMatvec::ByAdapter if cfg!(target_arch = "wasm32") => WgpuMatvec::Rows,
+            WgpuMatvec::ByAdapter => WgpuMatvec::Subgroup,
+            other => other,
+        }
+    }
 }
 
 /// What the `wgpu` and `vulkan` backends fold into their products.

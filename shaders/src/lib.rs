@@ -12,21 +12,72 @@ pub struct Kernel {
     pub wgsl: &'static str,
     /// Whether the kernel needs a weight format prepended.
     pub formatted: bool,
+    /// Prepended before the body: what a family of kernels built from one file shares or
+    /// sets apart (constants, the streaming walk, the reduction).
+    pub prelude: &'static str,
+    /// Whether the format's chunk loader (`chunks/`) is prepended too.
+    pub chunked: bool,
+    /// Whether the kernel uses subgroup operations (the device needs wgpu's SUBGROUP feature).
+    pub subgroups: bool,
 }
 
 macro_rules! kernels {
-    ($($ident:ident = $file:literal, $formatted:expr;)*) => {
+    (streaming [$($sident:ident,)*] $($ident:ident = $file:literal, $formatted:expr;)*) => {
         $(pub const $ident: Kernel = Kernel {
             name: $file,
             wgsl: include_str!(concat!("../", $file, ".wgsl")),
             formatted: $formatted,
+            prelude: "",
+            chunked: false,
+            subgroups: false,
         };)*
         /// Every kernel, for validation and listing.
-        pub const ALL: &[Kernel] = &[$($ident),*];
+        pub const ALL: &[Kernel] = &[$($ident,)* $($sident,)*];
     };
 }
 
+/// A streaming matrix-vector kernel (`stream_walk.wgsl`): `file`'s body over the walk for
+/// `tokens` tokens, reducing with subgroups or through workgroup memory.
+macro_rules! streaming {
+    ($ident:ident = $name:literal from $file:literal, tokens $tokens:literal, $reduce:literal, $subgroups:expr) => {
+        pub const $ident: Kernel = Kernel {
+            name: $name,
+            wgsl: include_str!(concat!("../", $file, ".wgsl")),
+            formatted: true,
+            prelude: concat!(
+                "const TOKENS: u32 = ",
+                $tokens,
+                "u;\n",
+                include_str!("../stream_walk.wgsl"),
+                "\n",
+                include_str!(concat!("../reduce/", $reduce, ".wgsl")),
+            ),
+            chunked: true,
+            subgroups: $subgroups,
+        };
+    };
+}
+
+streaming!(LINEAR_MATVEC_STREAM = "linear_matvec_stream" from "linear_matvec_stream", tokens 1, "workgroup", false);
+streaming!(LINEAR_MATVEC_STREAM_SUBGROUP = "linear_matvec_stream_subgroup" from "linear_matvec_stream", tokens 1, "subgroup", true);
+streaming!(LINEAR_MATVEC_BATCH = "linear_matvec_batch" from "linear_matvec_stream", tokens 4, "workgroup", false);
+streaming!(LINEAR_MATVEC_BATCH_SUBGROUP = "linear_matvec_batch_subgroup" from "linear_matvec_stream", tokens 4, "subgroup", true);
+streaming!(LINEAR_MATVEC_FUSED_STREAM = "linear_matvec_fused_stream" from "linear_matvec_fused_stream", tokens 1, "workgroup", false);
+streaming!(LINEAR_MATVEC_FUSED_STREAM_SUBGROUP = "linear_matvec_fused_stream_subgroup" from "linear_matvec_fused_stream", tokens 1, "subgroup", true);
+
+/// Tokens the batch kernels take per pass (`LINEAR_MATVEC_BATCH*`'s TOKENS); more run as
+/// token groups along the grid's z.
+pub const BATCH_TOKENS: u32 = 4;
+
 kernels! {
+    streaming [
+    LINEAR_MATVEC_STREAM,
+    LINEAR_MATVEC_STREAM_SUBGROUP,
+    LINEAR_MATVEC_BATCH,
+    LINEAR_MATVEC_BATCH_SUBGROUP,
+    LINEAR_MATVEC_FUSED_STREAM,
+    LINEAR_MATVEC_FUSED_STREAM_SUBGROUP,
+    ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
     LINEAR_MATMAT = "linear_matmat", true;
@@ -68,6 +119,22 @@ pub const FORMATS: &[(&str, &str)] = &[
 
 const COMMON: &str = include_str!("../formats/common.wgsl");
 
+/// Chunk loaders of the streaming kernels, by format; the others use `chunks/generic.wgsl`.
+const CHUNKS: &[(&str, &str)] = &[
+    ("Q8_0", include_str!("../chunks/q8_0.wgsl")),
+    ("Q4_0", include_str!("../chunks/q4_0.wgsl")),
+    ("Q4_1", include_str!("../chunks/q4_1.wgsl")),
+    ("Q4_K", include_str!("../chunks/q4_k.wgsl")),
+    ("Q6_K", include_str!("../chunks/q6_k.wgsl")),
+];
+const CHUNK_COMMON: &str = include_str!("../chunks/common.wgsl");
+const CHUNK_GENERIC: &str = include_str!("../chunks/generic.wgsl");
+
+/// Whether `format` has a chunk loader of its own (the others read chunks through w_load4).
+pub fn has_own_chunks(format: &str) -> bool {
+    CHUNKS.iter().any(|(n, _)| *n == format)
+}
+
 /// The complete WGSL for `kernel`, with the weight `format` (a GGML type name such as
 /// `Q4_1`) where the kernel needs one. `None` when the format is unknown.
 pub fn source(kernel: Kernel, format: Option<&str>) -> Option<String> {
@@ -75,5 +142,15 @@ pub fn source(kernel: Kernel, format: Option<&str>) -> Option<String> {
         return Some(kernel.wgsl.to_string());
     }
     let fmt = FORMATS.iter().find(|(n, _)| Some(*n) == format)?.1;
-    Some(format!("{COMMON}\n{fmt}\n{}", kernel.wgsl))
+    let chunks = if kernel.chunked {
+        let own = CHUNKS.iter().find(|(n, _)| Some(*n) == format);
+        let loader = own.map_or(CHUNK_GENERIC, |(_, c)| c);
+        format!("{CHUNK_COMMON}\n{loader}\n")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{COMMON}\n{fmt}\n{chunks}{}\n{}",
+        kernel.prelude, kernel.wgsl
+    ))
 }

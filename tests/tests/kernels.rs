@@ -17,6 +17,7 @@ use cairn_engine::kernels::{
     PagedAttention, PagedAttentionParams, RmsNorm, Rope, Sample, SampleParams, ScaleCap, SiluMul,
     Softmax,
 };
+use cairn_engine::options::WgpuMatvec;
 use cairn_engine::quant::{GgmlType, dequantize_row, quantize_row};
 use cairn_engine::{Buffer, Device};
 use rand::rngs::StdRng;
@@ -33,6 +34,14 @@ fn options() -> cairn_engine::EngineOptions {
     if off("CAIRN_CUDA_SPLIT_ATTENTION") {
         o.cuda.split_attention = 0;
     }
+    // One matrix-vector kernel family may be pinned; else the tests that take
+    // `gpu_variants` force each in turn.
+    o.wgpu.matvec = match std::env::var("CAIRN_WGPU_MATVEC").as_deref() {
+        Ok("rows") => WgpuMatvec::Rows,
+        Ok("stream") => WgpuMatvec::Stream,
+        Ok("subgroup") => WgpuMatvec::Subgroup,
+        _ => WgpuMatvec::ByAdapter,
+    };
     // The norms are folded on software rasterizers too, to test that kernel here.
     if off("CAIRN_WGPU_FUSE") {
         o.wgpu.fuse = cairn_engine::options::WgpuFuse::Off;
@@ -69,6 +78,41 @@ fn devices() -> Vec<Device> {
             out.iter().any(|d| d.kind() == BackendKind::Wgpu),
             "CAIRN_TEST_REQUIRE_GPU is set but no wgpu adapter was found (install mesa-vulkan-drivers)"
         );
+    }
+    out
+}
+
+/// Every device, the wgpu and vulkan ones once per matrix-vector kernel family whatever
+/// auto-selection would pick there: `rows` on both, `stream` (workgroup-memory sums) on wgpu
+/// and `subgroup` on vulkan where the device has subgroups (else `stream`), so each family
+/// runs in CI while lavapipe's time stays bounded; only the pinned one where
+/// `CAIRN_WGPU_MATVEC` pins one. Each with its family's name ("" elsewhere).
+fn gpu_variants() -> Vec<(&'static str, Device)> {
+    let mut found = cairn_engine::device::discover_blocking_with(options());
+    let pinned = found.options_mut().wgpu.matvec != WgpuMatvec::ByAdapter;
+    let mut out = Vec::new();
+    for d in devices() {
+        if !matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan) || pinned {
+            out.push(("", d));
+            continue;
+        }
+        let subgroups = d.info().features.iter().any(|f| f == "subgroups");
+        let streaming = if d.kind() == BackendKind::Vulkan && subgroups {
+            ("subgroup", WgpuMatvec::Subgroup)
+        } else {
+            ("stream", WgpuMatvec::Stream)
+        };
+        for (name, variant) in [("rows", WgpuMatvec::Rows), streaming] {
+            found.options_mut().wgpu.matvec = variant;
+            let info = d.info().clone();
+            match pollster::block_on(found.open_info(info)) {
+                Ok(v) => out.push((name, v)),
+                Err(e) => panic!(
+                    "{} with the {name} kernels failed to open: {e}",
+                    d.info().id
+                ),
+            }
+        }
     }
     out
 }
@@ -300,13 +344,18 @@ fn linear_every_format_matvec_and_matmat() {
         (GgmlType::Q5_0, 9, 2080),
         (GgmlType::Q4_K, 9, 2048),
         (GgmlType::Q6_K, 9, 2304),
+        // Rows of a multiple of 8 that the streaming kernels take through w_load4.
+        (GgmlType::F32, 7, 72),
+        (GgmlType::F16, 13, 136),
     ];
+    let devs = gpu_variants();
     for (ty, rows, cols) in cases {
         let wf = rand_vec(&mut rng, rows * cols, 1.0);
         let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
-        // One token (decode), a batch of decode steps (cuda: blocks of 4 tokens, then 2 or 3
-        // left), and a prefill past them.
-        for tokens in [1usize, 3, 6, 33] {
+        // 1, 5 and a prefill's 33; for the streaming kernels and cuda also 2, 3 and 8 (the
+        // batch kernels' partial and full token groups of 4, and with 5 a partial second
+        // group); the streaming kernels not 33 (linear_matmat, as for `rows`).
+        for tokens in [1usize, 2, 3, 5, 8, 33] {
             let x = rand_vec(&mut rng, tokens * cols, 1.0);
             let mut want = vec![0f32; tokens * rows];
             k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
@@ -317,9 +366,15 @@ fn linear_every_format_matvec_and_matmat() {
             let want_int8 = int8.then(|| linear_int8_activations(ty, &wq, &x, rows, cols, tokens));
             let want_cpu = linear_q8_activations(ty, &wq, &x, rows, cols, tokens);
             let want_f16 = linear_f16_inputs(ty, &wq, &x, rows, cols, tokens);
-            for d in devices() {
+            for (variant, d) in &devs {
+                let streaming = matches!(*variant, "stream" | "subgroup");
+                if (streaming && tokens == 33)
+                    || (*variant == "rows" && matches!(tokens, 2 | 3 | 8))
+                {
+                    continue;
+                }
                 let bw = d.upload("w", &wq).unwrap();
-                let bx = upload_f32(&d, "x", &x);
+                let bx = upload_f32(d, "x", &x);
                 let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
                 d.run(&[Op::Linear(Linear {
                     w: &bw,
@@ -336,15 +391,15 @@ fn linear_every_format_matvec_and_matmat() {
                 // row, relative to the largest output. cuda's tiled product on tensor cores
                 // rounds weights and activations to f16 first.
                 let reference = match &want_int8 {
-                    _ if on_tensor_cores(&d, tokens, cols) => &want_f16,
+                    _ if on_tensor_cores(d, tokens, cols) => &want_f16,
                     Some(w8) if d.kind() == BackendKind::Cuda => w8,
                     _ if d.kind() == BackendKind::Cpu => &want_cpu,
                     _ => &want,
                 };
                 assert_close(
-                    &format!("linear {ty:?} {rows}x{cols} tokens={tokens}"),
-                    &d,
-                    &read(&d, &by, tokens * rows),
+                    &format!("linear {ty:?} {rows}x{cols} tokens={tokens} {variant}"),
+                    d,
+                    &read(d, &by, tokens * rows),
                     reference,
                     2e-6 * cols as f32,
                 );
@@ -418,9 +473,9 @@ fn fused_decode_ffn_matches_the_ops_one_by_one() {
         (GgmlType::Q4_K, 256, 512),
         (GgmlType::Q6_K, 256, 256),
     ];
-    let devs: Vec<Device> = devices()
+    let devs: Vec<(&str, Device)> = gpu_variants()
         .into_iter()
-        .filter(|d| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
+        .filter(|(_, d)| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
         .collect();
     for (ty, dim, ffn) in cases {
         let quant = |rows: usize, cols: usize, rng: &mut StdRng| -> Vec<u8> {
@@ -444,7 +499,7 @@ fn fused_decode_ffn_matches_the_ops_one_by_one() {
         k::linear::linear(ty, &wd, &a, &mut o, dim, ffn, 1);
         let mut h2 = vec![0f32; dim];
         k::elementwise::add(&h, &o, &mut h2);
-        for d in &devs {
+        for (variant, d) in &devs {
             let b_h = upload_f32(d, "h", &h);
             let b_nw = upload_f32(d, "nw", &nw);
             let (b_wg, b_wu, b_wd) = (
@@ -501,13 +556,13 @@ fn fused_decode_ffn_matches_the_ops_one_by_one() {
                 assert_eq!(
                     d.launches_in_last_run(),
                     Some(3),
-                    "{ty:?} on {}",
+                    "{ty:?} on {} {variant}",
                     d.info().id
                 );
             }
             // Sums of a few hundred terms, chained through three products.
             let tol = 4e-6 * (dim + ffn) as f32;
-            let what = |n: &str| format!("fused ffn {ty:?} {dim}x{ffn}: {n}");
+            let what = |n: &str| format!("fused ffn {ty:?} {dim}x{ffn} {variant}: {n}");
             assert_close(&what("norm"), d, &read(d, &b_xn, dim), &xn, 1e-5);
             assert_close(&what("gate"), d, &read(d, &b_g, ffn), &g, tol);
             assert_close(&what("up"), d, &read(d, &b_u, ffn), &u, tol);
@@ -531,9 +586,9 @@ fn fused_decode_qkv_with_rope_and_cache_copies_matches_the_ops_one_by_one() {
         (GgmlType::Q4_1, 160, 5, 1, 32, 24),
         (GgmlType::Q4_K, 256, 4, 2, 64, 64),
     ];
-    let devs: Vec<Device> = devices()
+    let devs: Vec<(&str, Device)> = gpu_variants()
         .into_iter()
-        .filter(|d| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
+        .filter(|(_, d)| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
         .collect();
     let (pos0, base, slots) = (1234u32, 10_000.0f32, 4usize);
     for (ty, dim, heads, kv_heads, head_dim, rope_dim) in cases {
@@ -567,7 +622,7 @@ fn fused_decode_qkv_with_rope_and_cache_copies_matches_the_ops_one_by_one() {
         let (mut kc, mut vc) = (cache0.clone(), cache0.clone());
         kc[at..at + kv_dim].copy_from_slice(&kk);
         vc[at..at + kv_dim].copy_from_slice(&v);
-        for d in &devs {
+        for (variant, d) in &devs {
             let b_h = upload_f32(d, "h", &h);
             let b_nw = upload_f32(d, "nw", &nw);
             let (b_wq, b_wk, b_wv) = (
@@ -635,12 +690,13 @@ fn fused_decode_qkv_with_rope_and_cache_copies_matches_the_ops_one_by_one() {
                 assert_eq!(
                     d.launches_in_last_run(),
                     Some(3),
-                    "{ty:?} on {}",
+                    "{ty:?} on {} {variant}",
                     d.info().id
                 );
             }
             let tol = 4e-6 * dim as f32;
-            let what = |n: &str| format!("fused qkv {ty:?} {dim} {heads}x{head_dim}: {n}");
+            let what =
+                |n: &str| format!("fused qkv {ty:?} {dim} {heads}x{head_dim} {variant}: {n}");
             assert_close(&what("norm"), d, &read(d, &b_xn, dim), &xn, 1e-5);
             assert_close(&what("q"), d, &read(d, &b_q, q_dim), &q, tol);
             assert_close(&what("k"), d, &read(d, &b_k, kv_dim), &kk, tol);
@@ -1597,5 +1653,104 @@ fn selection_falls_back_to_cpu_and_names_the_choices() {
                 .ok(),
             (d.support != cairn_engine::Support::Unsupported).then(|| d.id.clone())
         );
+    }
+}
+
+/// Batched decode on the wgpu and vulkan streaming kernels: a device takes 8 decode rows a
+/// pass with them (1 with `rows`), and on the first such device three sequences prefilled and then decoded together
+/// through the paged pool (decode steps in one pass, through the batch kernel) give each
+/// sequence the logits it gets alone (one-token kernels, fused), within 1e-3 of the largest
+/// logit's magnitude (plus one), as the model test checks for the default kernels.
+#[test]
+fn a_decode_batch_on_the_streaming_kernels_matches_each_sequence_alone() {
+    use cairn_engine::model::shard::BatchItem;
+    use cairn_engine::model::synthetic::SyntheticModel;
+    use cairn_engine::model::{ModelConfig, SeqKv, Shard, ShardInput, ShardOutput, Want};
+    let cfg = ModelConfig::synthetic("tiny").expect("synthetic shape");
+    let model = SyntheticModel::new(&cfg, 13);
+    let prompts: [Vec<u32>; 3] = [
+        (0..5).map(|i| (i * 37 + 5) % 512).collect(),
+        (0..9).map(|i| (i * 53 + 2) % 512).collect(),
+        vec![99],
+    ];
+    let feed = [[11u32, 400, 3], [250, 7, 77], [1, 2, 3]];
+    let logits = |o: ShardOutput| match o {
+        ShardOutput::Logits(l) => l,
+        other => panic!("logits expected, got {other:?}"),
+    };
+    // The model runs on one device's streaming kernels (lavapipe runs the synthetic model
+    // slowly); the kernels themselves are checked on every device above.
+    let mut ran = false;
+    for (variant, dev) in gpu_variants() {
+        let want_rows = match variant {
+            "rows" => 1,
+            "stream" | "subgroup" => 8,
+            _ => continue,
+        };
+        assert_eq!(
+            dev.decode_rows_per_pass(),
+            Some(want_rows),
+            "{} {variant}",
+            dev.info().id
+        );
+        if want_rows == 1 || ran {
+            continue;
+        }
+        ran = true;
+        let dev = std::sync::Arc::new(dev);
+        let shard = Shard::load(dev.clone(), &model, 0, cfg.n_layers, 8, &mut |_, _| {})
+            .expect("load synthetic model");
+        let mut alone: Vec<Vec<Vec<f32>>> = Vec::new();
+        for (p, f) in prompts.iter().zip(&feed) {
+            let mut cache = shard.new_cache(32).expect("cache");
+            let mut steps = Vec::new();
+            for input in std::iter::once(p.clone()).chain(f.iter().map(|&t| vec![t])) {
+                let out = pollster::block_on(shard.forward(
+                    &mut cache,
+                    ShardInput::Tokens(&input),
+                    Want::Logits,
+                ))
+                .expect("forward alone");
+                steps.push(logits(out));
+            }
+            alone.push(steps);
+        }
+        let mut pool = shard.new_pool(16 << 20).expect("pool");
+        let mut seqs: Vec<SeqKv> = (0..3).map(|_| SeqKv::new(32)).collect();
+        for step in 0..=feed[0].len() {
+            let inputs: Vec<Vec<u32>> = (0..3)
+                .map(|s| match step {
+                    0 => prompts[s].clone(),
+                    _ => vec![feed[s][step - 1]],
+                })
+                .collect();
+            let mut items: Vec<BatchItem> = seqs
+                .iter_mut()
+                .zip(&inputs)
+                .map(|(seq, input)| BatchItem {
+                    seq,
+                    input: ShardInput::Tokens(input),
+                    want: Want::Logits,
+                })
+                .collect();
+            let outs = pollster::block_on(shard.forward_batch(&mut pool, &mut items))
+                .expect("batched pass");
+            for (s, out) in outs.into_iter().enumerate() {
+                let got = logits(out.expect("batch item"));
+                let want = &alone[s][step];
+                let scale = 1.0 + want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let worst = got
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst <= 1e-3 * scale,
+                    "{} {variant}: sequence {s} step {step}: batched logits differ from alone by {worst} (allowed {})",
+                    dev.info().id,
+                    1e-3 * scale
+                );
+            }
+        }
     }
 }

@@ -340,15 +340,18 @@ impl Device {
     /// slower than the sequences one pass each: the cuda backend's matrix-vector kernels take
     /// up to [`CUDA_MATVEC_MAX_TOKENS`] tokens (each weight row read once per 4), past which
     /// its tiled product takes over (on an H100, 8B shape, 16 sequences at once: 725 tok/s in
-    /// one pass of 16 rows, 453 in four passes of 4). The WGSL matrix-vector kernel takes one token,
-    /// and the tiled one is slower for a few rows than a pass per row (vulkan on an H200,
-    /// 8B shape: 4 at once 0.23x one), so wgpu and vulkan run a decode batch a row per pass
-    /// until they have kernels for small batches. `None`: no such limit (the cpu backend
+    /// one pass of 16 rows, 453 in four passes of 4). wgpu and vulkan take up to 8 rows in one
+    /// pass with their streaming batch kernels; with the `rows` kernels, whose tiled product is
+    /// slower for a few rows than a pass per row (vulkan on an H200, 8B shape: 4 at once 0.23x
+    /// one), a row per pass. `None`: no such limit (the cpu backend
     /// streams each weight row once for up to 32 rows).
     pub fn decode_rows_per_pass(&self) -> Option<usize> {
         match self.kind() {
             BackendKind::Cuda => Some(CUDA_MATVEC_MAX_TOKENS),
-            BackendKind::Wgpu | BackendKind::Vulkan => Some(1),
+            BackendKind::Wgpu | BackendKind::Vulkan => match &self.inner {
+                Inner::Wgpu(b) => Some(b.decode_rows_per_pass()),
+                _ => Some(1),
+            },
             BackendKind::Cpu => None,
         }
     }

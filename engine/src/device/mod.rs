@@ -197,6 +197,12 @@ impl Discovery {
         self.open_info(info).await
     }
 
+    /// What devices opened from here on are given (the kernel tests open a device once per
+    /// kernel variant).
+    pub fn options_mut(&mut self) -> &mut EngineOptions {
+        &mut self.options
+    }
+
     pub async fn open_info(&self, info: DeviceInfo) -> Result<Device, SelectError> {
         let opts = &self.options;
         let opened = match info.backend {
@@ -210,7 +216,7 @@ impl Discovery {
             },
             BackendKind::Wgpu => WgpuBackend::open(self.adapter(&info)?, &info)
                 .await
-                .map(|b| Device::new_wgpu(info.clone(), b.with_fusion(opts.wgpu.fuse, &info))),
+                .map(|b| Device::new_wgpu(info.clone(), b.with_options(&opts.wgpu, &info))),
         };
         opened.map_err(|source| SelectError::Open {
             id: info.id.clone(),

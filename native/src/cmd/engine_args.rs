@@ -2,7 +2,8 @@
 //! has always had (the engine itself reads none): `EngineOptions` for discovery.
 
 use cairn_engine::options::{
-    CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuFuse, WgpuOptions,
+    CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuFuse, WgpuMatvec,
+    WgpuOptions,
 };
 use clap::builder::BoolishValueParser;
 
@@ -17,6 +18,12 @@ pub struct EngineArgs {
     /// all on GPUs, off on software rasterizers).
     #[arg(long, env = "CAIRN_WGPU_FUSE", value_enum, default_value_t = WgpuFuseArg::Auto)]
     pub wgpu_fuse: WgpuFuseArg,
+    /// wgpu and vulkan: the matrix-vector kernels (`rows`: 32 invocations a row, a decode
+    /// batch a pass per sequence; `stream`: 4 rows a workgroup, activations loaded once for
+    /// them, decode batches of up to 8 in one pass; `subgroup`: `stream` with subgroup
+    /// reductions where the GPU has them; `auto`: subgroup).
+    #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
+    pub wgpu_matvec: WgpuMatvecArg,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
     #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_graphs: bool,
@@ -58,6 +65,15 @@ pub enum WgpuFuseArg {
     Auto,
 }
 
+/// `WgpuMatvec` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuMatvecArg {
+    Rows,
+    Stream,
+    Subgroup,
+    Auto,
+}
+
 /// `CudaFuse` for the command line; `0` and `1`, the variable's old values, still work.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FuseArg {
@@ -83,6 +99,12 @@ impl EngineArgs {
                     WgpuFuseArg::Nonorm => WgpuFuse::NoNorms,
                     WgpuFuseArg::All => WgpuFuse::All,
                     WgpuFuseArg::Auto => WgpuFuse::ByAdapter,
+                },
+                matvec: match self.wgpu_matvec {
+                    WgpuMatvecArg::Rows => WgpuMatvec::Rows,
+                    WgpuMatvecArg::Stream => WgpuMatvec::Stream,
+                    WgpuMatvecArg::Subgroup => WgpuMatvec::Subgroup,
+                    WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
             },
             cuda: CudaOptions {
@@ -144,6 +166,7 @@ mod tests {
         let vars = [
             "CAIRN_CPU_THREADS",
             "CAIRN_WGPU_FUSE",
+            "CAIRN_WGPU_MATVEC",
             "CAIRN_CUDA_GRAPHS",
             "CAIRN_CUDA_FUSE",
             "CAIRN_CUDA_FUSED_BLOCKS_PER_SM",
@@ -167,6 +190,8 @@ mod tests {
             "3",
             "--wgpu-fuse",
             "nonorm",
+            "--wgpu-matvec",
+            "stream",
             "--cuda-graphs",
             "0",
             "--cuda-fuse",
@@ -185,6 +210,11 @@ mod tests {
         assert_eq!(o.cpu_threads, Some(3));
         assert_eq!(o.wgpu.fuse, WgpuFuse::NoNorms);
         assert_eq!(parse(&["--wgpu-fuse", "0"]).wgpu.fuse, WgpuFuse::Off);
+        assert_eq!(o.wgpu.matvec, WgpuMatvec::Stream);
+        assert_eq!(
+            parse(&["--wgpu-matvec", "rows"]).wgpu.matvec,
+            WgpuMatvec::Rows
+        );
         assert_eq!(
             o.cuda,
             CudaOptions {

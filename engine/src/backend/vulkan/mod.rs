@@ -80,7 +80,7 @@ pub(crate) fn open(
         BackendError::Unsupported(format!("{}: no wgpu adapter behind this device", info.id))
     })?;
     open_backend(adapter, info, &opts.vulkan)
-        .map(|b| Device::new_wgpu(info.clone(), b.with_fusion(opts.wgpu.fuse, info)))
+        .map(|b| Device::new_wgpu(info.clone(), b.with_options(&opts.wgpu, info)))
 }
 
 fn open_backend(

@@ -239,7 +239,9 @@ mod tests {
                 push_constants,
             };
             for kernel in cairn_shaders::ALL {
-                if !subgroups && *kernel == cairn_shaders::LINEAR_MATVEC_SUBGROUP {
+                if !subgroups
+                    && (kernel.subgroups || *kernel == cairn_shaders::LINEAR_MATVEC_SUBGROUP)
+                {
                     continue;
                 }
                 let formats: Vec<Option<&str>> = if kernel.formatted {

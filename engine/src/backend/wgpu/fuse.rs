@@ -15,7 +15,7 @@
 
 use cairn_shaders as shaders;
 
-use super::plan::{self, Step, grid};
+use super::plan::{self, Matvec, Step, grid};
 use crate::backend::{Buffer, Result};
 use crate::kernels::op::{params, row_bytes};
 use crate::kernels::{self, Op, OpSpec, with_op};
@@ -54,6 +54,7 @@ pub(crate) fn plan_run<'a>(
     max_dim: u32,
     fuse: bool,
     norms: bool,
+    matvec: Matvec,
 ) -> Result<Vec<Step<'a>>> {
     let mut steps = Vec::with_capacity(ops.len());
     let mut taken = vec![false; ops.len()];
@@ -61,11 +62,11 @@ pub(crate) fn plan_run<'a>(
         if taken[i] {
             continue;
         }
-        if fuse && let Some(step) = fuse_at(ops, i, &mut taken, norms, max_dim)? {
+        if fuse && let Some(step) = fuse_at(ops, i, &mut taken, norms, max_dim, matvec)? {
             steps.push(step);
             continue;
         }
-        steps.push(plan::plan(&ops[i], max_dim)?);
+        steps.push(plan::plan(&ops[i], max_dim, matvec)?);
     }
     Ok(steps)
 }
@@ -107,6 +108,7 @@ fn fuse_at<'a>(
     taken: &mut [bool],
     norms: bool,
     max_dim: u32,
+    kernels: Matvec,
 ) -> Result<Option<Step<'a>>> {
     let next = ops.get(i + 1);
     let (mut f, p) = match (&ops[i], next.and_then(matvec)) {
@@ -204,12 +206,21 @@ fn fuse_at<'a>(
     let mut params = [0u32; super::PARAM_WORDS];
     let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(&p));
     params[..words.len()].copy_from_slice(words);
+    let (kernel, rows_per_group) = if kernels.streams(f.l.cols) {
+        let kernel = kernels.pick((
+            shaders::LINEAR_MATVEC_FUSED_STREAM,
+            shaders::LINEAR_MATVEC_FUSED_STREAM_SUBGROUP,
+        ));
+        (kernel, Matvec::STREAM_ROWS)
+    } else {
+        (shaders::LINEAR_MATVEC_FUSED, 8)
+    };
     Ok(Some(Step::Dispatch {
-        kernel: shaders::LINEAR_MATVEC_FUSED,
+        kernel,
         format: Some(f.l.wtype.name()),
         buffers,
         params,
-        groups: grid(f.l.rows.div_ceil(8), max_dim)?,
+        groups: grid(f.l.rows.div_ceil(rows_per_group), max_dim)?,
     }))
 }
 
@@ -375,7 +386,7 @@ mod tests {
                 n: 64,
             }),
         ];
-        let steps = plan_run(&ops, 65535, true, true).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows).unwrap();
         assert_eq!(shape(&steps), ["fused1", "fused4", "fused2"]);
         let ids = |s: &Step| match s {
             Step::Dispatch { buffers, .. } => buffers.iter().map(|b| b.id()).collect::<Vec<_>>(),
@@ -396,7 +407,9 @@ mod tests {
         );
         // Off, every op is its own dispatch.
         assert_eq!(
-            plan_run(&ops, 65535, false, false).unwrap().len(),
+            plan_run(&ops, 65535, false, false, Matvec::Rows)
+                .unwrap()
+                .len(),
             ops.len()
         );
     }
@@ -461,7 +474,7 @@ mod tests {
     fn a_decode_attention_half_folds_into_four_dispatches() {
         let b = bufs();
         let ops = attention_half(&b);
-        let steps = plan_run(&ops, 65535, true, true).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows).unwrap();
         assert_eq!(shape(&steps), ["fused9", "fused24", "fused16", "attention"]);
         let Step::Dispatch {
             params, buffers, ..
@@ -496,7 +509,7 @@ mod tests {
                 n: 64,
             }),
         );
-        let steps = plan_run(&ops, 65535, true, true).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows).unwrap();
         assert_eq!(
             shape(&steps),
             [
@@ -516,7 +529,7 @@ mod tests {
             panic!("rope k")
         };
         r.neox = true;
-        let steps = plan_run(&ops, 65535, true, true).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows).unwrap();
         assert_eq!(
             shape(&steps),
             [
@@ -600,7 +613,7 @@ mod tests {
             ],
         ];
         for (i, ops) in cases.iter().enumerate() {
-            let steps = plan_run(ops, 65535, true, true).unwrap();
+            let steps = plan_run(ops, 65535, true, true, Matvec::Rows).unwrap();
             assert_eq!(steps.len(), 2, "case {i}: {:?}", shape(&steps));
         }
     }

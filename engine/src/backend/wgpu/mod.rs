@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use super::{Accounting, BackendError, Buffer, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
-use crate::options::WgpuFuse;
-use plan::Step;
+use crate::options::{WgpuMatvec, WgpuOptions};
+use plan::{Matvec, Step};
 
 const PARAM_SLOT: u64 = 256;
 /// Words of parameters every kernel takes, as a uniform slot or push constants: 12, since the
@@ -97,6 +97,8 @@ pub struct WgpuBackend {
     fuse: bool,
     /// ...the RMS norms too.
     fuse_norms: bool,
+    /// The matrix-vector kernels.
+    matvec: Matvec,
     /// Dispatches and buffer copies of the latest `run`.
     last_dispatches: AtomicUsize,
     last_copies: AtomicUsize,
@@ -109,6 +111,10 @@ pub struct WgpuBackend {
 impl WgpuBackend {
     pub(crate) async fn open(adapter: &wgpu::Adapter, info: &DeviceInfo) -> Result<WgpuBackend> {
         let wanted = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16;
+        // A browser's WGSL needs `enable subgroups;`, which naga rejects: subgroup kernels are
+        // native-only.
+        #[cfg(not(target_arch = "wasm32"))]
+        let wanted = wanted | wgpu::Features::SUBGROUP;
         let required_features = adapter.features() & wanted;
         // Ask for everything the adapter allows: weight matrices need large storage bindings.
         let required_limits = adapter.limits();
@@ -158,6 +164,7 @@ impl WgpuBackend {
             params: Mutex::new(None),
             fuse: true,
             fuse_norms: true,
+            matvec: Matvec::Rows,
             last_dispatches: AtomicUsize::new(0),
             last_copies: AtomicUsize::new(0),
             errors,
@@ -171,11 +178,24 @@ impl WgpuBackend {
         self
     }
 
-    /// What is folded into the products beside them (all of it by default) on `info`'s
-    /// device.
-    pub(crate) fn with_fusion(mut self, fuse: WgpuFuse, info: &DeviceInfo) -> WgpuBackend {
-        (self.fuse, self.fuse_norms) = fuse.resolve(info.is_software());
+    /// What is folded into the products beside them (all of it by default) and which
+    /// matrix-vector kernels run, on `info`'s device.
+    pub(crate) fn with_options(mut self, opts: &WgpuOptions, info: &DeviceInfo) -> WgpuBackend {
+        (self.fuse, self.fuse_norms) = opts.fuse.resolve(info.is_software());
+        let subgroups = self.device.features().contains(wgpu::Features::SUBGROUP);
+        self.matvec = match opts.matvec.resolve() {
+            WgpuMatvec::Rows => Matvec::Rows,
+            WgpuMatvec::Subgroup if subgroups => Matvec::Stream { subgroups: true },
+            _ => Matvec::Stream { subgroups: false },
+        };
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, "wgpu kernels");
         self
+    }
+
+    /// Decode rows (sequences) one pass takes: the batch kernels' limit, or one where a
+    /// batch runs a pass per sequence.
+    pub(crate) fn decode_rows_per_pass(&self) -> usize {
+        self.matvec.decode_rows_per_pass()
     }
 
     /// Dispatches of the latest `run`, fused ones counted once.
@@ -336,7 +356,7 @@ impl WgpuBackend {
     pub(crate) fn run(&self, ops: &[Op<'_>], accounting: &Accounting) -> Result<()> {
         self.check_errors()?;
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
-        let steps = fuse::plan_run(ops, max_dim, self.fuse, self.fuse_norms)?;
+        let steps = fuse::plan_run(ops, max_dim, self.fuse, self.fuse_norms, self.matvec)?;
         let n_dispatch = steps
             .iter()
             .filter(|s| matches!(s, Step::Dispatch { .. }))

@@ -42,6 +42,45 @@ pub(super) fn grid(n: u32, max_dim: u32) -> Result<[u32; 3]> {
     Ok([x, y, 1])
 }
 
+/// Which matrix-vector kernels run one-token products and small batches
+/// (`WgpuMatvec`, resolved for a device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Matvec {
+    /// `linear_matvec` (and `linear_matvec_fused`): 32 invocations a row, one token.
+    Rows,
+    /// The streaming kernels (`stream_walk.wgsl`), up to [`Matvec::BATCH_MAX`] tokens a pass.
+    Stream { subgroups: bool },
+}
+
+impl Matvec {
+    /// Tokens the streaming batch kernel takes in one pass (two token groups of
+    /// `BATCH_TOKENS`); more go to `linear_matmat`.
+    pub(crate) const BATCH_MAX: u32 = 2 * shaders::BATCH_TOKENS;
+    /// Rows a workgroup of the streaming kernels takes (`ROWS` in stream_walk.wgsl).
+    pub(crate) const STREAM_ROWS: u32 = 4;
+
+    pub(crate) fn decode_rows_per_pass(self) -> usize {
+        match self {
+            Matvec::Rows => 1,
+            Matvec::Stream { .. } => Matvec::BATCH_MAX as usize,
+        }
+    }
+
+    /// Whether the streaming kernels take rows of `cols` elements (chunks of 8; the block
+    /// formats' rows are whole blocks already).
+    pub(crate) fn streams(self, cols: u32) -> bool {
+        matches!(self, Matvec::Stream { .. }) && cols.is_multiple_of(8)
+    }
+
+    /// The kernel of the streaming family for this reduction: (workgroup memory, subgroups).
+    pub(crate) fn pick(self, kernels: (Kernel, Kernel)) -> Kernel {
+        match self {
+            Matvec::Stream { subgroups: true } => kernels.1,
+            _ => kernels.0,
+        }
+    }
+}
+
 /// How the wgpu and vulkan backends run one op.
 pub(crate) trait WgpuOp<'a>: OpSpec<'a> {
     /// Every kernel the op may dispatch; each declares the op's `Params` at binding 0.
@@ -50,8 +89,11 @@ pub(crate) trait WgpuOp<'a>: OpSpec<'a> {
     fn step(&self, max_dim: u32) -> Result<Step<'a>>;
 }
 
-pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32) -> Result<Step<'a>> {
-    with_op!(op, o => o.step(max_dim))
+pub(crate) fn plan<'a>(op: &Op<'a>, max_dim: u32, matvec: Matvec) -> Result<Step<'a>> {
+    match op {
+        Op::Linear(l) => l.step_with(max_dim, matvec),
+        _ => with_op!(op, o => o.step(max_dim)),
+    }
 }
 
 /// A dispatch of `kernel` with the op's parameters.
@@ -102,11 +144,35 @@ impl<'a> WgpuOp<'a> for Linear<'a> {
         shaders::LINEAR_MATVEC,
         shaders::LINEAR_MATVEC_SUBGROUP,
         shaders::LINEAR_MATMAT,
+        shaders::LINEAR_MATVEC_STREAM,
+        shaders::LINEAR_MATVEC_STREAM_SUBGROUP,
+        shaders::LINEAR_MATVEC_BATCH,
+        shaders::LINEAR_MATVEC_BATCH_SUBGROUP,
     ];
 
     fn step(&self, max_dim: u32) -> Result<Step<'a>> {
+        self.step_with(max_dim, Matvec::Rows)
+    }
+}
+
+impl<'a> Linear<'a> {
+    fn step_with(&self, max_dim: u32, matvec: Matvec) -> Result<Step<'a>> {
         let (rows, tokens) = (self.rows, self.tokens);
-        let (kernel, groups) = if tokens == 1 {
+        let (kernel, groups) = if tokens <= Matvec::BATCH_MAX && matvec.streams(self.cols) {
+            let kernel = if tokens == 1 {
+                matvec.pick((
+                    shaders::LINEAR_MATVEC_STREAM,
+                    shaders::LINEAR_MATVEC_STREAM_SUBGROUP,
+                ))
+            } else {
+                matvec.pick((
+                    shaders::LINEAR_MATVEC_BATCH,
+                    shaders::LINEAR_MATVEC_BATCH_SUBGROUP,
+                ))
+            };
+            let [x, y, _] = grid(rows.div_ceil(Matvec::STREAM_ROWS), max_dim)?;
+            (kernel, [x, y, tokens.div_ceil(shaders::BATCH_TOKENS)])
+        } else if tokens == 1 {
             (shaders::LINEAR_MATVEC, grid(rows.div_ceil(8), max_dim)?)
         } else {
             let groups = [rows.div_ceil(32).max(1), tokens.div_ceil(32).max(1), 1];
@@ -418,7 +484,11 @@ mod tests {
             matches::<Argmax>(),
             matches::<Sample>(),
             matches::<BufferCopy>(),
-            declares::<super::super::fuse::FusedMatvecParams>(&[shaders::LINEAR_MATVEC_FUSED]),
+            declares::<super::super::fuse::FusedMatvecParams>(&[
+                shaders::LINEAR_MATVEC_FUSED,
+                shaders::LINEAR_MATVEC_FUSED_STREAM,
+                shaders::LINEAR_MATVEC_FUSED_STREAM_SUBGROUP,
+            ]),
         ]
         .concat();
         covered.sort();
