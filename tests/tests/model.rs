@@ -234,7 +234,8 @@ fn reference_file(name: &str) -> Value {
 /// Teacher-forced top-1 on every case of `r` against llama.cpp's: equal at every position
 /// where llama.cpp's margin is at least MARGIN, and at 95% of all positions. Where the
 /// reference also holds llama.cpp's picks on the same weights dequantized to F32
-/// (`exact_top1`, `exact_margin`), a position is firm only where those agree by MARGIN too.
+/// (`exact_top1`, `exact_margin`), a position is firm only where those agree by MARGIN too,
+/// and a position agrees where ours equals either of llama.cpp's picks.
 fn teacher_forced_matches(dev: &Arc<Device>, shard: &Shard, r: &Value, what: &str) {
     let (mut agree, mut total) = (0usize, 0usize);
     let mut firm_misses = Vec::new();
@@ -254,7 +255,11 @@ fn teacher_forced_matches(dev: &Arc<Device>, shard: &Shard, r: &Value, what: &st
         assert_eq!(got.top1.len(), want.len());
         for (i, (g, w)) in got.top1.iter().zip(&want).enumerate() {
             total += 1;
-            agree += usize::from(g == w);
+            // Where llama.cpp's two arithmetics pick differently, either pick is its answer
+            // (on Q6_K they differ at 6 of 96 positions, so its f32 picks alone would agree
+            // with its 8-bit ones at 90/96, under 95%).
+            let either = exact.as_ref().is_some_and(|(e, _)| e[i] == *g);
+            agree += usize::from(g == w || either);
             let firm = margins[i] >= MARGIN
                 && exact
                     .as_ref()
