@@ -7,15 +7,18 @@
 //! `amax / 254` of its block, so a dot product against weights `w` moves by at most
 //! `Σ_blocks amax_b / 254 · Σ_{i∈b} |w_i|` (the bound the tests hold every path to).
 //!
-//! One or two elements far larger than the rest of their block (the "massive activations"
-//! of a few tokens and channels, strongest at the feed-forward down projection's input)
-//! would set that step for the whole block, up to 256 elements, and round most of the
-//! others to a level or two. So where a block's largest magnitude is more than
+//! One or two elements far larger than the rest of a K-quant super-block (the "massive
+//! activations" of a few tokens and channels, strongest at the feed-forward down
+//! projection's input) would set that step for all 256 elements and round most of the
+//! others to a level or two. So where a super-block's largest magnitude is more than
 //! `OUTLIER_RATIO` times its third largest, the step is set by the third largest, the (at
 //! most `OUTLIERS`) larger elements are saturated at ±127 and what saturation cut off is kept
-//! as an [`Outlier`], which `linear` multiplies in f32 by the decoded weight. On the default
-//! model as Q5_K_M this halves the logits' distance from f32 products (rms 0.39 -> 0.16;
-//! llama.cpp's own Q8 activations are 0.37 away), at a few scalar products per row.
+//! as an [`Outlier`], which `linear` multiplies in f32 by the weight decoded alone. On the
+//! default model as Q5_K_M (K-quants at the down projection) this takes the logits from 0.39
+//! to about 0.23 rms of f32 products (llama.cpp's own Q8 activations are 0.37 away). The
+//! 32-element blocks keep the plain rule: an outlier there coarsens 32 elements, not 256, and
+//! their products are so cheap that the scalar decode of a few weights per row halved the
+//! default model's decode speed when they had it too.
 
 /// Elements per block of the 32-element formats' activations.
 pub(crate) const QK: usize = 32;
@@ -26,7 +29,7 @@ pub(crate) const GROUP: usize = 16;
 const OUTLIERS: usize = 2;
 /// How much larger than the block's third largest magnitude an element must be for its
 /// block to get the finer step.
-const OUTLIER_RATIO: f32 = 2.0;
+pub(crate) const OUTLIER_RATIO: f32 = 4.0;
 
 /// An activation element beyond its block's int8 range: column `col` holds
 /// `127·d·sign + rest`.
@@ -112,7 +115,8 @@ impl Q8 {
             .enumerate()
         {
             let first_col = (b % per_token) * block;
-            let d = quantize_block(xb, qb, first_col, &mut self.outliers);
+            let outliers = (layout == Layout::Super256).then_some(&mut self.outliers);
+            let d = quantize_block(xb, qb, first_col, outliers);
             self.d[b] = d;
             if (b + 1) % per_token == 0 {
                 self.outliers_at.push(self.outliers.len());
@@ -159,10 +163,15 @@ impl Q8 {
     }
 }
 
-/// Symmetric rounding to -127..=127; returns the step. The block's outliers (module
-/// comment) saturate, and what they lose is pushed to `outliers` with the block starting at
-/// column `first_col`.
-fn quantize_block(x: &[f32], q: &mut [i8], first_col: usize, outliers: &mut Vec<Outlier>) -> f32 {
+/// Symmetric rounding to -127..=127; returns the step. Given `outliers`, the block's
+/// outliers (module comment) saturate, and what they lose is pushed there, the block
+/// starting at column `first_col`.
+fn quantize_block(
+    x: &[f32],
+    q: &mut [i8],
+    first_col: usize,
+    outliers: Option<&mut Vec<Outlier>>,
+) -> f32 {
     // The OUTLIERS + 1 largest magnitudes, largest first.
     let mut top = [0f32; OUTLIERS + 1];
     for v in x {
@@ -177,7 +186,9 @@ fn quantize_block(x: &[f32], q: &mut [i8], first_col: usize, outliers: &mut Vec<
         }
     }
     let limit = top[OUTLIERS];
-    let amax = if top[0] > OUTLIER_RATIO * limit && limit > 0.0 {
+    let amax = if let Some(outliers) =
+        outliers.filter(|_| top[0] > OUTLIER_RATIO * limit && limit > 0.0)
+    {
         for (i, v) in x.iter().enumerate() {
             if v.abs() > limit {
                 outliers.push(Outlier {
