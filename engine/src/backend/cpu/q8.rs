@@ -172,6 +172,24 @@ fn quantize_block(
     first_col: usize,
     outliers: Option<&mut Vec<Outlier>>,
 ) -> f32 {
+    let amax = match outliers {
+        Some(outliers) => step_and_outliers(x, first_col, outliers),
+        None => x.iter().fold(0f32, |a, v| a.max(v.abs())),
+    };
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (q, v) in q.iter_mut().zip(x) {
+        // Outliers land on ±127, which `rest` counts from (never -128: the SIMD kernels take
+        // magnitudes of int8 values); NaN becomes 0.
+        *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
+/// The magnitude that sets a super-block's step: its largest, or where that is more than
+/// `OUTLIER_RATIO` times the third largest, the third largest, with the larger ones pushed to
+/// `outliers`.
+fn step_and_outliers(x: &[f32], first_col: usize, outliers: &mut Vec<Outlier>) -> f32 {
     // The OUTLIERS + 1 largest magnitudes, largest first.
     let mut top = [0f32; OUTLIERS + 1];
     for v in x {
@@ -186,27 +204,16 @@ fn quantize_block(
         }
     }
     let limit = top[OUTLIERS];
-    let amax = if let Some(outliers) =
-        outliers.filter(|_| top[0] > OUTLIER_RATIO * limit && limit > 0.0)
-    {
-        for (i, v) in x.iter().enumerate() {
-            if v.abs() > limit {
-                outliers.push(Outlier {
-                    col: (first_col + i) as u32,
-                    rest: v - limit.copysign(*v),
-                });
-            }
-        }
-        limit
-    } else {
-        top[0]
-    };
-    let d = amax / 127.0;
-    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    for (q, v) in q.iter_mut().zip(x) {
-        // Outliers land on ±127, which `rest` counts from (never -128: the SIMD kernels take
-        // magnitudes of int8 values); NaN becomes 0.
-        *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+    if top[0] <= OUTLIER_RATIO * limit || limit == 0.0 {
+        return top[0];
     }
-    d
+    for (i, v) in x.iter().enumerate() {
+        if v.abs() > limit {
+            outliers.push(Outlier {
+                col: (first_col + i) as u32,
+                rest: v - limit.copysign(*v),
+            });
+        }
+    }
+    limit
 }
