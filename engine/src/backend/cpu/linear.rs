@@ -7,7 +7,7 @@
 //! weight byte is fetched from memory once per block of tokens, not once per token.
 
 use super::dot::Isa;
-use super::q8::{Q8, Q8Row};
+use super::q8::{Layout, Q8, Q8Row};
 use crate::kernels::linear as reference;
 use crate::quant::GgmlType;
 
@@ -60,13 +60,24 @@ pub(crate) fn linear(
     let work = rows * cols * tokens;
     let y = &mut y[..rows * tokens];
 
-    // Each product plus what its token's outliers add (q8's module comment).
-    let dot = |w: &[u8], x: Q8Row<'_>| dot(w, x) + outlier_products(wtype, w, x);
+    // Each product plus what its token's outliers add (q8's module comment); only
+    // super-blocks have them, and the 32-element formats' products stay as they were.
+    let outliers = layout == Layout::Super256;
+    let dot = move |w: &[u8], x: Q8Row<'_>| {
+        let v = dot(w, x);
+        if outliers {
+            v + outlier_products(wtype, w, x)
+        } else {
+            v
+        }
+    };
     let dot4 = isa.dot4(wtype).map(|dot4| {
         move |w: &[u8], xs: [Q8Row<'_>; 4]| {
             let mut out = dot4(w, xs);
-            for (o, x) in out.iter_mut().zip(xs) {
-                *o += outlier_products(wtype, w, x);
+            if outliers {
+                for (o, x) in out.iter_mut().zip(xs) {
+                    *o += outlier_products(wtype, w, x);
+                }
             }
             out
         }
