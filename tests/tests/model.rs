@@ -205,14 +205,10 @@ fn q4_k_m_from_cairn_quantize_matches_llama_cpp_on_every_backend() {
 /// Q5_K_M (Q5_K, Q6_K, Q5_1, Q8_0 here), on the cpu backend only and four cases: the kernels
 /// test holds every device to the cpu's products of each format, and CI time is short.
 ///
-/// Ignored: the cpu backend misses two firm positions of 128 (chinese 21, chat_capital 13),
-/// by about 0.45 logit, where llama.cpp's quantized and F32-dequantized arithmetic agree and
-/// lavapipe's f32 products pick as llama.cpp does (every device run: 62/64 on lavapipe, no
-/// firm miss). Not one format's fault: on chat_capital the cpu backend's 8-bit activations
-/// move the top-1 logit by up to 1.35 against lavapipe's f32 products on a Q5_1 file, 1.09 on
-/// Q5_K_S, 1.01 on Q5_K_M and 0.71 on Q4_1, so a margin of 0.3 is not firm for that rounding.
+/// The cpu backend's int8 activations keep a block's one or two massive elements aside
+/// (backend/cpu/q8.rs): with one step per 256 elements set by them, its logits were 0.39 rms
+/// from f32 products on this file and missed two firm positions (chinese 21, chat_capital 13).
 #[test]
-#[ignore = "the cpu backend misses 2 firm positions of Q5_K_M (see the comment)"]
 fn q5_k_m_from_cairn_quantize_matches_llama_cpp_on_cpu() {
     use cairn_engine::quant::FileType;
     quantized_matches_llama_cpp(FileType::Q5_K_M, "reference-q5_k_m.json", false);
@@ -238,7 +234,8 @@ fn reference_file(name: &str) -> Value {
 /// Teacher-forced top-1 on every case of `r` against llama.cpp's: equal at every position
 /// where llama.cpp's margin is at least MARGIN, and at 95% of all positions. Where the
 /// reference also holds llama.cpp's picks on the same weights dequantized to F32
-/// (`exact_top1`, `exact_margin`), a position is firm only where those agree by MARGIN too.
+/// (`exact_top1`, `exact_margin`), a position is firm only where those agree by MARGIN too,
+/// and a position agrees where ours equals either of llama.cpp's picks.
 fn teacher_forced_matches(dev: &Arc<Device>, shard: &Shard, r: &Value, what: &str) {
     let (mut agree, mut total) = (0usize, 0usize);
     let mut firm_misses = Vec::new();
@@ -258,7 +255,11 @@ fn teacher_forced_matches(dev: &Arc<Device>, shard: &Shard, r: &Value, what: &st
         assert_eq!(got.top1.len(), want.len());
         for (i, (g, w)) in got.top1.iter().zip(&want).enumerate() {
             total += 1;
-            agree += usize::from(g == w);
+            // Where llama.cpp's two arithmetics pick differently, either pick is its answer
+            // (on Q6_K they differ at 6 of 96 positions, so its f32 picks alone would agree
+            // with its 8-bit ones at 90/96, under 95%).
+            let either = exact.as_ref().is_some_and(|(e, _)| e[i] == *g);
+            agree += usize::from(g == w || either);
             let firm = margins[i] >= MARGIN
                 && exact
                     .as_ref()

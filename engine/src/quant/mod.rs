@@ -4,11 +4,13 @@
 //! memory-mapped natively, range-fetched in a browser and uploaded unchanged.
 
 mod blocks32;
+mod element;
 pub(crate) mod kquants;
 mod quantize;
 mod quantize_mix;
 mod quantize_model;
 
+pub(crate) use element::element;
 pub use quantize::quantize_row_best;
 pub use quantize_mix::{FileType, ModelShape, tensor_type};
 pub use quantize_model::{Progress, QuantizeError, QuantizeOptions, plan, quantize_model};

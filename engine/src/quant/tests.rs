@@ -155,3 +155,33 @@ fn matches_gguf_py_on_random_blocks() {
         }
     }
 }
+
+/// One element decoded alone is the row dequantizer's value, in every format and position.
+#[test]
+fn element_decodes_what_the_row_dequantizer_gives() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for ty in GgmlType::ALL {
+        let n = 2 * ty.block_len().max(32);
+        let Some(bytes) = ty.row_bytes(n) else {
+            panic!("{} rows of {n}", ty.name());
+        };
+        // Any bytes: the same arithmetic in the same order gives the same bits (NaN aside).
+        let row: Vec<u8> = (0..bytes).map(|_| next() as u8).collect();
+        let mut want = vec![0f32; n];
+        dequantize_row(ty, &row, &mut want);
+        for (i, w) in want.iter().enumerate() {
+            let got = super::element(ty, &row, i);
+            assert!(
+                got.to_bits() == w.to_bits() || (got.is_nan() && w.is_nan()),
+                "{} element {i}: {got} vs {w}",
+                ty.name()
+            );
+        }
+    }
+}

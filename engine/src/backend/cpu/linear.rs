@@ -7,7 +7,7 @@
 //! weight byte is fetched from memory once per block of tokens, not once per token.
 
 use super::dot::Isa;
-use super::q8::Q8;
+use super::q8::{Layout, Q8, Q8Row};
 use crate::kernels::linear as reference;
 use crate::quant::GgmlType;
 
@@ -60,7 +60,28 @@ pub(crate) fn linear(
     let work = rows * cols * tokens;
     let y = &mut y[..rows * tokens];
 
-    let dot4 = isa.dot4(wtype);
+    // Each product plus what its token's outliers add (q8's module comment); only
+    // super-blocks have them, and the 32-element formats' products stay as they were.
+    let outliers = layout == Layout::Super256;
+    let dot = move |w: &[u8], x: Q8Row<'_>| {
+        let v = dot(w, x);
+        if outliers {
+            v + outlier_products(wtype, w, x)
+        } else {
+            v
+        }
+    };
+    let dot4 = isa.dot4(wtype).map(|dot4| {
+        move |w: &[u8], xs: [Q8Row<'_>; 4]| {
+            let mut out = dot4(w, xs);
+            if outliers {
+                for (o, x) in out.iter_mut().zip(xs) {
+                    *o += outlier_products(wtype, w, x);
+                }
+            }
+            out
+        }
+    });
     let tile = tile_rows(rows);
     if tokens == 1 {
         let x = q8.row(0);
@@ -129,6 +150,15 @@ pub(crate) fn linear(
             }
         }
     });
+}
+
+/// The part of `w · x` that `x`'s int8 values leave out: each outlier's rest times its
+/// weight, decoded alone.
+pub(super) fn outlier_products(wtype: GgmlType, w: &[u8], x: Q8Row<'_>) -> f32 {
+    x.outliers
+        .iter()
+        .map(|o| crate::quant::element(wtype, w, o.col as usize) * o.rest)
+        .sum()
 }
 
 /// Rows per decode task: a few tasks per thread, so one preempted thread does not hold up

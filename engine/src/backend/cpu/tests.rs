@@ -7,8 +7,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::dot::Isa;
-use super::linear::linear;
-use super::q8::{Layout, Q8};
+use super::linear::{linear, outlier_products};
+use super::q8::{Layout, OUTLIER_RATIO, Q8};
 use crate::kernels::linear as reference;
 use crate::quant::{GgmlType, dequantize_row, quantize_row};
 
@@ -74,13 +74,22 @@ fn magnitude(w: &[f32], x: &[f32]) -> f64 {
     w.iter().zip(x).map(|(a, b)| f64::from((a * b).abs())).sum()
 }
 
-/// The bound int8 activations put on a dot product (see `q8`).
+/// The bound int8 activations put on a dot product (see `q8`): half a step per element, the
+/// step set by a block's largest magnitude or, in a super-block where that is more than
+/// `OUTLIER_RATIO` times its third largest, by the third largest (the larger two are
+/// multiplied exactly).
 fn rounding_bound(w: &[f32], x: &[f32], block: usize) -> f64 {
     w.chunks(block)
         .zip(x.chunks(block))
         .map(|(wb, xb)| {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            f64::from(amax) / 254.0 * wb.iter().map(|v| f64::from(v.abs())).sum::<f64>()
+            let mut mags: Vec<f32> = xb.iter().map(|v| v.abs()).collect();
+            mags.sort_by(|a, b| b.total_cmp(a));
+            let step = if block == 256 && mags[0] > OUTLIER_RATIO * mags[2] {
+                mags[2]
+            } else {
+                mags[0]
+            };
+            f64::from(step) / 254.0 * wb.iter().map(|v| f64::from(v.abs())).sum::<f64>()
         })
         .sum()
 }
@@ -147,7 +156,8 @@ fn int8_activations_stay_within_their_rounding_bound_of_f32() {
                     .map(|(a, b)| f64::from(*a) * f64::from(*b))
                     .sum();
                 let bound = rounding_bound(&deq, &x, block) + 1e-5 * magnitude(&deq, &x) + 1e-6;
-                let got = (Isa::detect().dot(ty).expect("quantized").0)(wr, q8.row(0));
+                let got = (Isa::detect().dot(ty).expect("quantized").0)(wr, q8.row(0))
+                    + outlier_products(ty, wr, q8.row(0));
                 let err = (f64::from(got) - exact).abs();
                 assert!(
                     err <= bound,
@@ -156,6 +166,62 @@ fn int8_activations_stay_within_their_rounding_bound_of_f32() {
                 );
             }
         }
+    }
+}
+
+/// A super-block with massive activations: they are kept aside with what saturation cut
+/// off, the other elements get a step a hundred times finer, and the product is as close to
+/// f32 as that finer step allows. The 32-element blocks keep the plain rule.
+#[test]
+fn massive_activations_do_not_coarsen_their_super_block() {
+    let mut rng = StdRng::seed_from_u64(27);
+    for ty in [
+        GgmlType::Q6_K,
+        GgmlType::Q5_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_1,
+    ] {
+        let block = layout(ty).block();
+        let cols = 2 * block;
+        let w = quantized_rows(&mut rng, ty, 1, cols);
+        let mut x: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        x[3] = 150.0;
+        x[5] = -90.0;
+        x[block + 7] = -200.0;
+        x[block + 9] = 120.0;
+        let mut q8 = Q8::default();
+        q8.quantize(layout(ty), &x, cols, 1);
+        let row = q8.row(0);
+        let kept: Vec<u32> = row.outliers.iter().map(|o| o.col).collect();
+        if block == 32 {
+            assert!(kept.is_empty(), "{}: {kept:?}", ty.name());
+            continue;
+        }
+        assert_eq!(
+            kept,
+            [3, 5, block as u32 + 7, block as u32 + 9],
+            "{}",
+            ty.name()
+        );
+        assert!(row.d.iter().all(|&d| d <= 1.0 / 127.0), "{}", ty.name());
+        let mut deq = vec![0f32; cols];
+        dequantize_row(ty, &w, &mut deq);
+        let exact: f64 = deq
+            .iter()
+            .zip(&x)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        let got =
+            (Isa::detect().dot(ty).expect("quantized").0)(&w, row) + outlier_products(ty, &w, row);
+        // Half a step of 1/127 per element (the largest of the rest is below 1).
+        let bound = deq.iter().map(|v| f64::from(v.abs())).sum::<f64>() / 254.0
+            + 1e-5 * magnitude(&deq, &x);
+        let err = (f64::from(got) - exact).abs();
+        assert!(
+            err <= bound,
+            "{}: {got} vs f32 {exact}: error {err} over {bound}",
+            ty.name()
+        );
     }
 }
 
