@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests in `tests/tests/`.
 
+pub mod batching;
 pub mod impaired_relay;
 pub mod procs;
 pub mod turn_server;

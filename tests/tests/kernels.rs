@@ -1663,21 +1663,6 @@ fn selection_falls_back_to_cpu_and_names_the_choices() {
 /// logit's magnitude (plus one), as the model test checks for the default kernels.
 #[test]
 fn a_decode_batch_on_the_streaming_kernels_matches_each_sequence_alone() {
-    use cairn_engine::model::shard::BatchItem;
-    use cairn_engine::model::synthetic::SyntheticModel;
-    use cairn_engine::model::{ModelConfig, SeqKv, Shard, ShardInput, ShardOutput, Want};
-    let cfg = ModelConfig::synthetic("tiny").expect("synthetic shape");
-    let model = SyntheticModel::new(&cfg, 13);
-    let prompts: [Vec<u32>; 3] = [
-        (0..5).map(|i| (i * 37 + 5) % 512).collect(),
-        (0..9).map(|i| (i * 53 + 2) % 512).collect(),
-        vec![99],
-    ];
-    let feed = [[11u32, 400, 3], [250, 7, 77], [1, 2, 3]];
-    let logits = |o: ShardOutput| match o {
-        ShardOutput::Logits(l) => l,
-        other => panic!("logits expected, got {other:?}"),
-    };
     // The model runs on one device's streaming kernels (lavapipe runs the synthetic model
     // slowly); the kernels themselves are checked on every device above.
     let mut ran = false;
@@ -1697,60 +1682,9 @@ fn a_decode_batch_on_the_streaming_kernels_matches_each_sequence_alone() {
             continue;
         }
         ran = true;
-        let dev = std::sync::Arc::new(dev);
-        let shard = Shard::load(dev.clone(), &model, 0, cfg.n_layers, 8, &mut |_, _| {})
-            .expect("load synthetic model");
-        let mut alone: Vec<Vec<Vec<f32>>> = Vec::new();
-        for (p, f) in prompts.iter().zip(&feed) {
-            let mut cache = shard.new_cache(32).expect("cache");
-            let mut steps = Vec::new();
-            for input in std::iter::once(p.clone()).chain(f.iter().map(|&t| vec![t])) {
-                let out = pollster::block_on(shard.forward(
-                    &mut cache,
-                    ShardInput::Tokens(&input),
-                    Want::Logits,
-                ))
-                .expect("forward alone");
-                steps.push(logits(out));
-            }
-            alone.push(steps);
-        }
-        let mut pool = shard.new_pool(16 << 20).expect("pool");
-        let mut seqs: Vec<SeqKv> = (0..3).map(|_| SeqKv::new(32)).collect();
-        for step in 0..=feed[0].len() {
-            let inputs: Vec<Vec<u32>> = (0..3)
-                .map(|s| match step {
-                    0 => prompts[s].clone(),
-                    _ => vec![feed[s][step - 1]],
-                })
-                .collect();
-            let mut items: Vec<BatchItem> = seqs
-                .iter_mut()
-                .zip(&inputs)
-                .map(|(seq, input)| BatchItem {
-                    seq,
-                    input: ShardInput::Tokens(input),
-                    want: Want::Logits,
-                })
-                .collect();
-            let outs = pollster::block_on(shard.forward_batch(&mut pool, &mut items))
-                .expect("batched pass");
-            for (s, out) in outs.into_iter().enumerate() {
-                let got = logits(out.expect("batch item"));
-                let want = &alone[s][step];
-                let scale = 1.0 + want.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let worst = got
-                    .iter()
-                    .zip(want)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
-                assert!(
-                    worst <= 1e-3 * scale,
-                    "{} {variant}: sequence {s} step {step}: batched logits differ from alone by {worst} (allowed {})",
-                    dev.info().id,
-                    1e-3 * scale
-                );
-            }
-        }
+        cairn_tests::batching::synthetic_batches_match_each_sequence_alone(
+            std::sync::Arc::new(dev),
+            variant,
+        );
     }
 }
