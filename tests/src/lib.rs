@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests in `tests/tests/`.
 
 pub mod batching;
+pub mod families;
 pub mod impaired_relay;
 pub mod procs;
 pub mod turn_server;

@@ -1119,6 +1119,66 @@ fn cairn_run_tokens() -> Vec<u64> {
 /// the package it serves are the ones it carries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_with_a_browser_worker_matches_cairn_run() {
+    let expected = cairn_run_tokens();
+    browser_and_native_serve(BrowserCluster {
+        name: "browser-cluster",
+        model: model_path(),
+        layers: 30,
+        split: SPLIT,
+        request: json!({"model": "SmolLM2-135M-Instruct", "prompt": PROMPT,
+            "max_tokens": TOKENS, "temperature": 0, "stream": false}),
+        expected,
+        default_model: true,
+    })
+    .await;
+}
+
+/// A browser worker serving the first layer of a model of another family in a K-quant
+/// format: the tiny Qwen2 file (Q/K/V biases, NEOX rope, an untied head; Q4_K, Q8_0 and F32
+/// tensors) whose greedy path is firm (`cairn_tests::families`), through the same cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_worker_serves_a_qwen2_k_quant_file() {
+    let dir = cairn_tests::procs::artifacts("browser-qwen2");
+    let (path, prompt, expected) = cairn_tests::families::tiny_qwen2_firm_path(&dir, TOKENS);
+    browser_and_native_serve(BrowserCluster {
+        name: "browser-qwen2",
+        model: path,
+        layers: 2,
+        split: 1,
+        request: json!({"prompt": prompt, "max_tokens": TOKENS, "temperature": 0,
+            "ignore_eos": true, "stream": false}),
+        expected,
+        default_model: false,
+    })
+    .await;
+}
+
+/// One cluster run of [`browser_and_native_serve`].
+struct BrowserCluster {
+    /// The artifacts folder.
+    name: &'static str,
+    model: PathBuf,
+    layers: u32,
+    /// The browser serves layers `0..split`, the native worker the rest.
+    split: u32,
+    request: Value,
+    /// The greedy tokens the request must give.
+    expected: Vec<u64>,
+    /// The default model: also check the served assets and the consent box's cost lines
+    /// (which name its size), and keep screenshots.
+    default_model: bool,
+}
+
+/// The whole cluster as real processes: cairn-signal, `cairn serve` (which serves the join
+/// page, the package and the model), a native `cairn worker`, and the browser joining from
+/// the coordinator's own join URL. A placement puts the first layers in the browser and the
+/// rest on the native worker; a greedy completion through the coordinator's API equals the
+/// single-device reference.
+///
+/// The coordinator is the built `cairn` binary copied alone into an empty directory and run
+/// from there without `CAIRN_WEB_DIR`, as on a machine without the source tree: the page and
+/// the package it serves are the ones it carries.
+async fn browser_and_native_serve(c: BrowserCluster) {
     use cairn_tests::procs::{
         Proc, Signal, artifacts, bin, free_port, get_json, post_json, wait_for,
     };
@@ -1126,10 +1186,9 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         return;
     };
     let _serial = SERIAL.lock().await;
-    let dir = artifacts("browser-cluster");
+    let dir = artifacts(c.name);
     let alone = lone_copy_of_cairn();
-    let expected = cairn_run_tokens();
-    let model = model_path();
+    let (expected, model, split, layers) = (c.expected, c.model, c.split, c.layers);
     let signal = Signal::start(&dir);
     let worker_token = signal.token("main", "worker");
     let coord_token = signal.token("main", "coordinator");
@@ -1164,7 +1223,9 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
     wait_for(Duration::from_secs(60), "the coordinator's API", || {
         get_json(&format!("{api}/v1/models"))
     });
-    check_served_assets(&api);
+    if c.default_model {
+        check_served_assets(&api);
+    }
     let mut native = Proc::spawn(
         &bin("cairn"),
         &[
@@ -1198,7 +1259,9 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
     let browser = Browser::launch(&binary, &url, true);
     let mut page = browser.page("/join").await;
     page.wait_status("press the button", WAIT).await;
-    check_cost_lines(&mut page, &api).await;
+    if c.default_model {
+        check_cost_lines(&mut page, &api).await;
+    }
     page.eval("document.querySelector('#consent').click()")
         .await;
     page.wait_status("joined", WAIT).await;
@@ -1214,8 +1277,8 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
     });
 
     let stages = json!({"stages": [
-        {"peer_id": browser_id, "start": 0, "end": SPLIT},
-        {"peer_id": native_id, "start": SPLIT, "end": 30},
+        {"peer_id": browser_id, "start": 0, "end": split},
+        {"peer_id": native_id, "start": split, "end": layers},
     ]});
     let (status, body) = post_json(&format!("{api}/api/placement"), &stages);
     assert_eq!(status, 202, "{body}");
@@ -1225,18 +1288,19 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         (c["placement"]["state"] == "ready"
             && s.len() == 2
             && s[0]["peer_id"] == browser_id.as_str()
-            && s[0]["end"] == SPLIT)
+            && s[0]["end"] == split)
             .then_some(())
     });
     let status = page
-        .wait_status(&format!("serving layers 0-{}", SPLIT - 1), WAIT)
+        .wait_status(&format!("serving layers 0-{}", split - 1), WAIT)
         .await;
     assert!(status.contains("joined"), "#status: {status}");
     let served_before = tokens_served(&status).expect("#status counts the tokens served");
-    page.screenshot(&dir.join("browser-joined.png")).await;
+    if c.default_model {
+        page.screenshot(&dir.join("browser-joined.png")).await;
+    }
 
-    let request = json!({"model": "SmolLM2-135M-Instruct", "prompt": PROMPT,
-        "max_tokens": TOKENS, "temperature": 0, "stream": false});
+    let request = c.request;
     let body =
         tokio::task::spawn_blocking(move || post_json(&format!("{api}/v1/completions"), &request))
             .await
@@ -1250,7 +1314,7 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         .collect();
     assert_eq!(
         tokens, expected,
-        "browser + native greedy tokens differ from cairn run's"
+        "browser + native greedy tokens differ from the single-device reference"
     );
     // The page counts what it served: the prompt and every generated token but the last
     // passed through its layers.
@@ -1267,7 +1331,9 @@ async fn cluster_with_a_browser_worker_matches_cairn_run() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    page.screenshot(&dir.join("browser-served.png")).await;
+    if c.default_model {
+        page.screenshot(&dir.join("browser-served.png")).await;
+    }
     drop(browser);
 }
 

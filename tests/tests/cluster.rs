@@ -2017,3 +2017,141 @@ fn a_worker_returning_wrong_tokens_is_caught_evicted_and_the_request_recovers() 
     assert_eq!(body["cairn"]["tokens"], json!(ref_tokens));
     assert!(stages(api).iter().all(|st| st.0 != again));
 }
+
+/// A model of another family in a K-quant format, end to end: a tiny Qwen2 file (Q/K/V
+/// biases, NEOX rope, an untied head; Q4_K, Q8_0 and F32 tensors) that the CLI names, that
+/// the coordinator places over two workers which fetch their layers over HTTP ranges (neither
+/// has the file), whose greedy output equals the engine's on one device, and that is
+/// recovered on a third worker when a stage's worker is killed mid-stream.
+#[test]
+fn a_qwen2_k_quant_file_is_fetched_placed_served_and_recovered() {
+    const N: usize = 16;
+    let dir = artifacts("cluster-qwen2");
+    let (path, prompt, want) = cairn_tests::families::tiny_qwen2_firm_path(&dir, N);
+    let model = path.to_str().expect("utf-8 path");
+
+    // `cairn devices --json --model` names the architecture and each format in use.
+    let out = bounded(
+        std::process::Command::new(bin("cairn")).args(["devices", "--json", "--model", model]),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("devices JSON");
+    assert_eq!(listed["model"]["architecture"], "qwen2", "{listed}");
+    let formats: Vec<&str> = listed["model"]["formats"]
+        .as_array()
+        .expect("formats")
+        .iter()
+        .filter_map(|f| f["type"].as_str())
+        .collect();
+    for ty in ["Q4_K", "Q8_0", "F32"] {
+        assert!(formats.contains(&ty), "{ty} missing from {formats:?}");
+    }
+
+    let serve = Serve::embedded(
+        &dir,
+        model,
+        &[
+            "--no-mdns",
+            "--ctx",
+            "64",
+            "--parallel",
+            "2",
+            "--wait-timeout",
+            "120",
+        ],
+    );
+    let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
+    // Enough for a stage of one layer with the embedding or the head, not for both layers.
+    let mut workers: Vec<(Proc, String)> = (0..3)
+        .map(|i| {
+            let name = format!("worker-{i}");
+            let cache = dir.join(format!("{name}-cache"));
+            let _ = std::fs::remove_dir_all(&cache);
+            let cache = cache.to_str().expect("utf-8 path").to_owned();
+            cpu_worker(
+                signal,
+                token,
+                &dir,
+                &name,
+                &["--memory-budget", QWEN2_BUDGET, "--cache-dir", &cache],
+                &[],
+            )
+        })
+        .collect();
+    let placed = wait_for(
+        Duration::from_secs(180),
+        "a placement over two workers",
+        || {
+            let s = stages(api);
+            (s.len() == 2).then_some(s)
+        },
+    );
+    assert_eq!((placed[0].1, placed[1].2), (0, 2), "{placed:?}");
+
+    let body = |stream: bool| json!({"prompt": prompt, "max_tokens": N, "temperature": 0, "ignore_eos": true, "stream": stream});
+    let (status, got) = post_json(&format!("{api}/v1/completions"), &body(false));
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        got["cairn"]["tokens"],
+        json!(want),
+        "the tiny qwen2 over two workers differs from the engine on one device"
+    );
+    let first_text = got["choices"][0]["text"]
+        .as_str()
+        .expect("the text")
+        .to_owned();
+    for (i, _) in placed.iter().enumerate() {
+        let cached = std::fs::read_dir(dir.join(format!("worker-{i}-cache")))
+            .map(|d| d.flatten().count())
+            .unwrap_or(0);
+        let placed_here = placed.iter().any(|s| s.0 == workers[i].1);
+        assert!(
+            !placed_here || cached > 0,
+            "worker-{i} serves layers it did not fetch"
+        );
+    }
+
+    // kill -9 the worker of the first stage after 4 pieces: the spare takes its layers and
+    // the stream ends as it would have.
+    let victim = placed[0].0.clone();
+    let mut sse = SseReader::post(&format!("{api}/v1/completions"), &body(true));
+    let (mut text, mut pieces) = (String::new(), 0);
+    while let Some(ev) = sse.next_event() {
+        assert!(
+            ev.get("error").is_none(),
+            "the stream carried an error: {ev}"
+        );
+        if let Some(t) = ev["choices"][0]["text"].as_str()
+            && !t.is_empty()
+        {
+            text.push_str(t);
+            pieces += 1;
+            if pieces == 4 {
+                let w = workers
+                    .iter_mut()
+                    .find(|(_, id)| id == &victim)
+                    .expect("the victim is ours");
+                w.0.kill();
+            }
+        }
+    }
+    assert!(pieces >= 4, "the stream ended after {pieces} pieces");
+    assert_eq!(
+        text, first_text,
+        "the stream across the kill differs from the request before it"
+    );
+    let after = stages(api);
+    assert!(
+        !after.iter().any(|s| s.0 == victim),
+        "the killed worker is still placed: {after:?}"
+    );
+}
+
+/// See `a_qwen2_k_quant_file_is_fetched_placed_served_and_recovered`: the coordinator counts
+/// a stage's scratch for 256 rows (2.7 MB for this width), so one layer with an end fits
+/// and the whole model (about 4.2 MB at `--ctx 64 --parallel 2`) does not.
+const QWEN2_BUDGET: &str = "3900000";
