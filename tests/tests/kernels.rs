@@ -409,16 +409,18 @@ fn linear_every_format_matvec_and_matmat() {
 }
 
 /// Prefill-sized products: enough rows and tokens that cuda takes its 128-row tensor-core
-/// tiles (a block per multiprocessor and more), partial tiles at both edges, the 4-bit formats'
-/// own staging and a K-quant's generic one. Same references and tolerance as above.
+/// tiles (a block per multiprocessor and more), of 64 tokens (257) and of 128 (385: 34 x 4
+/// blocks), partial tiles at both edges, the 4-bit formats' own staging and a K-quant's
+/// generic one. Same references and tolerance as above.
 #[test]
 fn linear_prefill_tiles() {
     let mut rng = StdRng::seed_from_u64(12);
-    let tokens = 257usize;
-    for (ty, rows, cols) in [
-        (GgmlType::Q4_1, 4229usize, 64usize),
-        (GgmlType::Q4_0, 4229, 64),
-        (GgmlType::Q6_K, 4229, 256),
+    for (ty, rows, cols, tokens) in [
+        (GgmlType::Q4_1, 4229usize, 64usize, 257usize),
+        (GgmlType::Q4_0, 4229, 64, 257),
+        (GgmlType::Q6_K, 4229, 256, 257),
+        (GgmlType::Q4_1, 4229, 64, 385),
+        (GgmlType::Q6_K, 4229, 256, 385),
     ] {
         let wf = rand_vec(&mut rng, rows * cols, 1.0);
         let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();

@@ -263,9 +263,9 @@ linear_matmat(const LinearParams* __restrict__ p, const u8* __restrict__ w, cons
 }
 
 // The same product on tensor cores (compute capability 8.0 and up, rows a multiple of 32
-// columns; launch::tensor_core_linear picks it and the tile): BM weight rows (64 or 128) x 64
-// tokens per block of 8 warps, each warp 32 rows x (64 / (8 / (BM / 32))) tokens of 16x8
-// tiles. Each step stages 64 columns of the rows (dequantized, f16) and of the tokens'
+// columns; launch::tensor_core_linear picks it and the tile): BM weight rows (64 or 128) x BN
+// tokens (64, or 128 for long prompts over large matrices) per block of 8 warps, each warp 32
+// rows x (BN / (8 / (BM / 32))) tokens of 16x8 tiles. Each step stages 64 columns of the rows (dequantized, f16) and of the tokens'
 // activations (f16) in shared memory, rows padded to 72 halves so the fragment loads (ldmatrix)
 // hit 32 distinct banks; the next step's global loads are issued before this step's products.
 // 64 columns a step, not 32: each step's products then cover the latency of the next step's
@@ -289,18 +289,19 @@ __device__ __forceinline__ W8 stage8_load(const u8* row, u32 c) {
 __device__ __forceinline__ uint4 stage8_make(const W8& r, u32) { return r.v; }
 #endif
 
-template <int BM>
+template <int BM, int BN>
 __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__ p,
                                                 const u8* __restrict__ w,
                                                 const float* __restrict__ x,
                                                 float* __restrict__ y) {
-    constexpr int WARPS_M = BM / 32, WN = 64 / (8 / WARPS_M), NT = WN / 8;
+    constexpr int WARPS_M = BM / 32, WN = BN / (8 / WARPS_M), NT = WN / 8;
     constexpr int WGROUPS = BM / 64;  // row groups each thread stages per step
+    constexpr int XGROUPS = BN / 64;  // token groups each thread stages per step
     constexpr int HALVES = MMA_K / 32;  // 8-column groups each thread stages per row and step
     __shared__ __align__(16) u32 ws[BM][MMA_PAD];
-    __shared__ __align__(16) u32 xs[64][MMA_PAD];
+    __shared__ __align__(16) u32 xs[BN][MMA_PAD];
     const u32 rows = p->rows, cols = p->cols, tokens = p->tokens, row_bytes = p->row_bytes;
-    const u32 r0 = blockIdx.x * BM, t0 = blockIdx.y * 64;
+    const u32 r0 = blockIdx.x * BM, t0 = blockIdx.y * BN;
     // Staging: thread i fills columns kq..kq+7 (+ 32) of weight rows i / 4 (+ 64) and of token
     // i / 4.
     const u32 sr = threadIdx.x >> 2, kq = (threadIdx.x & 3) * 8;
@@ -311,8 +312,13 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
         w_in[i] = r0 + sr + 64 * i < rows;
         wrow[i] = w + (size_t)(w_in[i] ? r0 + sr + 64 * i : 0) * row_bytes;
     }
-    const bool x_in = t0 + sr < tokens;
-    const float* xrow = x + (size_t)(x_in ? t0 + sr : 0) * cols;
+    bool x_in[XGROUPS];
+    const float* xrow[XGROUPS];
+#pragma unroll
+    for (int i = 0; i < XGROUPS; i++) {
+        x_in[i] = t0 + sr + 64 * i < tokens;
+        xrow[i] = x + (size_t)(x_in[i] ? t0 + sr + 64 * i : 0) * cols;
+    }
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 wm = (warp % WARPS_M) * 32, wn = (warp / WARPS_M) * WN, g = lane >> 2, q = lane & 3;
     float acc[2][NT][4];
@@ -323,7 +329,7 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     W8 wr[WGROUPS][HALVES];
-    float4 xa[HALVES], xb[HALVES];
+    float4 xa[XGROUPS][HALVES], xb[XGROUPS][HALVES];
     auto load = [&](u32 k0) {
 #pragma unroll
         for (int h = 0; h < HALVES; h++) {
@@ -332,10 +338,12 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
 #pragma unroll
             for (int i = 0; i < WGROUPS; i++)
                 if (w_in[i]) wr[i][h] = stage8_load(wrow[i], c);
-            if (x_in) {
-                xa[h] = *reinterpret_cast<const float4*>(xrow + c);
-                xb[h] = *reinterpret_cast<const float4*>(xrow + c + 4);
-            }
+#pragma unroll
+            for (int i = 0; i < XGROUPS; i++)
+                if (x_in[i]) {
+                    xa[i][h] = *reinterpret_cast<const float4*>(xrow[i] + c);
+                    xb[i][h] = *reinterpret_cast<const float4*>(xrow[i] + c + 4);
+                }
         }
     };
     load(0);
@@ -348,10 +356,13 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
             for (int i = 0; i < WGROUPS; i++)
                 *reinterpret_cast<uint4*>(&ws[sr + 64 * i][at]) =
                     w_in[i] && in ? stage8_make(wr[i][h], c) : make_uint4(0u, 0u, 0u, 0u);
-            *reinterpret_cast<uint4*>(&xs[sr][at]) =
-                x_in && in ? make_uint4(pack_f16x2(xa[h].x, xa[h].y), pack_f16x2(xa[h].z, xa[h].w),
-                                        pack_f16x2(xb[h].x, xb[h].y), pack_f16x2(xb[h].z, xb[h].w))
-                           : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int i = 0; i < XGROUPS; i++)
+                *reinterpret_cast<uint4*>(&xs[sr + 64 * i][at]) =
+                    x_in[i] && in
+                        ? make_uint4(pack_f16x2(xa[i][h].x, xa[i][h].y), pack_f16x2(xa[i][h].z, xa[i][h].w),
+                                     pack_f16x2(xb[i][h].x, xb[i][h].y), pack_f16x2(xb[i][h].z, xb[i][h].w))
+                        : make_uint4(0u, 0u, 0u, 0u);
         }
         __syncthreads();
         if (k0 + MMA_K < cols) load(k0 + MMA_K);
@@ -397,14 +408,23 @@ extern "C" __global__ void __launch_bounds__(256)
 linear_mma64(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
              float* __restrict__ y) {
 #if __CUDA_ARCH__ >= 800
-    linear_mma_tile<64>(p, w, x, y);
+    linear_mma_tile<64, 64>(p, w, x, y);
 #endif
 }
 extern "C" __global__ void __launch_bounds__(256)
 linear_mma128(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
               float* __restrict__ y) {
 #if __CUDA_ARCH__ >= 800
-    linear_mma_tile<128>(p, w, x, y);
+    linear_mma_tile<128, 64>(p, w, x, y);
+#endif
+}
+// 128 rows x 128 tokens: half the weight staging per product of the 64-token tile, for long
+// prompts over large matrices (launch::tensor_core_linear).
+extern "C" __global__ void __launch_bounds__(256)
+linear_mma128w(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+               float* __restrict__ y) {
+#if __CUDA_ARCH__ >= 800
+    linear_mma_tile<128, 128>(p, w, x, y);
 #endif
 }
 
