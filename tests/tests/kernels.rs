@@ -410,8 +410,10 @@ fn linear_every_format_matvec_and_matmat() {
 
 /// Prefill-sized products: enough rows and tokens that cuda takes its 128-row tensor-core
 /// tiles (a block per multiprocessor and more), of 64 tokens (257) and of 128 (385: 34 x 4
-/// blocks), partial tiles at both edges, the 4-bit formats' own staging and a K-quant's
-/// generic one. Same references and tolerance as above.
+/// blocks), over activations rounded to f16 once per product (4229 rows) and in each block
+/// (1536 rows: 1153 and 1409 tokens give 12 x 19 and 12 x 12 blocks), partial tiles at both
+/// edges, the 4-bit formats' own staging and a K-quant's generic one. Same references and
+/// tolerance as above.
 #[test]
 fn linear_prefill_tiles() {
     let mut rng = StdRng::seed_from_u64(12);
@@ -421,6 +423,8 @@ fn linear_prefill_tiles() {
         (GgmlType::Q6_K, 4229, 256, 257),
         (GgmlType::Q4_1, 4229, 64, 385),
         (GgmlType::Q6_K, 4229, 256, 385),
+        (GgmlType::Q4_1, 1536, 64, 1153),
+        (GgmlType::Q4_0, 1536, 64, 1409),
     ] {
         let wf = rand_vec(&mut rng, rows * cols, 1.0);
         let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();

@@ -249,20 +249,24 @@ impl CudaBackend {
         };
         let mut launches = Vec::with_capacity(items.len());
         for item in &items {
-            launches.push(match item {
+            let l = match item {
                 fuse::Item::One(op) => match launch::plan(op)? {
                     Some(mut l) => {
                         launch::split_attention(&mut l, self.fusion.attention_blocks);
                         if self.tensor_cores {
                             launch::tensor_core_attention(&mut l);
                             launch::tensor_core_linear(&mut l, self.sms);
+                            if let Some(f16) = launch::f16_activations(&mut l) {
+                                launches.push(f16);
+                            }
                         }
                         l
                     }
                     None => continue,
                 },
                 fuse::Item::Fused(f) => fuse::plan(f, self.fusion.max_blocks),
-            });
+            };
+            launches.push(l);
         }
         let scratch_bytes = launches.iter().map(|l| l.scratch).max().unwrap_or(0);
         let mut scratch = self.scratch.lock().map_err(poisoned)?;

@@ -289,10 +289,13 @@ __device__ __forceinline__ W8 stage8_load(const u8* row, u32 c) {
 __device__ __forceinline__ uint4 stage8_make(const W8& r, u32) { return r.v; }
 #endif
 
-template <int BM, int BN>
+// HX: the activations come as f16 pairs (`xh`, written once per product by to_f16) instead of
+// f32 (`x`), for products of many row blocks, each of which would round every token's row again.
+template <int BM, int BN, bool HX>
 __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__ p,
                                                 const u8* __restrict__ w,
                                                 const float* __restrict__ x,
+                                                const u32* __restrict__ xh,
                                                 float* __restrict__ y) {
     constexpr int WARPS_M = BM / 32, WN = BN / (8 / WARPS_M), NT = WN / 8;
     constexpr int WGROUPS = BM / 64;  // row groups each thread stages per step
@@ -314,10 +317,13 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
     }
     bool x_in[XGROUPS];
     const float* xrow[XGROUPS];
+    const u32* hrow[XGROUPS];  // HX: a token's row is cols / 2 words
 #pragma unroll
     for (int i = 0; i < XGROUPS; i++) {
         x_in[i] = t0 + sr + 64 * i < tokens;
-        xrow[i] = x + (size_t)(x_in[i] ? t0 + sr + 64 * i : 0) * cols;
+        const size_t t = x_in[i] ? t0 + sr + 64 * i : 0;
+        if (HX) hrow[i] = xh + t * (cols / 2);
+        else xrow[i] = x + t * cols;
     }
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 wm = (warp % WARPS_M) * 32, wn = (warp / WARPS_M) * WN, g = lane >> 2, q = lane & 3;
@@ -329,6 +335,7 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     W8 wr[WGROUPS][HALVES];
+    uint4 xv[XGROUPS][HALVES];
     float4 xa[XGROUPS][HALVES], xb[XGROUPS][HALVES];
     auto load = [&](u32 k0) {
 #pragma unroll
@@ -339,11 +346,15 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
             for (int i = 0; i < WGROUPS; i++)
                 if (w_in[i]) wr[i][h] = stage8_load(wrow[i], c);
 #pragma unroll
-            for (int i = 0; i < XGROUPS; i++)
-                if (x_in[i]) {
+            for (int i = 0; i < XGROUPS; i++) {
+                if (!x_in[i]) continue;
+                if (HX) {
+                    xv[i][h] = *reinterpret_cast<const uint4*>(hrow[i] + c / 2);
+                } else {
                     xa[i][h] = *reinterpret_cast<const float4*>(xrow[i] + c);
                     xb[i][h] = *reinterpret_cast<const float4*>(xrow[i] + c + 4);
                 }
+            }
         }
     };
     load(0);
@@ -359,10 +370,10 @@ __device__ __forceinline__ void linear_mma_tile(const LinearParams* __restrict__
 #pragma unroll
             for (int i = 0; i < XGROUPS; i++)
                 *reinterpret_cast<uint4*>(&xs[sr + 64 * i][at]) =
-                    x_in[i] && in
-                        ? make_uint4(pack_f16x2(xa[i][h].x, xa[i][h].y), pack_f16x2(xa[i][h].z, xa[i][h].w),
-                                     pack_f16x2(xb[i][h].x, xb[i][h].y), pack_f16x2(xb[i][h].z, xb[i][h].w))
-                        : make_uint4(0u, 0u, 0u, 0u);
+                    !(x_in[i] && in) ? make_uint4(0u, 0u, 0u, 0u)
+                    : HX ? xv[i][h]
+                         : make_uint4(pack_f16x2(xa[i][h].x, xa[i][h].y), pack_f16x2(xa[i][h].z, xa[i][h].w),
+                                      pack_f16x2(xb[i][h].x, xb[i][h].y), pack_f16x2(xb[i][h].z, xb[i][h].w));
         }
         __syncthreads();
         if (k0 + MMA_K < cols) load(k0 + MMA_K);
@@ -408,14 +419,14 @@ extern "C" __global__ void __launch_bounds__(256)
 linear_mma64(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
              float* __restrict__ y) {
 #if __CUDA_ARCH__ >= 800
-    linear_mma_tile<64, 64>(p, w, x, y);
+    linear_mma_tile<64, 64, false>(p, w, x, nullptr, y);
 #endif
 }
 extern "C" __global__ void __launch_bounds__(256)
 linear_mma128(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
               float* __restrict__ y) {
 #if __CUDA_ARCH__ >= 800
-    linear_mma_tile<128, 64>(p, w, x, y);
+    linear_mma_tile<128, 64, false>(p, w, x, nullptr, y);
 #endif
 }
 // 128 rows x 128 tokens: half the weight staging per product of the 64-token tile, for long
@@ -424,7 +435,22 @@ extern "C" __global__ void __launch_bounds__(256)
 linear_mma128w(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
                float* __restrict__ y) {
 #if __CUDA_ARCH__ >= 800
-    linear_mma_tile<128, 128>(p, w, x, y);
+    linear_mma_tile<128, 128, false>(p, w, x, nullptr, y);
+#endif
+}
+// The two 128-row tiles over f16 activations in the backend's scratch (launch::f16_activations).
+extern "C" __global__ void __launch_bounds__(256)
+linear_mma128h(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+               float* __restrict__ y, const u32* __restrict__ xh) {
+#if __CUDA_ARCH__ >= 800
+    linear_mma_tile<128, 64, true>(p, w, x, xh, y);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(256)
+linear_mma128wh(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+                float* __restrict__ y, const u32* __restrict__ xh) {
+#if __CUDA_ARCH__ >= 800
+    linear_mma_tile<128, 128, true>(p, w, x, xh, y);
 #endif
 }
 

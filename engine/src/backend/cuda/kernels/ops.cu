@@ -21,6 +21,18 @@ matmul(const MatMulParams* __restrict__ p, const float* __restrict__ a, const fl
     if (row < m && col < n) c[(size_t)row * n + col] = acc;
 }
 
+// Prefill's tiled products (linear_mma*) take their activations as f16, rounded here once
+// per product instead of in every block of rows: 8 elements per thread (n is a multiple of 32).
+extern "C" __global__ void __launch_bounds__(256)
+to_f16(const CountParams* __restrict__ p, const float* __restrict__ x, uint4* __restrict__ out) {
+    const u32 i = blockIdx.x * 256 + threadIdx.x;
+    if ((size_t)i * 8 >= p->n) return;
+    const float4 a = reinterpret_cast<const float4*>(x)[2 * (size_t)i];
+    const float4 b = reinterpret_cast<const float4*>(x)[2 * (size_t)i + 1];
+    out[i] = make_uint4(pack_f16x2(a.x, a.y), pack_f16x2(a.z, a.w), pack_f16x2(b.x, b.y),
+                        pack_f16x2(b.z, b.w));
+}
+
 // One block of 1024 per row; x may be y (each thread rewrites only what it read). A row of
 // up to 8192 is read once into registers, all loads issued before the sum waits on them.
 #define RMS_THREADS 1024
