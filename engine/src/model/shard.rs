@@ -177,6 +177,7 @@ impl Shard {
         })
     }
 
+    #[cfg(test)]
     pub(super) fn local(&self) -> &Local {
         &self.local
     }
