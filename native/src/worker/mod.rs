@@ -175,7 +175,8 @@ fn worker_link_config(
         info!(
             devices = devices.len(),
             ids = %devices.iter().map(|d| d.info().id.as_str()).collect::<Vec<_>>().join(","),
-            "one worker over several devices: its layers are split over them"
+            "one worker over several devices: its stage is split over them by {}",
+            opts.split
         );
     }
     caps.models = local_id.iter().cloned().collect();
