@@ -49,7 +49,13 @@ struct Figures {
     decode_ms: f64,
     /// `(sequences, aggregate decode tok/s)`.
     levels: Vec<(usize, f64)>,
+    /// The greedy tokens of the single stream (the first sequence of the first run).
+    tokens: Vec<u32>,
 }
+
+/// One measurement: prompt tok/s, decode tok/s, the median step in ms, and the first
+/// sequence's tokens.
+type Measured = (f64, f64, f64, Vec<u32>);
 
 fn greedy(step: u32) -> Want {
     Want::Sample(SampleParams {
@@ -61,14 +67,10 @@ fn greedy(step: u32) -> Want {
     })
 }
 
-/// `n` sequences prefilled together, then `gen` greedy steps of all of them at once:
-/// prompt tokens/s, decode tokens/s over all of them, and the median step in ms.
-fn measure(
-    stack: &ShardStack,
-    n: usize,
-    prompt: usize,
-    generate: usize,
-) -> Result<(f64, f64, f64)> {
+/// `n` sequences prefilled together, then `generate` greedy steps of all of them at once:
+/// prompt tokens/s, decode tokens/s over all of them, the median step in ms, and the first
+/// sequence's tokens.
+fn measure(stack: &ShardStack, n: usize, prompt: usize, generate: usize) -> Result<Measured> {
     let vocab = stack.config().vocab_size;
     let pieces = stack.pieces().len();
     let positions = (n * (prompt + generate + 16)) as u64;
@@ -101,6 +103,7 @@ fn measure(
     let t0 = Instant::now();
     let mut next = run(&prompts, 0)?;
     let prefill_s = t0.elapsed().as_secs_f64();
+    let mut tokens = vec![next[0]];
     let mut steps = Vec::with_capacity(generate);
     let t1 = Instant::now();
     for step in 1..generate {
@@ -108,12 +111,14 @@ fn measure(
         let inputs: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
         next = run(&inputs, step as u32)?;
         steps.push(s.elapsed().as_secs_f64() * 1e3);
+        tokens.push(next[0]);
     }
     let decode_s = t1.elapsed().as_secs_f64();
     Ok((
         (n * prompt) as f64 / prefill_s,
         (n * (generate - 1)) as f64 / decode_s,
         super::bench::median(steps),
+        tokens,
     ))
 }
 
@@ -124,7 +129,7 @@ fn figures(stack: &ShardStack, load_s: f64, s: &Setup<'_>) -> Result<Figures> {
     for _ in 0..s.runs {
         one.push(measure(stack, 1, s.prompt_tokens, s.gen_tokens)?);
     }
-    let med = |f: fn(&(f64, f64, f64)) -> f64| super::bench::median(one.iter().map(f).collect());
+    let med = |f: fn(&Measured) -> f64| super::bench::median(one.iter().map(f).collect());
     let mut levels = Vec::new();
     for &n in &s.concurrency {
         // Best of the runs: the batch's own speed, not the machine's hiccups.
@@ -139,6 +144,7 @@ fn figures(stack: &ShardStack, load_s: f64, s: &Setup<'_>) -> Result<Figures> {
         prefill_tok_s: med(|r| r.0),
         decode_tok_s: med(|r| r.1),
         decode_ms: med(|r| r.2),
+        tokens: one.first().map(|r| r.3.clone()).unwrap_or_default(),
         levels,
     })
 }
@@ -185,6 +191,7 @@ pub fn run(s: Setup<'_>) -> Result<()> {
     }
     let mut rows: Vec<Value> = Vec::new();
     let mut base: Option<(f64, Vec<(usize, f64)>)> = None;
+    let mut base_tokens: Option<Vec<u32>> = None;
     for (label, devs, split) in plan {
         let split_name = if devs.len() == 1 {
             "one".to_string()
@@ -195,7 +202,14 @@ pub fn run(s: Setup<'_>) -> Result<()> {
             Ok(f) => {
                 if devs.len() == 1 {
                     base = Some((f.decode_tok_s, f.levels.clone()));
+                    base_tokens = Some(f.tokens.clone());
                 }
+                // How many of the greedy tokens agree with one device's, from the first: a
+                // split sums in another order, so a near-tie (common on random weights) may
+                // go the other way; a wrong split parts at once.
+                let same = base_tokens
+                    .as_ref()
+                    .map(|b| b.iter().zip(&f.tokens).take_while(|(x, y)| x == y).count());
                 // Without the baseline (the model does not fit one device), no ratios.
                 let (b_decode, b_levels) = base.clone().unwrap_or((f64::NAN, Vec::new()));
                 let vs = f.decode_tok_s / b_decode;
@@ -213,8 +227,17 @@ pub fn run(s: Setup<'_>) -> Result<()> {
                     .collect();
                 if !s.json {
                     println!(
-                        "  {label:<26} prefill {:>9.1} tok/s  decode {:>8.1} tok/s ({:.2} ms/token, {:.2}x one device)  load {:.1} s",
-                        f.prefill_tok_s, f.decode_tok_s, f.decode_ms, vs, f.load_s
+                        "  {label:<26} prefill {:>9.1} tok/s  decode {:>8.1} tok/s ({:.2} ms/token, {:.2}x one device)  load {:.1} s{}",
+                        f.prefill_tok_s,
+                        f.decode_tok_s,
+                        f.decode_ms,
+                        vs,
+                        f.load_s,
+                        match same {
+                            Some(k) if devs.len() > 1 =>
+                                format!("  greedy tokens as one device: {k} of {}", f.tokens.len()),
+                            _ => String::new(),
+                        }
                     );
                     for l in &levels {
                         println!(
@@ -239,6 +262,8 @@ pub fn run(s: Setup<'_>) -> Result<()> {
                     "decode_tokens_per_s": f.decode_tok_s,
                     "decode_ms_per_token_median": f.decode_ms,
                     "decode_vs_one_device": if vs.is_finite() { json!(vs) } else { Value::Null },
+                    "greedy_tokens": f.tokens.len(),
+                    "greedy_tokens_as_one_device": same,
                     "concurrency": levels,
                 }));
             }
