@@ -482,6 +482,89 @@ fn synthetic_model_logits_match_the_cpu_on_every_device() {
     synthetic_logits_match("wide", &[vec![5, 9, 300], vec![11], vec![400], vec![3]]);
 }
 
+/// The tiny synthetic model split by tensors over each device and the cpu backend (the GPU
+/// the first part, with the embedding and head; partials crossing between them through host
+/// memory), against the cpu backend alone: a 9-token prefill, then decode steps, logits
+/// within 1e-3 of the largest (plus one), as above.
+#[test]
+fn synthetic_model_split_by_tensors_with_every_device_matches_the_cpu() {
+    use cairn_engine::model::synthetic::SyntheticModel;
+    use cairn_engine::model::{
+        ModelConfig, ShardInput, ShardOutput, ShardStack, Split, StackItem, StackSeq, Want,
+    };
+    let cfg = ModelConfig::synthetic("tiny").expect("synthetic shape");
+    let model = SyntheticModel::new(&cfg, 7);
+    let inputs: Vec<Vec<u32>> = vec![
+        (0..9).map(|i| (i * 37 + 5) % 512).collect(),
+        vec![11],
+        vec![400],
+    ];
+    let reference = cairn_engine::EngineOptions {
+        cpu_f32_linear: true,
+        ..Default::default()
+    };
+    let cpu = || {
+        Arc::new(
+            cairn_engine::device::discover_blocking_with(reference.clone())
+                .open_blocking(&cairn_engine::Selection {
+                    backend: Some("cpu".into()),
+                    device: None,
+                })
+                .expect("cpu"),
+        )
+    };
+    let run = |devices: Vec<Arc<Device>>, split: Split| -> Vec<Vec<f32>> {
+        let offered: Vec<(Arc<Device>, u64)> = devices.into_iter().map(|d| (d, 1 << 30)).collect();
+        let stack =
+            ShardStack::load_split(&offered, &model, 0, cfg.n_layers, split, &mut |_, _| {})
+                .expect("load synthetic model");
+        assert_eq!(stack.split(), split);
+        let mut pool = stack.new_pool(|_| 4 << 20).expect("pool");
+        let mut seq = StackSeq::new(offered.len(), 32);
+        inputs
+            .iter()
+            .map(|input| {
+                let mut items = [StackItem {
+                    seq: &mut seq,
+                    input: ShardInput::Tokens(input),
+                    want: Want::Logits,
+                }];
+                let out =
+                    pollster::block_on(stack.forward_batch(&mut pool, &mut items)).expect("pass");
+                let Some(Ok(ShardOutput::Logits(l))) = out.into_iter().next() else {
+                    panic!("asked for logits");
+                };
+                l
+            })
+            .collect()
+    };
+    let want = run(vec![cpu()], Split::Layers);
+    let mut pairs = vec![(vec![cpu(), cpu()], "cpu + cpu".to_string())];
+    for dev in devices() {
+        if dev.kind() != BackendKind::Cpu {
+            let name = format!("{} + cpu", dev.info().id);
+            pairs.push((vec![dev, cpu()], name));
+        }
+    }
+    for (devices, name) in pairs {
+        eprintln!("split by tensors over {name}");
+        let got = run(devices, Split::Tensor);
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let scale = 1.0 + w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= 1e-3 * scale,
+                "split by tensors over {name}: step {step}: logits differ from the cpu's by {worst} (allowed {})",
+                1e-3 * scale
+            );
+        }
+    }
+}
+
 /// Logits of every step of `inputs` on every device against the cpu backend's, within
 /// 1e-3 of the largest logit's magnitude (plus one).
 fn synthetic_logits_match(shape: &str, inputs: &[Vec<u32>]) {
