@@ -1756,12 +1756,14 @@ fn the_ollama_client_lists_shows_generates_and_chats() {
     );
 }
 
-/// One worker over three local devices (`--device cpu,cpu,cpu`: its layers split over them
-/// in one process, hidden states handed on without a network hop) serves the same greedy
-/// completion as `cairn run`. When one of its devices fails a pass (a `dev-hooks` fault), it
-/// joins again over the other two and the stream in flight is recovered with the identical
-/// output; killed (SIGKILL) in the middle of a stream, its request is recovered on a worker
-/// that joins afterwards, again identical.
+/// One worker over three local devices (`--device cpu,cpu,cpu --split tensor`: every layer
+/// split over them by its tensors in one process, a key/value head each, partial products
+/// summed between them without a network hop) serves the same greedy completion as `cairn
+/// run`. When one of its devices fails a pass (a `dev-hooks` fault), it joins again over the
+/// other two (the heads split 2 and 1) and the stream in flight is recovered with the
+/// identical output; killed (SIGKILL) in the middle of a stream, its request is recovered on
+/// a worker that joins afterwards, again identical. (The split by layers has the engine's
+/// stage tests, `engine/src/worker/tests.rs`.)
 #[test]
 fn one_worker_over_several_devices_serves_and_is_recovered() {
     let dir = artifacts("cluster-devices");
@@ -1787,6 +1789,8 @@ fn one_worker_over_several_devices_serves_and_is_recovered() {
             model,
             "--device",
             "cpu,cpu,cpu",
+            "--split",
+            "tensor",
         ],
         // Device 2 fails the 25th pass: the fifth of the second request (the first takes
         // one prefill and 19 decode passes).
@@ -1819,12 +1823,12 @@ fn one_worker_over_several_devices_serves_and_is_recovered() {
     assert_eq!(
         body["cairn"]["tokens"],
         json!(ref_tokens),
-        "the layers split over three devices give another output than cairn run"
+        "the layers split by tensors over three devices give another output than cairn run"
     );
     let log = std::fs::read_to_string(dir.join("worker-multi.log")).unwrap_or_default();
     assert!(
-        log.contains("split over them"),
-        "the worker did not say it splits its layers: {log}"
+        log.contains("split over them by tensor") && !log.contains("by layers instead"),
+        "the worker did not say it splits its layers by tensors: {log}"
     );
 
     // A device fails mid-stream: the worker leaves, joins again over two devices (their

@@ -345,6 +345,80 @@ fn real_model_greedy_generation_matches_llama_cpp_until_the_first_near_tie() {
     }
 }
 
+/// The default model as one stage split by tensors over two and three cpu devices of one
+/// process (SmolLM2-135M's 3 key/value heads: 2 and 1 on two devices, one each on three;
+/// each device's output-product columns on Q4_1's 32-element blocks) draws llama.cpp's
+/// greedy tokens, on the device, up to the case's first near-tie (at most 8 tokens; the
+/// first case on two devices, the third on three: a few seconds).
+#[test]
+fn real_model_split_by_tensors_matches_llama_cpp_until_the_first_near_tie() {
+    use cairn_engine::model::{
+        ShardInput, ShardOutput, ShardStack, Split, StackItem, StackSeq, Want,
+    };
+    let file = MappedGguf::open(model_path()).unwrap();
+    let layers = cairn_engine::model::ModelConfig::from_gguf(&file.file)
+        .unwrap()
+        .n_layers;
+    let r = reference();
+    let cpu = || {
+        let sel = cairn_engine::Selection {
+            backend: Some("cpu".into()),
+            device: None,
+        };
+        Arc::new(
+            cairn_engine::device::discover_blocking()
+                .open_blocking(&sel)
+                .expect("cpu device"),
+        )
+    };
+    let cases = r["cases"].as_array().unwrap();
+    for (n, case) in [(2, &cases[0]), (3, &cases[2])] {
+        let devices: Vec<(Arc<Device>, u64)> = (0..n).map(|_| (cpu(), 1 << 30)).collect();
+        let stack =
+            ShardStack::load_split(&devices, &file, 0, layers, Split::Tensor, &mut |_, _| {})
+                .expect("the default model splits by tensors");
+        assert_eq!(stack.split(), Split::Tensor);
+        let mut pool = stack.new_pool(|_| 64 << 20).unwrap();
+        let firm = case["margin"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|m| m.as_f64().unwrap() < MARGIN)
+            .unwrap_or(usize::MAX)
+            .min(8);
+        let want = ids(&case["continuation"]);
+        let firm = firm.min(want.len());
+        assert!(firm > 0, "case {} has no firm token", case["name"]);
+        let mut seq = StackSeq::new(n, 512);
+        let mut input = ids(&case["prompt_tokens"]);
+        let mut got = Vec::new();
+        for step in 0..firm {
+            let mut items = [StackItem {
+                seq: &mut seq,
+                input: ShardInput::Tokens(&input),
+                want: Want::Sample(SampleParams {
+                    temperature: 0.0,
+                    step: step as u32,
+                    ..Default::default()
+                }),
+            }];
+            let out = pollster::block_on(stack.forward_batch(&mut pool, &mut items)).unwrap();
+            let Some(Ok(ShardOutput::Token(t))) = out.into_iter().next() else {
+                panic!("a token expected");
+            };
+            got.push(t);
+            input = vec![t];
+        }
+        pool.release(&mut seq);
+        assert_eq!(
+            got,
+            want[..firm].to_vec(),
+            "{n} devices: greedy tokens of case {} before its first near-tie",
+            case["name"]
+        );
+    }
+}
+
 /// The devices `devices()` leaves out as duplicates get the first case's first positions,
 /// teacher-forced, against llama.cpp at firm positions.
 #[test]
@@ -406,6 +480,89 @@ fn synthetic_model_logits_match_the_cpu_on_every_device() {
     ];
     synthetic_logits_match("tiny", &tiny);
     synthetic_logits_match("wide", &[vec![5, 9, 300], vec![11], vec![400], vec![3]]);
+}
+
+/// The tiny synthetic model split by tensors over each device and the cpu backend (the GPU
+/// the first part, with the embedding and head; partials crossing between them through host
+/// memory), against the cpu backend alone: a 9-token prefill, then decode steps, logits
+/// within 1e-3 of the largest (plus one), as above.
+#[test]
+fn synthetic_model_split_by_tensors_with_every_device_matches_the_cpu() {
+    use cairn_engine::model::synthetic::SyntheticModel;
+    use cairn_engine::model::{
+        ModelConfig, ShardInput, ShardOutput, ShardStack, Split, StackItem, StackSeq, Want,
+    };
+    let cfg = ModelConfig::synthetic("tiny").expect("synthetic shape");
+    let model = SyntheticModel::new(&cfg, 7);
+    let inputs: Vec<Vec<u32>> = vec![
+        (0..9).map(|i| (i * 37 + 5) % 512).collect(),
+        vec![11],
+        vec![400],
+    ];
+    let reference = cairn_engine::EngineOptions {
+        cpu_f32_linear: true,
+        ..Default::default()
+    };
+    let cpu = || {
+        Arc::new(
+            cairn_engine::device::discover_blocking_with(reference.clone())
+                .open_blocking(&cairn_engine::Selection {
+                    backend: Some("cpu".into()),
+                    device: None,
+                })
+                .expect("cpu"),
+        )
+    };
+    let run = |devices: Vec<Arc<Device>>, split: Split| -> Vec<Vec<f32>> {
+        let offered: Vec<(Arc<Device>, u64)> = devices.into_iter().map(|d| (d, 1 << 30)).collect();
+        let stack =
+            ShardStack::load_split(&offered, &model, 0, cfg.n_layers, split, &mut |_, _| {})
+                .expect("load synthetic model");
+        assert_eq!(stack.split(), split);
+        let mut pool = stack.new_pool(|_| 4 << 20).expect("pool");
+        let mut seq = StackSeq::new(offered.len(), 32);
+        inputs
+            .iter()
+            .map(|input| {
+                let mut items = [StackItem {
+                    seq: &mut seq,
+                    input: ShardInput::Tokens(input),
+                    want: Want::Logits,
+                }];
+                let out =
+                    pollster::block_on(stack.forward_batch(&mut pool, &mut items)).expect("pass");
+                let Some(Ok(ShardOutput::Logits(l))) = out.into_iter().next() else {
+                    panic!("asked for logits");
+                };
+                l
+            })
+            .collect()
+    };
+    let want = run(vec![cpu()], Split::Layers);
+    let mut pairs = vec![(vec![cpu(), cpu()], "cpu + cpu".to_string())];
+    for dev in devices() {
+        if dev.kind() != BackendKind::Cpu {
+            let name = format!("{} + cpu", dev.info().id);
+            pairs.push((vec![dev, cpu()], name));
+        }
+    }
+    for (devices, name) in pairs {
+        eprintln!("split by tensors over {name}");
+        let got = run(devices, Split::Tensor);
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let scale = 1.0 + w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= 1e-3 * scale,
+                "split by tensors over {name}: step {step}: logits differ from the cpu's by {worst} (allowed {})",
+                1e-3 * scale
+            );
+        }
+    }
 }
 
 /// Logits of every step of `inputs` on every device against the cpu backend's, within

@@ -8,21 +8,21 @@ use super::{ModelConfig, ModelError, Shard, ShardInput, ShardOutput, Want};
 use crate::kernels::SampleParams;
 use crate::worker::tests::cpu;
 
-fn config() -> ModelConfig {
+pub(super) fn config() -> ModelConfig {
     let mut cfg = ModelConfig::synthetic("135m").expect("135m shape");
     cfg.n_layers = 3;
     cfg.vocab_size = 512;
     cfg
 }
 
-fn logits(out: ShardOutput) -> Vec<f32> {
+pub(super) fn logits(out: ShardOutput) -> Vec<f32> {
     match out {
         ShardOutput::Logits(l) => l,
         other => panic!("logits expected, got {other:?}"),
     }
 }
 
-fn argmax(l: &[f32]) -> u32 {
+pub(super) fn argmax(l: &[f32]) -> u32 {
     let mut best = 0;
     for (i, v) in l.iter().enumerate() {
         if *v > l[best] {
@@ -34,7 +34,7 @@ fn argmax(l: &[f32]) -> u32 {
 
 /// Each sequence alone: its prompt, then `steps` greedy decode steps; the logits after the
 /// prompt and after each step, and the tokens fed.
-fn alone(shard: &Shard, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+pub(super) fn alone(shard: &Shard, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
     pollster::block_on(async {
         let mut cache = shard.new_cache(64).unwrap();
         let mut all = vec![logits(
@@ -61,7 +61,7 @@ fn alone(shard: &Shard, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, Vec<u32
 /// The rows of a batched product sum in another order than one token's matrix-vector
 /// product: logits within 1e-3 of the largest magnitude, the same argmax where the top two
 /// are further apart than that.
-fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+pub(super) fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     let scale = 1.0 + want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let tol = 1e-3 * scale;
     for (i, (a, b)) in got.iter().zip(want).enumerate() {

@@ -9,17 +9,20 @@ pub mod kv_pool;
 pub mod shard;
 pub mod stack;
 pub mod synthetic;
+pub mod tensor_split;
 pub mod tiny;
 pub mod weights;
 
 #[cfg(test)]
 mod batch_tests;
+#[cfg(test)]
+mod tensor_tests;
 
 pub use cache::KvCache;
 pub use config::ModelConfig;
 pub use kv_pool::{KV_BLOCK, KvPool, SeqKv};
 pub use shard::{Shard, ShardInput, ShardOutput, Want};
-pub use stack::{ShardStack, StackItem, StackPool, StackSeq};
+pub use stack::{ShardStack, Split, StackItem, StackPool, StackSeq};
 
 use crate::backend::BackendError;
 use crate::gguf::GgufError;
@@ -55,4 +58,7 @@ pub enum ModelError {
     /// One device of a stage split over several failed a pass (`index` in the stage's list).
     #[error("device {index} of the stage failed: {text}")]
     DeviceFailed { index: usize, text: String },
+    /// A stage's layers cannot be split by tensors over the devices asked for.
+    #[error("tensor split: {0}")]
+    TensorSplit(String),
 }

@@ -8,6 +8,7 @@ use super::ModelError;
 use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::kv_pool::{KV_BLOCK, KvPool, SeqKv};
+use super::tensor_split::TensorPart;
 use super::weights::{self, Matrix, ShardWeights};
 use crate::backend::{Buffer, Device};
 use crate::gguf::TensorSource;
@@ -44,8 +45,8 @@ pub enum ShardOutput {
 }
 
 /// Working memory for one forward pass of up to `max_batch` tokens.
-struct Scratch {
-    h: Buffer,
+pub(super) struct Scratch {
+    pub(super) h: Buffer,
     xn: Buffer,
     q: Buffer,
     k: Buffer,
@@ -53,7 +54,7 @@ struct Scratch {
     /// Q or K before its per-head norm (families with `qk_norm` only).
     pre_norm: Option<Buffer>,
     att: Buffer,
-    o: Buffer,
+    pub(super) o: Buffer,
     g: Buffer,
     u: Buffer,
     a: Buffer,
@@ -70,10 +71,47 @@ pub struct Shard {
     end: usize,
     max_batch: usize,
     dev: std::sync::Arc<Device>,
+    /// The heads and feed-forward rows of each layer this shard computes: all of them, or
+    /// its part of a tensor-parallel split (`tensor_split.rs`).
+    local: Local,
     weights: ShardWeights,
-    scratch: Mutex<Scratch>,
+    pub(super) scratch: Mutex<Scratch>,
     /// A batched pass's own buffers, made on the first one.
-    batch: Mutex<Option<BatchBuffers>>,
+    pub(super) batch: Mutex<Option<BatchBuffers>>,
+}
+
+/// A layer's widths as one shard computes them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Local {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub ffn: usize,
+    pub head_dim: usize,
+}
+
+impl Local {
+    fn of(cfg: &ModelConfig, part: Option<&TensorPart>) -> Local {
+        match part {
+            None => Local {
+                heads: cfg.n_heads,
+                kv_heads: cfg.n_kv_heads,
+                ffn: cfg.ffn_dim,
+                head_dim: cfg.head_dim,
+            },
+            Some(p) => Local {
+                heads: p.kv_heads.len() * (cfg.n_heads / cfg.n_kv_heads.max(1)),
+                kv_heads: p.kv_heads.len(),
+                ffn: p.ffn.len(),
+                head_dim: cfg.head_dim,
+            },
+        }
+    }
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
 }
 
 /// Most sequences in one batched pass.
@@ -99,6 +137,21 @@ impl Shard {
         max_batch: usize,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Shard, ModelError> {
+        Self::load_part(dev, src, start, end, max_batch, None, progress)
+    }
+
+    /// Loads blocks `[start, end)` as [`Shard::load`] does, or with `part` only that part of
+    /// each layer's heads and feed-forward rows (and the embedding and output head only where
+    /// the part holds them): one device's share of a tensor-parallel stage.
+    pub(super) fn load_part(
+        dev: std::sync::Arc<Device>,
+        src: &dyn TensorSource,
+        start: usize,
+        end: usize,
+        max_batch: usize,
+        part: Option<&TensorPart>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Shard, ModelError> {
         let cfg = ModelConfig::from_gguf(src.gguf())?;
         if start >= end || end > cfg.n_layers {
             return Err(ModelError::BadRange {
@@ -108,18 +161,35 @@ impl Shard {
             });
         }
         let max_batch = max_batch.clamp(1, 4096);
-        let weights = weights::load(&dev, src, &cfg, start, end, progress)?;
-        let scratch = Scratch::new(&dev, &cfg, max_batch)?;
+        let local = Local::of(&cfg, part);
+        let weights = weights::load(&dev, src, &cfg, start, end, part, progress)?;
+        let scratch = Scratch::new(&dev, &cfg, &local, max_batch)?;
         Ok(Shard {
             cfg,
             start,
             end,
             max_batch,
             dev,
+            local,
             weights,
             scratch: Mutex::new(scratch),
             batch: Mutex::new(None),
         })
+    }
+
+    #[cfg(test)]
+    pub(super) fn local(&self) -> &Local {
+        &self.local
+    }
+
+    pub(super) fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Whether this shard holds the output head (the last shard; of a tensor split, its
+    /// first part only).
+    pub(super) fn has_head(&self) -> bool {
+        self.weights.head.is_some()
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -143,7 +213,7 @@ impl Shard {
         KvCache::new(
             &self.dev,
             self.end - self.start,
-            self.cfg.kv_dim(),
+            self.local.kv_dim(),
             capacity.max(1),
         )
     }
@@ -153,18 +223,18 @@ impl Shard {
         KvPool::new(
             &self.dev,
             self.end - self.start,
-            self.cfg.kv_dim(),
+            self.local.kv_dim(),
             budget_bytes,
         )
     }
 
     /// Device bytes one position of one sequence takes in a pool of this shard.
     pub fn kv_bytes_per_position(&self) -> u64 {
-        KvPool::block_bytes(self.end - self.start, self.cfg.kv_dim()) / KV_BLOCK as u64
+        KvPool::block_bytes(self.end - self.start, self.local.kv_dim()) / KV_BLOCK as u64
     }
 
     /// How many rows `input` is, or why this shard does not take it with `want`.
-    fn rows_of(&self, input: ShardInput<'_>, want: Want) -> Result<usize, ModelError> {
+    pub(super) fn rows_of(&self, input: ShardInput<'_>, want: Want) -> Result<usize, ModelError> {
         let dim = self.cfg.dim;
         let n = match input {
             ShardInput::Tokens(t) => {
@@ -221,19 +291,12 @@ impl Shard {
         pool: &mut KvPool,
         items: &mut [BatchItem<'_>],
     ) -> Result<Vec<Result<ShardOutput, ModelError>>, ModelError> {
-        let (dim, vocab) = (self.cfg.dim, self.cfg.vocab_size);
         let mut results: Vec<Option<Result<ShardOutput, ModelError>>> =
             (0..items.len()).map(|_| None).collect();
         // Rows per live item; a refused item gets its error now.
         let mut rows = vec![0usize; items.len()];
         for (i, it) in items.iter_mut().enumerate() {
-            let n = if i >= MAX_BATCH_SEQS {
-                Err(ModelError::WrongInput(
-                    "more sequences than one batched pass takes",
-                ))
-            } else {
-                self.rows_of(it.input, it.want)
-            };
+            let n = self.check_item(i, it.input, it.want);
             let reserved = n.and_then(|n| {
                 let len = it.seq.len() + n;
                 pool.reserve(&self.dev, it.seq, len).map(|_| n)
@@ -243,177 +306,250 @@ impl Shard {
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
-        // A batch of decode steps alone keeps to what the device runs well in one pass.
-        let decode_only = rows.iter().all(|&n| n <= 1);
-        let per_pass = match self.dev.decode_rows_per_pass() {
-            Some(n) if decode_only => n.clamp(1, self.max_batch),
-            _ => self.max_batch,
-        };
+        let per_pass = self.rows_per_pass(&rows);
         let mut done = vec![0usize; items.len()];
         let mut hidden: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
         let s = self.scratch.lock().await;
         let mut guard = self.batch.lock().await;
-        if guard.is_none() {
-            *guard = Some(BatchBuffers::new(
-                &self.dev,
-                &self.cfg,
-                self.max_batch,
-                self.is_last(),
-            )?);
-        }
-        let Some(b) = guard.as_ref() else {
-            return Err(ModelError::WrongInput("batch buffers vanished"));
-        };
+        let b = self.batch_buffers(&mut guard)?;
         loop {
-            // This pass: (item, first row, rows) in item order, up to per_pass rows.
-            let mut pass: Vec<(usize, usize, usize)> = Vec::new();
-            let mut total = 0;
-            for i in 0..items.len() {
-                let left = rows[i] - done[i];
-                if left == 0 || total == per_pass {
-                    continue;
-                }
-                let take = left.min(per_pass - total);
-                pass.push((i, done[i], take));
-                total += take;
-            }
+            let pass = next_pass(&rows, &done, per_pass);
             if pass.is_empty() {
                 break;
             }
-            let mut ids: Vec<u32> = Vec::new();
-            let mut h_in: Vec<f32> = Vec::new();
-            let mut positions = Vec::with_capacity(total);
-            let mut slots = Vec::with_capacity(total);
-            let mut meta = Vec::with_capacity(2 * total);
-            let mut table: Vec<u32> = Vec::new();
-            for &(i, from, take) in &pass {
-                let it = &items[i];
-                match it.input {
-                    ShardInput::Tokens(t) => ids.extend_from_slice(&t[from..from + take]),
-                    ShardInput::Hidden(h) => {
-                        h_in.extend_from_slice(&h[from * dim..(from + take) * dim])
-                    }
-                }
-                let start = table.len() as u32;
-                table.extend_from_slice(it.seq.blocks());
-                for j in 0..take {
-                    let pos = it.seq.len() + j;
-                    positions.push(pos as u32);
-                    slots.push(it.seq.slot(pos));
-                    meta.extend_from_slice(&[start, pos as u32 + 1]);
-                }
-            }
-            if self.is_first() {
-                self.dev.write(&s.ids, 0, bytemuck::cast_slice(&ids))?;
-            } else {
-                self.dev.write(&s.h, 0, bytemuck::cast_slice(&h_in))?;
-            }
-            self.dev
-                .write(&b.positions, 0, bytemuck::cast_slice(&positions))?;
-            self.dev.write(&b.slots, 0, bytemuck::cast_slice(&slots))?;
-            self.dev.write(&b.rows, 0, bytemuck::cast_slice(&meta))?;
-            self.dev
-                .write(&pool.table, 0, bytemuck::cast_slice(&table))?;
+            let total = pass.iter().map(|p| p.2).sum();
+            let table_len = self.write_pass(&s, b, pool, items, &pass)?;
             let kv = Kv::Paged {
                 pool,
                 batch: b,
-                table_len: table.len() as u32,
+                table_len,
             };
             let mut ops = Vec::with_capacity(16 * (self.end - self.start) + 8 + 3 * pass.len());
             self.encode_blocks(&s, kv, total, &mut ops);
-            // Items whose last row is in this pass and that want the head: (item, head row).
-            let mut heads: Vec<(usize, usize)> = Vec::new();
-            if self.is_last() {
-                let row = (dim * 4) as u64;
-                let mut at = 0;
-                for &(i, from, take) in &pass {
-                    at += take;
-                    if from + take == rows[i] {
-                        let k = heads.len();
-                        ops.push(Op::Copy(BufferCopy {
-                            src: &s.h,
-                            src_offset: (at as u64 - 1) * row,
-                            dst: &b.head_h,
-                            dst_offset: k as u64 * row,
-                            bytes: row,
-                        }));
-                        heads.push((i, k));
-                    }
-                }
-                if !heads.is_empty() {
-                    self.encode_logits(
-                        &b.head_h,
-                        &b.head_norm,
-                        &b.head_logits,
-                        heads.len(),
-                        &mut ops,
-                    )?;
-                }
-                let lrow = (vocab * 4) as u64;
-                for &(i, k) in &heads {
-                    if let Want::Sample(params) = items[i].want {
-                        ops.push(Op::Copy(BufferCopy {
-                            src: &b.head_logits,
-                            src_offset: k as u64 * lrow,
-                            dst: &s.logits,
-                            dst_offset: 0,
-                            bytes: lrow,
-                        }));
-                        ops.push(Op::Sample(Sample {
-                            logits: &s.logits,
-                            n: vocab as u32,
-                            out: &s.token,
-                            params,
-                        }));
-                        ops.push(Op::Copy(BufferCopy {
-                            src: &s.token,
-                            src_offset: 0,
-                            dst: &b.tokens,
-                            dst_offset: k as u64 * 4,
-                            bytes: 4,
-                        }));
-                    }
-                }
-            }
+            let heads = self.encode_pass_heads(&s, b, items, &pass, &rows, &mut ops)?;
             self.dev.run(&ops)?;
             for &(i, _, take) in &pass {
                 items[i].seq.advance(take);
                 done[i] += take;
             }
-            if !self.is_last() {
-                let bytes = self.dev.read(&s.h, 0, (total * dim * 4) as u64).await?;
-                let vals: &[f32] = bytemuck::cast_slice(&bytes);
-                let mut at = 0;
-                for &(i, _, take) in &pass {
-                    hidden[i].extend_from_slice(&vals[at * dim..(at + take) * dim]);
-                    at += take;
-                }
-            } else if !heads.is_empty() {
-                let toks = self
-                    .dev
-                    .read(&b.tokens, 0, (heads.len() * 4) as u64)
-                    .await?;
-                let toks: &[u32] = bytemuck::cast_slice(&toks);
-                let wants_logits = heads
-                    .iter()
-                    .any(|&(i, _)| matches!(items[i].want, Want::Logits));
-                let logits = if wants_logits {
-                    let bytes = self
-                        .dev
-                        .read(&b.head_logits, 0, (heads.len() * vocab * 4) as u64)
-                        .await?;
-                    bytemuck::cast_slice::<u8, f32>(&bytes).to_vec()
-                } else {
-                    Vec::new()
-                };
-                for &(i, k) in &heads {
-                    results[i] = Some(Ok(match items[i].want {
-                        Want::Sample(_) => ShardOutput::Token(toks[k]),
-                        _ => ShardOutput::Logits(logits[k * vocab..(k + 1) * vocab].to_vec()),
-                    }));
+            self.collect_pass(&s, b, items, &pass, &heads, &mut hidden, &mut results)
+                .await?;
+        }
+        Ok(self.finish_batch(results, hidden))
+    }
+
+    /// How many rows `input` is, or why it is refused as item `i` of a batch.
+    pub(super) fn check_item(
+        &self,
+        i: usize,
+        input: ShardInput<'_>,
+        want: Want,
+    ) -> Result<usize, ModelError> {
+        if i >= MAX_BATCH_SEQS {
+            return Err(ModelError::WrongInput(
+                "more sequences than one batched pass takes",
+            ));
+        }
+        self.rows_of(input, want)
+    }
+
+    /// Rows one pass holds: a batch of decode steps alone keeps to what the device runs well
+    /// in one pass.
+    pub(super) fn rows_per_pass(&self, rows: &[usize]) -> usize {
+        let decode_only = rows.iter().all(|&n| n <= 1);
+        match self.dev.decode_rows_per_pass() {
+            Some(n) if decode_only => n.clamp(1, self.max_batch),
+            _ => self.max_batch,
+        }
+    }
+
+    /// The batch buffers in `guard`, made on the first pass.
+    pub(super) fn batch_buffers<'g>(
+        &self,
+        guard: &'g mut Option<BatchBuffers>,
+    ) -> Result<&'g BatchBuffers, ModelError> {
+        if guard.is_none() {
+            *guard = Some(BatchBuffers::new(
+                &self.dev,
+                &self.cfg,
+                self.max_batch,
+                self.has_head(),
+            )?);
+        }
+        guard
+            .as_ref()
+            .ok_or(ModelError::WrongInput("batch buffers vanished"))
+    }
+
+    /// Writes a pass's inputs (token ids, or hidden rows), each row's position, pool slot
+    /// and attention row, and the block tables of its sequences; returns the tables' length.
+    pub(super) fn write_pass(
+        &self,
+        s: &Scratch,
+        b: &BatchBuffers,
+        pool: &KvPool,
+        items: &[BatchItem<'_>],
+        pass: &[(usize, usize, usize)],
+    ) -> Result<u32, ModelError> {
+        let dim = self.cfg.dim;
+        let total: usize = pass.iter().map(|p| p.2).sum();
+        let mut ids: Vec<u32> = Vec::new();
+        let mut h_in: Vec<f32> = Vec::new();
+        let mut positions = Vec::with_capacity(total);
+        let mut slots = Vec::with_capacity(total);
+        let mut meta = Vec::with_capacity(2 * total);
+        let mut table: Vec<u32> = Vec::new();
+        for &(i, from, take) in pass {
+            let it = &items[i];
+            match it.input {
+                ShardInput::Tokens(t) => ids.extend_from_slice(&t[from..from + take]),
+                ShardInput::Hidden(h) => {
+                    h_in.extend_from_slice(&h[from * dim..(from + take) * dim])
                 }
             }
+            let start = table.len() as u32;
+            table.extend_from_slice(it.seq.blocks());
+            for j in 0..take {
+                let pos = it.seq.len() + j;
+                positions.push(pos as u32);
+                slots.push(it.seq.slot(pos));
+                meta.extend_from_slice(&[start, pos as u32 + 1]);
+            }
         }
+        if self.is_first() {
+            self.dev.write(&s.ids, 0, bytemuck::cast_slice(&ids))?;
+        } else {
+            self.dev.write(&s.h, 0, bytemuck::cast_slice(&h_in))?;
+        }
+        self.dev
+            .write(&b.positions, 0, bytemuck::cast_slice(&positions))?;
+        self.dev.write(&b.slots, 0, bytemuck::cast_slice(&slots))?;
+        self.dev.write(&b.rows, 0, bytemuck::cast_slice(&meta))?;
+        self.dev
+            .write(&pool.table, 0, bytemuck::cast_slice(&table))?;
+        Ok(table.len() as u32)
+    }
+
+    /// The head over the last row of each item that ends in this pass (last shard only): its
+    /// logits, and a token drawn where it wants one. Returns `(item, head row)` of each.
+    pub(super) fn encode_pass_heads<'a>(
+        &'a self,
+        s: &'a Scratch,
+        b: &'a BatchBuffers,
+        items: &[BatchItem<'_>],
+        pass: &[(usize, usize, usize)],
+        rows: &[usize],
+        ops: &mut Vec<Op<'a>>,
+    ) -> Result<Vec<(usize, usize)>, ModelError> {
+        let mut heads: Vec<(usize, usize)> = Vec::new();
+        if !self.is_last() {
+            return Ok(heads);
+        }
+        let (dim, vocab) = (self.cfg.dim, self.cfg.vocab_size);
+        let row = (dim * 4) as u64;
+        let mut at = 0;
+        for &(i, from, take) in pass {
+            at += take;
+            if from + take == rows[i] {
+                let k = heads.len();
+                ops.push(Op::Copy(BufferCopy {
+                    src: &s.h,
+                    src_offset: (at as u64 - 1) * row,
+                    dst: &b.head_h,
+                    dst_offset: k as u64 * row,
+                    bytes: row,
+                }));
+                heads.push((i, k));
+            }
+        }
+        if !heads.is_empty() {
+            self.encode_logits(&b.head_h, &b.head_norm, &b.head_logits, heads.len(), ops)?;
+        }
+        let lrow = (vocab * 4) as u64;
+        for &(i, k) in &heads {
+            if let Want::Sample(params) = items[i].want {
+                ops.push(Op::Copy(BufferCopy {
+                    src: &b.head_logits,
+                    src_offset: k as u64 * lrow,
+                    dst: &s.logits,
+                    dst_offset: 0,
+                    bytes: lrow,
+                }));
+                ops.push(Op::Sample(Sample {
+                    logits: &s.logits,
+                    n: vocab as u32,
+                    out: &s.token,
+                    params,
+                }));
+                ops.push(Op::Copy(BufferCopy {
+                    src: &s.token,
+                    src_offset: 0,
+                    dst: &b.tokens,
+                    dst_offset: k as u64 * 4,
+                    bytes: 4,
+                }));
+            }
+        }
+        Ok(heads)
+    }
+
+    /// Reads what a pass produced: each item's hidden rows (below the last shard), or the
+    /// tokens and logits of the items whose head ran.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn collect_pass(
+        &self,
+        s: &Scratch,
+        b: &BatchBuffers,
+        items: &[BatchItem<'_>],
+        pass: &[(usize, usize, usize)],
+        heads: &[(usize, usize)],
+        hidden: &mut [Vec<f32>],
+        results: &mut [Option<Result<ShardOutput, ModelError>>],
+    ) -> Result<(), ModelError> {
+        let (dim, vocab) = (self.cfg.dim, self.cfg.vocab_size);
+        if !self.is_last() {
+            let total: usize = pass.iter().map(|p| p.2).sum();
+            let bytes = self.dev.read(&s.h, 0, (total * dim * 4) as u64).await?;
+            let vals: &[f32] = bytemuck::cast_slice(&bytes);
+            let mut at = 0;
+            for &(i, _, take) in pass {
+                hidden[i].extend_from_slice(&vals[at * dim..(at + take) * dim]);
+                at += take;
+            }
+        } else if !heads.is_empty() {
+            let toks = self
+                .dev
+                .read(&b.tokens, 0, (heads.len() * 4) as u64)
+                .await?;
+            let toks: &[u32] = bytemuck::cast_slice(&toks);
+            let wants_logits = heads
+                .iter()
+                .any(|&(i, _)| matches!(items[i].want, Want::Logits));
+            let logits = if wants_logits {
+                let bytes = self
+                    .dev
+                    .read(&b.head_logits, 0, (heads.len() * vocab * 4) as u64)
+                    .await?;
+                bytemuck::cast_slice::<u8, f32>(&bytes).to_vec()
+            } else {
+                Vec::new()
+            };
+            for &(i, k) in heads {
+                results[i] = Some(Ok(match items[i].want {
+                    Want::Sample(_) => ShardOutput::Token(toks[k]),
+                    _ => ShardOutput::Logits(logits[k * vocab..(k + 1) * vocab].to_vec()),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every item's result: what its passes gave, its hidden rows below the last shard.
+    pub(super) fn finish_batch(
+        &self,
+        mut results: Vec<Option<Result<ShardOutput, ModelError>>>,
+        hidden: Vec<Vec<f32>>,
+    ) -> Vec<Result<ShardOutput, ModelError>> {
         if !self.is_last() {
             for (i, h) in hidden.into_iter().enumerate() {
                 if results[i].is_none() {
@@ -421,10 +557,10 @@ impl Shard {
                 }
             }
         }
-        Ok(results
+        results
             .into_iter()
             .map(|r| r.unwrap_or(Err(ModelError::WrongInput("a batch item produced nothing"))))
-            .collect())
+            .collect()
     }
 
     /// Runs the shard over `input` at the cache's next positions and appends them to it.
@@ -572,23 +708,18 @@ impl Shard {
     }
 
     fn encode_blocks<'a>(&'a self, s: &'a Scratch, kv: Kv<'a>, t: usize, ops: &mut Vec<Op<'a>>) {
-        let (pos0, positions) = match kv {
-            Kv::Dense { pos0, .. } => (pos0, None),
-            Kv::Paged { batch, .. } => (0, Some(&batch.positions)),
-        };
+        self.encode_embed(s, t, ops);
+        for i in 0..self.weights.layers.len() {
+            self.encode_attention(s, kv, t, i, ops);
+            self.encode_residual(s, t, self.post_norm(i, 0), ops);
+            self.encode_ffn(s, t, i, ops);
+            self.encode_residual(s, t, self.post_norm(i, 1), ops);
+        }
+    }
+
+    /// The token embedding into `h` (the shard holding it only).
+    pub(super) fn encode_embed<'a>(&'a self, s: &'a Scratch, t: usize, ops: &mut Vec<Op<'a>>) {
         let c = &self.cfg;
-        let tk = t as u32;
-        let lin = |m: &'a Matrix, x: &'a Buffer, y: &'a Buffer| {
-            Op::Linear(Linear {
-                w: &m.buf,
-                wtype: m.ty,
-                x,
-                y,
-                rows: m.rows as u32,
-                cols: m.cols as u32,
-                tokens: tk,
-            })
-        };
         if let Some(e) = &self.weights.embed {
             ops.push(Op::Embed(Embed {
                 table: &e.buf,
@@ -597,7 +728,7 @@ impl Shard {
                 out: &s.h,
                 dim: c.dim as u32,
                 vocab: e.rows as u32,
-                tokens: tk,
+                tokens: t as u32,
             }));
             if c.family.gemma() {
                 ops.push(Op::ScaleCap(ScaleCap {
@@ -608,199 +739,256 @@ impl Shard {
                 }));
             }
         }
-        let kv_row = (c.kv_dim() * 4) as u64;
-        for (i, w) in self.weights.layers.iter().enumerate() {
-            let layer = self.start + i;
-            let norm = |weight: &'a Buffer| {
-                Op::RmsNorm(RmsNorm {
-                    x: &s.h,
+    }
+
+    /// Gemma's norm of layer `i`'s attention output (`which` 0) or FFN output (1).
+    pub(super) fn post_norm(&self, i: usize, which: usize) -> Option<&Buffer> {
+        self.weights.layers[i]
+            .post_norms
+            .as_ref()
+            .map(|norms| &norms[which])
+    }
+
+    /// The number of layers this shard holds.
+    pub(super) fn layer_count(&self) -> usize {
+        self.weights.layers.len()
+    }
+
+    fn lin<'a>(&self, m: &'a Matrix, x: &'a Buffer, y: &'a Buffer, t: usize) -> Op<'a> {
+        Op::Linear(Linear {
+            w: &m.buf,
+            wtype: m.ty,
+            x,
+            y,
+            rows: m.rows as u32,
+            cols: m.cols as u32,
+            tokens: t as u32,
+        })
+    }
+
+    fn pre_norm<'a>(&self, s: &'a Scratch, weight: &'a Buffer, t: usize) -> Op<'a> {
+        Op::RmsNorm(RmsNorm {
+            x: &s.h,
+            weight,
+            y: &s.xn,
+            dim: self.cfg.dim as u32,
+            tokens: t as u32,
+            eps: self.cfg.norm_eps,
+        })
+    }
+
+    /// Layer `i`'s attention up to its output product, into `o` (of a tensor split, this
+    /// part's heads' share of it).
+    pub(super) fn encode_attention<'a>(
+        &'a self,
+        s: &'a Scratch,
+        kv: Kv<'a>,
+        t: usize,
+        i: usize,
+        ops: &mut Vec<Op<'a>>,
+    ) {
+        let (pos0, positions) = match kv {
+            Kv::Dense { pos0, .. } => (pos0, None),
+            Kv::Paged { batch, .. } => (0, Some(&batch.positions)),
+        };
+        let c = &self.cfg;
+        let l = &self.local;
+        let tk = t as u32;
+        let kv_row = (l.kv_dim() * 4) as u64;
+        let w = &self.weights.layers[i];
+        let layer = self.start + i;
+        let rope = |x: &'a Buffer, heads: usize| {
+            Op::Rope(Rope {
+                x,
+                heads: heads as u32,
+                head_dim: c.head_dim as u32,
+                rope_dim: c.rope_dim as u32,
+                tokens: tk,
+                pos0: pos0 as u32,
+                freq_base: c.layer_rope_base(layer),
+                neox: c.rope_neox,
+                factors: self.weights.rope_freqs.as_ref(),
+                positions,
+            })
+        };
+        ops.push(self.pre_norm(s, &w.attn_norm, t));
+        match (&w.qk_norm, &s.pre_norm) {
+            (Some([qn, kn]), Some(pre)) => {
+                // One norm per head (rows of head_dim, a weight every head shares), from
+                // the product's own buffer: a kernel's input and output are never one.
+                for (m, out, weight, heads) in
+                    [(&w.wq, &s.q, qn, l.heads), (&w.wk, &s.k, kn, l.kv_heads)]
+                {
+                    ops.push(self.lin(m, &s.xn, pre, t));
+                    if let Some(bias) = qkv_bias_of(w, m) {
+                        ops.push(Op::AddBias(AddBias {
+                            x: pre,
+                            bias,
+                            cols: m.rows as u32,
+                            tokens: tk,
+                        }));
+                    }
+                    ops.push(Op::RmsNorm(RmsNorm {
+                        x: pre,
+                        weight,
+                        y: out,
+                        dim: c.head_dim as u32,
+                        tokens: tk * heads as u32,
+                        eps: c.norm_eps,
+                    }));
+                }
+            }
+            _ => {
+                ops.push(self.lin(&w.wq, &s.xn, &s.q, t));
+                ops.push(self.lin(&w.wk, &s.xn, &s.k, t));
+                for (m, x) in [(&w.wq, &s.q), (&w.wk, &s.k)] {
+                    if let Some(bias) = qkv_bias_of(w, m) {
+                        ops.push(Op::AddBias(AddBias {
+                            x,
+                            bias,
+                            cols: m.rows as u32,
+                            tokens: tk,
+                        }));
+                    }
+                }
+            }
+        }
+        ops.push(self.lin(&w.wv, &s.xn, &s.v, t));
+        if let Some(bias) = qkv_bias_of(w, &w.wv) {
+            ops.push(Op::AddBias(AddBias {
+                x: &s.v,
+                bias,
+                cols: l.kv_dim() as u32,
+                tokens: tk,
+            }));
+        }
+        ops.push(rope(&s.q, l.heads));
+        ops.push(rope(&s.k, l.kv_heads));
+        let (scale, window) = (c.attn_scale(), c.layer_window(layer));
+        match kv {
+            Kv::Dense { cache, pos0 } => {
+                let off = pos0 as u64 * kv_row;
+                let bytes = t as u64 * kv_row;
+                ops.push(Op::Copy(BufferCopy {
+                    src: &s.k,
+                    src_offset: 0,
+                    dst: &cache.k[i],
+                    dst_offset: off,
+                    bytes,
+                }));
+                ops.push(Op::Copy(BufferCopy {
+                    src: &s.v,
+                    src_offset: 0,
+                    dst: &cache.v[i],
+                    dst_offset: off,
+                    bytes,
+                }));
+                ops.push(Op::Attention(Attention {
+                    q: &s.q,
+                    k_cache: &cache.k[i],
+                    v_cache: &cache.v[i],
+                    out: &s.att,
+                    heads: l.heads as u32,
+                    kv_heads: l.kv_heads as u32,
+                    head_dim: c.head_dim as u32,
+                    tokens: tk,
+                    pos0: pos0 as u32,
+                    scale,
+                    window,
+                    softcap: c.attn_softcap,
+                }));
+            }
+            Kv::Paged {
+                pool,
+                batch,
+                table_len,
+            } => {
+                let pool_blocks = pool.blocks() as u32;
+                ops.push(Op::KvStore(KvStore {
+                    k: &s.k,
+                    v: &s.v,
+                    slots: &batch.slots,
+                    k_pool: &pool.k[i],
+                    v_pool: &pool.v[i],
+                    kv_dim: l.kv_dim() as u32,
+                    tokens: tk,
+                    pool_slots: pool_blocks * KV_BLOCK as u32,
+                }));
+                ops.push(Op::PagedAttention(PagedAttention {
+                    q: &s.q,
+                    k_pool: &pool.k[i],
+                    v_pool: &pool.v[i],
+                    rows: &batch.rows,
+                    table: &pool.table,
+                    out: &s.att,
+                    heads: l.heads as u32,
+                    kv_heads: l.kv_heads as u32,
+                    head_dim: c.head_dim as u32,
+                    tokens: tk,
+                    block: KV_BLOCK as u32,
+                    pool_blocks,
+                    table_len,
+                    scale,
+                    window,
+                    softcap: c.attn_softcap,
+                }));
+            }
+        }
+        ops.push(self.lin(&w.wo, &s.att, &s.o, t));
+    }
+
+    /// The residual: `h += o`, or with Gemma's post norm `post` `h += norm(o)` (normed into
+    /// `xn`, free until the next pre-norm).
+    pub(super) fn encode_residual<'a>(
+        &'a self,
+        s: &'a Scratch,
+        t: usize,
+        post: Option<&'a Buffer>,
+        ops: &mut Vec<Op<'a>>,
+    ) {
+        let c = &self.cfg;
+        let b = match post {
+            Some(weight) => {
+                ops.push(Op::RmsNorm(RmsNorm {
+                    x: &s.o,
                     weight,
                     y: &s.xn,
                     dim: c.dim as u32,
-                    tokens: tk,
+                    tokens: t as u32,
                     eps: c.norm_eps,
-                })
-            };
-            let rope = |x: &'a Buffer, heads: usize| {
-                Op::Rope(Rope {
-                    x,
-                    heads: heads as u32,
-                    head_dim: c.head_dim as u32,
-                    rope_dim: c.rope_dim as u32,
-                    tokens: tk,
-                    pos0: pos0 as u32,
-                    freq_base: c.layer_rope_base(layer),
-                    neox: c.rope_neox,
-                    factors: self.weights.rope_freqs.as_ref(),
-                    positions,
-                })
-            };
-            ops.push(norm(&w.attn_norm));
-            match (&w.qk_norm, &s.pre_norm) {
-                (Some([qn, kn]), Some(pre)) => {
-                    // One norm per head (rows of head_dim, a weight every head shares), from
-                    // the product's own buffer: a kernel's input and output are never one.
-                    for (m, out, weight, heads) in [
-                        (&w.wq, &s.q, qn, c.n_heads),
-                        (&w.wk, &s.k, kn, c.n_kv_heads),
-                    ] {
-                        ops.push(lin(m, &s.xn, pre));
-                        if let Some(bias) = qkv_bias_of(w, m) {
-                            ops.push(Op::AddBias(AddBias {
-                                x: pre,
-                                bias,
-                                cols: m.rows as u32,
-                                tokens: tk,
-                            }));
-                        }
-                        ops.push(Op::RmsNorm(RmsNorm {
-                            x: pre,
-                            weight,
-                            y: out,
-                            dim: c.head_dim as u32,
-                            tokens: tk * heads as u32,
-                            eps: c.norm_eps,
-                        }));
-                    }
-                }
-                _ => {
-                    ops.push(lin(&w.wq, &s.xn, &s.q));
-                    ops.push(lin(&w.wk, &s.xn, &s.k));
-                    for (m, x) in [(&w.wq, &s.q), (&w.wk, &s.k)] {
-                        if let Some(bias) = qkv_bias_of(w, m) {
-                            ops.push(Op::AddBias(AddBias {
-                                x,
-                                bias,
-                                cols: m.rows as u32,
-                                tokens: tk,
-                            }));
-                        }
-                    }
-                }
-            }
-            ops.push(lin(&w.wv, &s.xn, &s.v));
-            if let Some(bias) = qkv_bias_of(w, &w.wv) {
-                ops.push(Op::AddBias(AddBias {
-                    x: &s.v,
-                    bias,
-                    cols: c.kv_dim() as u32,
-                    tokens: tk,
                 }));
+                &s.xn
             }
-            ops.push(rope(&s.q, c.n_heads));
-            ops.push(rope(&s.k, c.n_kv_heads));
-            let (scale, window) = (c.attn_scale(), c.layer_window(layer));
-            match kv {
-                Kv::Dense { cache, pos0 } => {
-                    let off = pos0 as u64 * kv_row;
-                    let bytes = t as u64 * kv_row;
-                    ops.push(Op::Copy(BufferCopy {
-                        src: &s.k,
-                        src_offset: 0,
-                        dst: &cache.k[i],
-                        dst_offset: off,
-                        bytes,
-                    }));
-                    ops.push(Op::Copy(BufferCopy {
-                        src: &s.v,
-                        src_offset: 0,
-                        dst: &cache.v[i],
-                        dst_offset: off,
-                        bytes,
-                    }));
-                    ops.push(Op::Attention(Attention {
-                        q: &s.q,
-                        k_cache: &cache.k[i],
-                        v_cache: &cache.v[i],
-                        out: &s.att,
-                        heads: c.n_heads as u32,
-                        kv_heads: c.n_kv_heads as u32,
-                        head_dim: c.head_dim as u32,
-                        tokens: tk,
-                        pos0: pos0 as u32,
-                        scale,
-                        window,
-                        softcap: c.attn_softcap,
-                    }));
-                }
-                Kv::Paged {
-                    pool,
-                    batch,
-                    table_len,
-                } => {
-                    let pool_blocks = pool.blocks() as u32;
-                    ops.push(Op::KvStore(KvStore {
-                        k: &s.k,
-                        v: &s.v,
-                        slots: &batch.slots,
-                        k_pool: &pool.k[i],
-                        v_pool: &pool.v[i],
-                        kv_dim: c.kv_dim() as u32,
-                        tokens: tk,
-                        pool_slots: pool_blocks * KV_BLOCK as u32,
-                    }));
-                    ops.push(Op::PagedAttention(PagedAttention {
-                        q: &s.q,
-                        k_pool: &pool.k[i],
-                        v_pool: &pool.v[i],
-                        rows: &batch.rows,
-                        table: &pool.table,
-                        out: &s.att,
-                        heads: c.n_heads as u32,
-                        kv_heads: c.n_kv_heads as u32,
-                        head_dim: c.head_dim as u32,
-                        tokens: tk,
-                        block: KV_BLOCK as u32,
-                        pool_blocks,
-                        table_len,
-                        scale,
-                        window,
-                        softcap: c.attn_softcap,
-                    }));
-                }
-            }
-            // The residual adds `o`, or with Gemma's post norms `o` normed (into `xn`, free
-            // until the next pre-norm).
-            let residual = |ops: &mut Vec<Op<'a>>, post: Option<&'a Buffer>| {
-                let b = match post {
-                    Some(weight) => {
-                        ops.push(Op::RmsNorm(RmsNorm {
-                            x: &s.o,
-                            weight,
-                            y: &s.xn,
-                            dim: c.dim as u32,
-                            tokens: tk,
-                            eps: c.norm_eps,
-                        }));
-                        &s.xn
-                    }
-                    None => &s.o,
-                };
-                ops.push(Op::Add(Add {
-                    a: &s.h,
-                    b,
-                    out: &s.h,
-                    n: (t * c.dim) as u32,
-                }));
-            };
-            let [attn_post, ffn_post] = match &w.post_norms {
-                Some([a, f]) => [Some(a), Some(f)],
-                None => [None, None],
-            };
-            ops.push(lin(&w.wo, &s.att, &s.o));
-            residual(ops, attn_post);
-            ops.push(norm(&w.ffn_norm));
-            ops.push(lin(&w.w_gate, &s.xn, &s.g));
-            ops.push(lin(&w.w_up, &s.xn, &s.u));
-            let (gate, up, out, n) = (&s.g, &s.u, &s.a, (t * c.ffn_dim) as u32);
-            ops.push(if c.family.gemma() {
-                Op::GeluMul(GeluMul { gate, up, out, n })
-            } else {
-                Op::SiluMul(SiluMul { gate, up, out, n })
-            });
-            ops.push(lin(&w.w_down, &s.a, &s.o));
-            residual(ops, ffn_post);
-        }
+            None => &s.o,
+        };
+        ops.push(Op::Add(Add {
+            a: &s.h,
+            b,
+            out: &s.h,
+            n: (t * c.dim) as u32,
+        }));
+    }
+
+    /// Layer `i`'s feed-forward block up to its down product, into `o` (of a tensor split,
+    /// this part's rows' share of it).
+    pub(super) fn encode_ffn<'a>(
+        &'a self,
+        s: &'a Scratch,
+        t: usize,
+        i: usize,
+        ops: &mut Vec<Op<'a>>,
+    ) {
+        let w = &self.weights.layers[i];
+        ops.push(self.pre_norm(s, &w.ffn_norm, t));
+        ops.push(self.lin(&w.w_gate, &s.xn, &s.g, t));
+        ops.push(self.lin(&w.w_up, &s.xn, &s.u, t));
+        let (gate, up, out, n) = (&s.g, &s.u, &s.a, (t * self.local.ffn) as u32);
+        ops.push(if self.cfg.family.gemma() {
+            Op::GeluMul(GeluMul { gate, up, out, n })
+        } else {
+            Op::SiluMul(SiluMul { gate, up, out, n })
+        });
+        ops.push(self.lin(&w.w_down, &s.a, &s.o, t));
     }
 
     fn encode_head<'a>(
@@ -899,24 +1087,24 @@ struct HeadRows {
 }
 
 impl Scratch {
-    fn new(dev: &Device, c: &ModelConfig, b: usize) -> Result<Scratch, ModelError> {
+    fn new(dev: &Device, c: &ModelConfig, l: &Local, b: usize) -> Result<Scratch, ModelError> {
         let f = |label: &str, n: usize| dev.alloc(label, (n * 4) as u64);
         Ok(Scratch {
             h: f("h", b * c.dim)?,
             xn: f("xn", b * c.dim)?,
-            q: f("q", b * c.q_dim())?,
-            k: f("k", b * c.kv_dim())?,
-            v: f("v", b * c.kv_dim())?,
+            q: f("q", b * l.q_dim())?,
+            k: f("k", b * l.kv_dim())?,
+            v: f("v", b * l.kv_dim())?,
             pre_norm: if c.qk_norm {
-                Some(f("pre_norm", b * c.q_dim().max(c.kv_dim()))?)
+                Some(f("pre_norm", b * l.q_dim().max(l.kv_dim()))?)
             } else {
                 None
             },
-            att: f("att", b * c.q_dim())?,
+            att: f("att", b * l.q_dim())?,
             o: f("o", b * c.dim)?,
-            g: f("gate", b * c.ffn_dim)?,
-            u: f("up", b * c.ffn_dim)?,
-            a: f("act", b * c.ffn_dim)?,
+            g: f("gate", b * l.ffn)?,
+            u: f("up", b * l.ffn)?,
+            a: f("act", b * l.ffn)?,
             ids: f("ids", b)?,
             last: f("last", c.dim)?,
             last_norm: f("last_norm", c.dim)?,
@@ -928,7 +1116,7 @@ impl Scratch {
 
 /// Where a pass's keys and values go: one sequence's own cache, or a batch's pool.
 #[derive(Clone, Copy)]
-enum Kv<'a> {
+pub(super) enum Kv<'a> {
     Dense {
         cache: &'a KvCache,
         pos0: usize,
@@ -942,7 +1130,7 @@ enum Kv<'a> {
 
 /// Device buffers of a batched pass: per row its position, pool slot and attention row, and
 /// for the last shard the head over each sequence's last row and the tokens drawn.
-struct BatchBuffers {
+pub(super) struct BatchBuffers {
     positions: Buffer,
     slots: Buffer,
     rows: Buffer,
@@ -957,18 +1145,39 @@ impl BatchBuffers {
         dev: &Device,
         c: &ModelConfig,
         b: usize,
-        last: bool,
+        head: bool,
     ) -> Result<BatchBuffers, ModelError> {
         let f = |label: &str, n: usize| dev.alloc(label, (n.max(1) * 4) as u64);
-        let seqs = if last { MAX_BATCH_SEQS } else { 1 };
+        let seqs = if head { MAX_BATCH_SEQS } else { 1 };
         Ok(BatchBuffers {
             positions: f("batch positions", b)?,
             slots: f("batch slots", b)?,
             rows: f("batch rows", 2 * b)?,
             head_h: f("batch head h", seqs * c.dim)?,
             head_norm: f("batch head norm", seqs * c.dim)?,
-            head_logits: f("batch logits", if last { seqs * c.vocab_size } else { 1 })?,
+            head_logits: f("batch logits", if head { seqs * c.vocab_size } else { 1 })?,
             tokens: f("batch tokens", seqs)?,
         })
     }
+}
+
+/// The next pass: `(item, first row, rows)` in item order, up to `per_pass` rows, of each
+/// item's rows not yet `done`.
+pub(super) fn next_pass(
+    rows: &[usize],
+    done: &[usize],
+    per_pass: usize,
+) -> Vec<(usize, usize, usize)> {
+    let mut pass = Vec::new();
+    let mut total = 0;
+    for i in 0..rows.len() {
+        let left = rows[i] - done[i];
+        if left == 0 || total == per_pass {
+            continue;
+        }
+        let take = left.min(per_pass - total);
+        pass.push((i, done[i], take));
+        total += take;
+    }
+    pass
 }

@@ -8,19 +8,56 @@
 //! each sequence holds blocks in every piece's pool.
 //!
 //! A single device is a stack of one, so the stage has one code path.
+//!
+//! The same devices can instead split every layer of the range by its tensors
+//! ([`Split::Tensor`], `tensor_split.rs`): each piece is then one device's part of every
+//! layer, and a pass runs them side by side, summing their partial products twice a layer.
 
 use std::sync::Arc;
 
 use super::shard::{BatchItem, DEFAULT_MAX_BATCH};
+use super::tensor_split::{self, TensorSplit};
 use super::{KvPool, ModelConfig, ModelError, SeqKv, Shard, ShardInput, ShardOutput, Want};
 use crate::backend::Device;
 use crate::gguf::TensorSource;
+
+/// How a stage's layers are spread over several devices of one host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Split {
+    /// Each device a contiguous run of the layers (a pipeline inside the process).
+    #[default]
+    Layers,
+    /// Each device a part of every layer: its attention heads and feed-forward rows.
+    Tensor,
+}
+
+impl std::str::FromStr for Split {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Split, String> {
+        match s {
+            "layers" | "layer" => Ok(Split::Layers),
+            "tensor" | "tensors" => Ok(Split::Tensor),
+            other => Err(format!("'{other}' is not a split; choose layers or tensor")),
+        }
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Split::Layers => "layers",
+            Split::Tensor => "tensor",
+        })
+    }
+}
 
 /// Layers `start..end` over several devices, in order.
 pub struct ShardStack {
     pieces: Vec<Shard>,
     /// Each piece's index in the device list it was loaded over.
     devices: Vec<usize>,
+    /// Set when the pieces are the parts of a tensor split rather than runs of layers.
+    tensor: Option<TensorSplit>,
     /// Tests (`dev-hooks` builds): the device whose next pass fails, as a lost GPU's would.
     #[cfg(feature = "dev-hooks")]
     fail: std::sync::Mutex<Option<usize>>,
@@ -131,10 +168,61 @@ impl ShardStack {
         Ok(ShardStack::of(pieces, indices))
     }
 
+    /// Layers `start..end` over `devices` as `split` says: by layers ([`Self::load`]), or
+    /// every layer by its tensors, one part per device ([`tensor_split::plan`] says how, or
+    /// why the model's shapes do not split over that many).
+    pub fn load_split(
+        devices: &[(Arc<Device>, u64)],
+        src: &dyn TensorSource,
+        start: usize,
+        end: usize,
+        split: Split,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<ShardStack, ModelError> {
+        if split == Split::Layers || devices.len() < 2 {
+            return Self::load(devices, src, start, end, progress);
+        }
+        let cfg = ModelConfig::from_gguf(src.gguf())?;
+        if start >= end || end > cfg.n_layers {
+            return Err(ModelError::BadRange {
+                start,
+                end,
+                n_layers: cfg.n_layers,
+            });
+        }
+        let parts = tensor_split::plan(src.gguf(), &cfg, start, end, devices.len())?;
+        let mut pieces = Vec::with_capacity(parts.len());
+        for ((dev, _), part) in devices.iter().zip(&parts) {
+            pieces.push(Shard::load_part(
+                Arc::clone(dev),
+                src,
+                start,
+                end,
+                DEFAULT_MAX_BATCH,
+                Some(part),
+                progress,
+            )?);
+        }
+        let tensor = TensorSplit::new(&pieces)?;
+        let mut stack = ShardStack::of(pieces, (0..devices.len()).collect());
+        stack.tensor = Some(tensor);
+        Ok(stack)
+    }
+
+    /// How the stack's layers are spread over its devices.
+    pub fn split(&self) -> Split {
+        if self.tensor.is_some() {
+            Split::Tensor
+        } else {
+            Split::Layers
+        }
+    }
+
     fn of(pieces: Vec<Shard>, devices: Vec<usize>) -> ShardStack {
         ShardStack {
             pieces,
             devices,
+            tensor: None,
             #[cfg(feature = "dev-hooks")]
             fail: std::sync::Mutex::new(None),
         }
@@ -221,6 +309,20 @@ impl ShardStack {
         pool: &mut StackPool,
         items: &mut [StackItem<'_>],
     ) -> Result<Vec<Result<ShardOutput, ModelError>>, ModelError> {
+        if let Some(split) = &self.tensor {
+            #[cfg(feature = "dev-hooks")]
+            if let Ok(mut f) = self.fail.lock()
+                && let Some(index) = f.take_if(|i| *i < self.pieces.len())
+            {
+                return Err(ModelError::DeviceFailed {
+                    index,
+                    text: "failed on purpose (CAIRN_DEBUG_FAIL_DEVICE)".into(),
+                });
+            }
+            return tensor_split::forward_batch(&self.pieces, split, &mut pool.pools, items)
+                .await
+                .map_err(|(p, e)| self.device_failed(p, e));
+        }
         let n = items.len();
         let mut results: Vec<Option<Result<ShardOutput, ModelError>>> =
             (0..n).map(|_| None).collect();
@@ -305,6 +407,11 @@ impl StackSeq {
         StackSeq {
             seqs: (0..pieces.max(1)).map(|_| SeqKv::new(limit)).collect(),
         }
+    }
+
+    /// Each piece's blocks of the sequence.
+    pub(super) fn parts_mut(&mut self) -> &mut [SeqKv] {
+        &mut self.seqs
     }
 
     /// Positions held (every piece holds the same).

@@ -1,7 +1,10 @@
 //! Uploading the tensors of a layer range from a GGUF source to a device.
 
+use std::ops::Range;
+
 use super::ModelError;
 use super::config::{ModelConfig, ROPE_FREQS, block_bias, block_tensor};
+use super::tensor_split::TensorPart;
 use crate::backend::{Buffer, Device};
 use crate::gguf::TensorSource;
 use crate::quant::GgmlType;
@@ -146,8 +149,25 @@ impl Loader<'_> {
         cols: usize,
         rows: &[usize],
     ) -> Result<Vec<Matrix>, ModelError> {
+        let mut ranges = Vec::with_capacity(rows.len());
+        let mut at = 0;
+        for &r in rows {
+            ranges.push(at..at + r);
+            at += r;
+        }
+        self.matrix_rows(name, cols, at, &ranges)
+    }
+
+    /// The row ranges `ranges` of tensor `name` (`total` rows of `cols` columns), one matrix
+    /// each: whole rows are whole blocks, so each is a plain byte range of the tensor.
+    pub fn matrix_rows(
+        &mut self,
+        name: &str,
+        cols: usize,
+        total: usize,
+        ranges: &[Range<usize>],
+    ) -> Result<Vec<Matrix>, ModelError> {
         let info = self.src.gguf().require_tensor(name)?.clone();
-        let total: usize = rows.iter().sum();
         let dims_ok =
             info.dims.len() == 2 && info.dims[0] as usize == cols && info.dims[1] as usize == total;
         let row_bytes = info.ty.row_bytes(cols);
@@ -158,23 +178,79 @@ impl Loader<'_> {
             )));
         };
         let data = self.src.tensor_data(name)?;
-        let mut out = Vec::with_capacity(rows.len());
-        let mut at = 0;
-        for &r in rows {
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
             let part = data
-                .get(at..at + r * row_bytes)
-                .ok_or_else(|| ModelError::BadShape(format!("{name} is shorter than its dims")))?;
-            at += r * row_bytes;
+                .get(r.start * row_bytes..r.end * row_bytes)
+                .filter(|_| r.start < r.end && r.end <= total)
+                .ok_or_else(|| {
+                    ModelError::BadShape(format!("rows {r:?} of {name} ({total} rows)"))
+                })?;
             out.push(Matrix {
                 buf: self.dev.upload(name, part)?,
                 ty: info.ty,
-                rows: r,
+                rows: r.len(),
                 cols,
             });
         }
         self.done += data.len() as u64;
         (self.progress)(self.done, self.total);
         Ok(out)
+    }
+
+    /// Columns `range` of every row of tensor `name` (`rows` × `cols`), as one matrix of
+    /// `range.len()` columns. A quantized row is a run of blocks whose elements share scales,
+    /// so the range must start and end on the format's block boundaries.
+    pub fn matrix_cols(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        range: Range<usize>,
+    ) -> Result<Matrix, ModelError> {
+        if range == (0..cols) {
+            return self.matrix(name, rows, cols);
+        }
+        let info = self.src.gguf().require_tensor(name)?.clone();
+        let dims_ok =
+            info.dims.len() == 2 && info.dims[0] as usize == cols && info.dims[1] as usize == rows;
+        let sizes = (
+            info.ty.row_bytes(cols),
+            info.ty.row_bytes(range.start),
+            info.ty.row_bytes(range.len()),
+        );
+        let (Some(row_bytes), Some(skip), Some(take)) = sizes else {
+            return Err(ModelError::BadShape(format!(
+                "columns {range:?} of {name} do not fall on {} block boundaries ({} elements)",
+                info.ty.name(),
+                info.ty.block_len()
+            )));
+        };
+        if !dims_ok || range.is_empty() || range.end > cols {
+            return Err(ModelError::BadShape(format!(
+                "columns {range:?} of {name}, whose dims are {:?} (expected [{cols}, {rows}])",
+                info.dims
+            )));
+        }
+        let data = self.src.tensor_data(name)?;
+        if data.len() < rows * row_bytes {
+            return Err(ModelError::BadShape(format!(
+                "{name} is shorter than its dims"
+            )));
+        }
+        let mut part = Vec::with_capacity(rows * take);
+        for r in 0..rows {
+            let at = r * row_bytes + skip;
+            part.extend_from_slice(&data[at..at + take]);
+        }
+        self.done += data.len() as u64;
+        (self.progress)(self.done, self.total);
+        Ok(Matrix {
+            buf: self.dev.upload(name, &part)?,
+            ty: info.ty,
+            rows,
+            cols: range.len(),
+        })
     }
 
     /// A norm weight or bias vector, always loaded as f32.
@@ -184,8 +260,23 @@ impl Loader<'_> {
 
     /// Vector `name` cut into consecutive parts of the lengths `lens` (a fused bias).
     pub fn vector_parts(&mut self, name: &str, lens: &[usize]) -> Result<Vec<Buffer>, ModelError> {
+        let mut ranges = Vec::with_capacity(lens.len());
+        let mut at = 0;
+        for &n in lens {
+            ranges.push(at..at + n);
+            at += n;
+        }
+        self.vector_ranges(name, at, &ranges)
+    }
+
+    /// The ranges `ranges` of vector `name` of `len` elements.
+    pub fn vector_ranges(
+        &mut self,
+        name: &str,
+        len: usize,
+        ranges: &[Range<usize>],
+    ) -> Result<Vec<Buffer>, ModelError> {
         let info = self.src.gguf().require_tensor(name)?.clone();
-        let len: usize = lens.iter().sum();
         let len_ok = info.n_elements as usize == len && info.ty.row_bytes(len).is_some();
         if !len_ok {
             return Err(ModelError::BadShape(format!(
@@ -207,14 +298,12 @@ impl Loader<'_> {
         }
         self.done += info.n_bytes;
         (self.progress)(self.done, self.total);
-        let mut out = Vec::with_capacity(lens.len());
-        let mut at = 0;
-        for &n in lens {
-            out.push(
-                self.dev
-                    .upload(name, bytemuck::cast_slice(&v[at..at + n]))?,
-            );
-            at += n;
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let part = v.get(r.clone()).ok_or_else(|| {
+                ModelError::BadShape(format!("elements {r:?} of {name} ({len} elements)"))
+            })?;
+            out.push(self.dev.upload(name, bytemuck::cast_slice(part))?);
         }
         Ok(out)
     }
@@ -226,9 +315,12 @@ pub(crate) fn load(
     cfg: &ModelConfig,
     start: usize,
     end: usize,
+    part: Option<&TensorPart>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ShardWeights, ModelError> {
     let total = shard_weight_bytes(src, cfg, start, end);
+    // Of a tensor split, the first part holds the embedding and the head.
+    let ends = part.is_none_or(|p| p.ends);
     let mut ld = Loader {
         dev,
         src,
@@ -236,7 +328,7 @@ pub(crate) fn load(
         done: 0,
         total,
     };
-    let embed = if start == 0 {
+    let embed = if start == 0 && ends {
         Some(ld.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)?)
     } else {
         None
@@ -248,9 +340,9 @@ pub(crate) fn load(
     };
     let mut layers = Vec::with_capacity(end - start);
     for l in start..end {
-        layers.push(load_layer(&mut ld, cfg, l)?);
+        layers.push(load_layer(&mut ld, cfg, l, part)?);
     }
-    let head = if end == cfg.n_layers {
+    let head = if end == cfg.n_layers && ends {
         let norm = ld.vector("output_norm.weight", cfg.dim)?;
         let out = if !cfg.tied_output {
             Some(ld.matrix("output.weight", cfg.vocab_size, cfg.dim)?)
@@ -271,33 +363,56 @@ pub(crate) fn load(
     })
 }
 
+/// Loads block `l`, or with `part` that part's rows of Q, K, V, gate and up and its columns
+/// of the output and down products.
 fn load_layer(
     ld: &mut Loader<'_>,
     cfg: &ModelConfig,
     l: usize,
+    part: Option<&TensorPart>,
 ) -> Result<LayerWeights, ModelError> {
     let t = |p: &str| block_tensor(l, p);
-    let (q, kv, dim) = (cfg.q_dim(), cfg.kv_dim(), cfg.dim);
+    let (q, kv, dim, ffn) = (cfg.q_dim(), cfg.kv_dim(), cfg.dim, cfg.ffn_dim);
+    // This part's rows of Q (its query heads), of K and V (its key/value heads) and of the
+    // feed-forward products.
+    let (qr, kr, fr) = match part {
+        None => (0..q, 0..kv, 0..ffn),
+        Some(p) => (p.q_rows(cfg), p.kv_rows(cfg), p.ffn.clone()),
+    };
+    let shift = |r: &Range<usize>, by: usize| r.start + by..r.end + by;
     let attn_norm = ld.vector(&t("attn_norm"), dim)?;
     let [wq, wk, wv] = if cfg.fused_qkv {
-        three(ld.matrix_parts(&t("attn_qkv"), dim, &[q, kv, kv])?)?
+        let ranges = [qr.clone(), shift(&kr, q), shift(&kr, q + kv)];
+        three(ld.matrix_rows(&t("attn_qkv"), dim, q + 2 * kv, &ranges)?)?
     } else {
+        let mut one = |name: &str, total: usize, r: &Range<usize>| {
+            ld.matrix_rows(name, dim, total, std::slice::from_ref(r))
+                .map(|mut v| v.remove(0))
+        };
         [
-            ld.matrix(&t("attn_q"), q, dim)?,
-            ld.matrix(&t("attn_k"), kv, dim)?,
-            ld.matrix(&t("attn_v"), kv, dim)?,
+            one(&t("attn_q"), q, &qr)?,
+            one(&t("attn_k"), kv, &kr)?,
+            one(&t("attn_v"), kv, &kr)?,
         ]
     };
     let qkv_bias = match (cfg.qkv_bias, cfg.fused_qkv) {
         (false, _) => None,
-        (true, true) => Some(three(
-            ld.vector_parts(&block_bias(l, "attn_qkv"), &[q, kv, kv])?,
-        )?),
-        (true, false) => Some([
-            ld.vector(&block_bias(l, "attn_q"), q)?,
-            ld.vector(&block_bias(l, "attn_k"), kv)?,
-            ld.vector(&block_bias(l, "attn_v"), kv)?,
-        ]),
+        (true, true) => Some(three(ld.vector_ranges(
+            &block_bias(l, "attn_qkv"),
+            q + 2 * kv,
+            &[qr.clone(), shift(&kr, q), shift(&kr, q + kv)],
+        )?)?),
+        (true, false) => {
+            let mut one = |part: &str, len: usize, r: &Range<usize>| {
+                ld.vector_ranges(&block_bias(l, part), len, std::slice::from_ref(r))
+                    .map(|mut v| v.remove(0))
+            };
+            Some([
+                one("attn_q", q, &qr)?,
+                one("attn_k", kv, &kr)?,
+                one("attn_v", kv, &kr)?,
+            ])
+        }
     };
     let qk_norm = if cfg.qk_norm {
         Some([
@@ -307,10 +422,11 @@ fn load_layer(
     } else {
         None
     };
-    let wo = ld.matrix(&t("attn_output"), dim, q)?;
+    let wo = ld.matrix_cols(&t("attn_output"), dim, q, qr.clone())?;
     let ffn_norm = ld.vector(&t("ffn_norm"), dim)?;
     let (w_gate, w_up) = if cfg.fused_gate_up {
-        let mut parts = ld.matrix_parts(&t("ffn_up"), dim, &[cfg.ffn_dim, cfg.ffn_dim])?;
+        let ranges = [fr.clone(), shift(&fr, ffn)];
+        let mut parts = ld.matrix_rows(&t("ffn_up"), dim, 2 * ffn, &ranges)?;
         let up = parts.pop();
         let gate = parts.pop();
         match (gate, up) {
@@ -318,10 +434,11 @@ fn load_layer(
             _ => return Err(ModelError::BadShape("fused gate/up did not split".into())),
         }
     } else {
-        (
-            ld.matrix(&t("ffn_gate"), cfg.ffn_dim, dim)?,
-            ld.matrix(&t("ffn_up"), cfg.ffn_dim, dim)?,
-        )
+        let mut one = |name: &str| {
+            ld.matrix_rows(name, dim, ffn, std::slice::from_ref(&fr))
+                .map(|mut v| v.remove(0))
+        };
+        (one(&t("ffn_gate"))?, one(&t("ffn_up"))?)
     };
     Ok(LayerWeights {
         attn_norm,
@@ -334,7 +451,7 @@ fn load_layer(
         ffn_norm,
         w_gate,
         w_up,
-        w_down: ld.matrix(&t("ffn_down"), dim, cfg.ffn_dim)?,
+        w_down: ld.matrix_cols(&t("ffn_down"), dim, ffn, fr)?,
         post_norms: if cfg.family.gemma() {
             Some([
                 ld.vector(&t("post_attention_norm"), dim)?,

@@ -10,9 +10,10 @@
 //! page's loop).
 
 use crate::gguf::TensorSource;
+use crate::model::{ModelError, Split};
 use crate::protocol::{Battery, LayerRange, Message, Telemetry, Thermal, Visibility, error_code};
 
-use super::stage::{Route, StageServer, load_stack};
+use super::stage::{Route, StageServer, load_stack_split};
 
 /// A checked `LoadShard`: the layers to load, from where, and where their
 /// outputs go.
@@ -296,7 +297,14 @@ impl ShardSlot {
     ) -> Message {
         self.clear(server);
         let devices = server.devices().to_vec();
-        match load_stack(&devices, src, plan.start, plan.end).await {
+        let split = server.split();
+        let mut loaded = load_stack_split(&devices, src, plan.start, plan.end, split).await;
+        if let Err(ModelError::TensorSplit(why)) = &loaded {
+            // The worker still serves these layers, split the other way.
+            tracing::warn!(%why, "splitting the stage by layers instead");
+            loaded = load_stack_split(&devices, src, plan.start, plan.end, Split::Layers).await;
+        }
+        match loaded {
             Ok((stack, loaded)) => {
                 server.set_stack(stack);
                 server.set_route(plan.route);

@@ -23,4 +23,6 @@ pub(crate) mod tests;
 pub use calibrate::{calibrate, calibrate_devices};
 pub use capabilities::{Capabilities, PeerKind, Role};
 pub use host::{Condition, HostAction, LoadPlan, PressureRule, ShardSlot, WorkerHost};
-pub use stage::{Outgoing, PREFILL_CHUNK, Pass, Route, StageServer, load_shard, load_stack};
+pub use stage::{
+    Outgoing, PREFILL_CHUNK, Pass, Route, StageServer, load_shard, load_stack, load_stack_split,
+};

@@ -9,7 +9,8 @@ use crate::kernels::SampleParams;
 use crate::model::shard::DEFAULT_MAX_BATCH;
 use crate::model::shard::MAX_BATCH_SEQS;
 use crate::model::{
-    ModelError, Shard, ShardInput, ShardOutput, ShardStack, StackItem, StackPool, StackSeq, Want,
+    ModelError, Shard, ShardInput, ShardOutput, ShardStack, Split, StackItem, StackPool, StackSeq,
+    Want,
 };
 use crate::protocol::{
     Chain, DType, Hop, KvReport, LayerRange, Message, Telemetry, Tensor, error_code,
@@ -25,6 +26,8 @@ pub struct StageServer {
     /// The devices the stage's layers are split over (one for most workers), each with the
     /// bytes it offers (the split's weights).
     devices: Vec<(Arc<Device>, u64)>,
+    /// How a stage over several devices spreads its layers over them.
+    split: Split,
     shard: Option<ShardStack>,
     route: Route,
     caches: HashMap<u64, Entry>,
@@ -220,6 +223,18 @@ pub async fn load_stack(
     start: usize,
     end: usize,
 ) -> Result<(ShardStack, Message), ModelError> {
+    load_stack_split(devices, src, start, end, Split::Layers).await
+}
+
+/// [`load_stack`] with the devices splitting the layers as `split` says (by layers, or each
+/// layer by its tensors).
+pub async fn load_stack_split(
+    devices: &[(Arc<Device>, u64)],
+    src: &dyn TensorSource,
+    start: usize,
+    end: usize,
+    split: Split,
+) -> Result<(ShardStack, Message), ModelError> {
     if devices.len() == 1 {
         let (shard, loaded) = load_shard(Arc::clone(&devices[0].0), src, start, end).await?;
         return Ok((ShardStack::single(shard), loaded));
@@ -227,7 +242,7 @@ pub async fn load_stack(
     let t0 = Instant::now();
     let live = |ds: &[(Arc<Device>, u64)]| ds.iter().map(|(d, _)| d.live_bytes()).sum::<u64>();
     let before = live(devices);
-    let stack = ShardStack::load(devices, src, start, end, &mut |_, _| {})?;
+    let stack = ShardStack::load_split(devices, src, start, end, split, &mut |_, _| {})?;
     for (d, _) in devices {
         d.sync().await?;
     }
@@ -247,6 +262,7 @@ impl StageServer {
     pub fn with_devices(devices: Vec<(Arc<Device>, u64)>) -> StageServer {
         StageServer {
             devices,
+            split: Split::Layers,
             shard: None,
             route: Route::default(),
             caches: HashMap::new(),
@@ -293,6 +309,15 @@ impl StageServer {
     /// Every device of the stage, with the bytes each offers.
     pub fn devices(&self) -> &[(Arc<Device>, u64)] {
         &self.devices
+    }
+
+    /// How the stage's next shard spreads its layers over several devices.
+    pub fn set_split(&mut self, split: Split) {
+        self.split = split;
+    }
+
+    pub fn split(&self) -> Split {
+        self.split
     }
 
     /// Installs a loaded shard; the old one's caches go with it.

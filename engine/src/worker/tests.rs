@@ -658,3 +658,78 @@ fn a_long_prompt_runs_in_chunks_between_other_steps() {
         assert_eq!(tokens(outs), vec![(3, expect_long[0])]);
     });
 }
+
+/// A stage told to split by tensors (`cairn worker --split tensor`) loads its layers that way
+/// through the worker's `ShardSlot` and draws, for two requests batched in each pass, the
+/// greedy tokens of the whole model on one device; a model whose heads do not split over
+/// the devices (three key/value heads, four devices) is served split by layers instead.
+#[test]
+fn a_stage_split_by_tensors_matches_one_device() {
+    use crate::model::Split;
+    use crate::worker::{LoadPlan, ShardSlot};
+    pollster::block_on(async {
+        let cfg = small_config();
+        let model = SyntheticModel::new(&cfg, 5);
+        let prompts = [vec![3u32, 14, 15, 92, 65], vec![2u32, 7, 1, 8]];
+        let steps = 5;
+        let dev = cpu();
+        let mut expect = Vec::new();
+        for p in &prompts {
+            expect.push(whole_model_tokens(&model, &dev, p, steps).await);
+        }
+        let plan = LoadPlan {
+            model: "m".into(),
+            start: 0,
+            end: 4,
+            source: String::new(),
+            route: Route::default(),
+        };
+        let devices = vec![(cpu(), 1_000_000_000), (cpu(), 1_000_000_000)];
+        let mut server = StageServer::with_devices(devices.clone());
+        server.set_split(Split::Tensor);
+        let mut slot = ShardSlot::default();
+        let loaded = slot.load(&mut server, plan.clone(), &model).await;
+        assert!(matches!(loaded, Message::ShardLoaded { weight_bytes, .. } if weight_bytes > 0));
+        assert!(devices.iter().all(|(d, _)| d.live_bytes() > 0));
+        let step = |request: u64, pos0: usize, ids: &[u32]| Message::Forward {
+            request,
+            seq: 1,
+            layers: LayerRange { start: 0, end: 4 },
+            pos0: pos0 as u32,
+            max_len: 32,
+            sample: Some(SampleParams::default()),
+            chain: None,
+            tensor: Tensor::from_values(DType::U32, vec![ids.len() as u64], ids).unwrap(),
+        };
+        let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+        let mut inputs: Vec<Vec<u32>> = prompts.to_vec();
+        let mut pos = vec![0usize; prompts.len()];
+        for _ in 0..steps {
+            let msgs = (0..prompts.len())
+                .map(|r| wire(step(r as u64, pos[r], &inputs[r])))
+                .collect();
+            for out in server.handle_forwards(msgs).await {
+                let Outgoing::Reply(Message::Token { request, id, .. }) = out else {
+                    panic!("expected a token, got {out:?}");
+                };
+                let r = request as usize;
+                pos[r] += inputs[r].len();
+                got[r].push(id);
+                inputs[r] = vec![id];
+            }
+        }
+        assert_eq!(got, expect);
+        assert_eq!(server.telemetry().mean_batch, Some(2.0));
+        // Four devices for three key/value heads: split by layers, and still served.
+        let four: Vec<_> = (0..4).map(|_| (cpu(), 1_000_000_000)).collect();
+        let mut server = StageServer::with_devices(four);
+        server.set_split(Split::Tensor);
+        let loaded = slot.load(&mut server, plan, &model).await;
+        assert!(matches!(loaded, Message::ShardLoaded { .. }), "{loaded:?}");
+        let out = server.handle(wire(step(9, 0, &prompts[0]))).await;
+        assert!(
+            matches!(out, Some(Outgoing::Reply(Message::Token { id, .. })) if id == expect[0][0]),
+            "{out:?}"
+        );
+    });
+}

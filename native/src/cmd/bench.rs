@@ -40,6 +40,11 @@ pub struct Args {
     /// each count in the same run: aggregate tokens/s and the gain over one, e.g. `1,4,16`.
     #[arg(long)]
     concurrency: Option<String>,
+    /// With several devices (`--device a,b`): run the model as one stage over them, split by
+    /// `layers`, by `tensor` (each device a part of every layer) or `all` (both), each
+    /// against the first device alone in the same run (default `all`).
+    #[arg(long, value_enum)]
+    split: Option<super::bench_split::SplitChoice>,
     /// Something other than the model to measure (`cairn bench link`).
     #[command(subcommand)]
     which: Option<Which>,
@@ -131,7 +136,7 @@ fn check_fit(
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -371,8 +376,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.prompt_tokens == 0 || a.gen_tokens < 2 || a.runs == 0 {
         bail!("--prompt-tokens must be at least 1, --gen-tokens at least 2, --runs at least 1");
     }
-    let dev = loading::open_device(&a.device)?;
-    let info = dev.info().clone();
+    let mut devices = loading::open_devices(&a.device)?;
     let (src, what, tokenizer) = match a.model.synthetic_config()? {
         Some((name, cfg)) => (
             Source::Synthetic(SyntheticModel::new(&cfg, 1)),
@@ -393,6 +397,29 @@ pub fn run(a: Args) -> Result<()> {
     };
     let tensors = src.tensors();
     let cfg = ModelConfig::from_gguf(tensors.gguf())?;
+    if devices.len() > 1 || a.split.is_some() {
+        if devices.len() < 2 {
+            bail!("--split needs several devices: --device ID,ID (an id may repeat)");
+        }
+        let concurrency = match &a.concurrency {
+            Some(s) => super::bench_batch::parse_levels(s)?,
+            None => Vec::new(),
+        };
+        return super::bench_split::run(super::bench_split::Setup {
+            devices,
+            src: tensors,
+            cfg: &cfg,
+            what: &what,
+            split: a.split.unwrap_or(super::bench_split::SplitChoice::All),
+            prompt_tokens: a.prompt_tokens,
+            gen_tokens: a.gen_tokens,
+            runs: a.runs,
+            concurrency,
+            json: a.json,
+        });
+    }
+    let dev = devices.remove(0);
+    let info = dev.info().clone();
     let capacity = a.prompt_tokens + a.gen_tokens;
     let weights = shard_weight_bytes(tensors, &cfg, 0, cfg.n_layers);
     check_fit(&dev, tensors.gguf(), &cfg, weights, capacity, &what)?;

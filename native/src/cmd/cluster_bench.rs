@@ -62,6 +62,10 @@ pub struct Args {
     /// against the chain across processes. Needs N ids in --devices.
     #[arg(long)]
     one_worker: bool,
+    /// How the --one-worker worker spreads its stage over its devices (`cairn worker
+    /// --split`): `layers` or `tensor`.
+    #[arg(long, default_value = "layers", requires = "one_worker")]
+    split: String,
     /// Skip killing a worker on the largest cluster.
     #[arg(long)]
     no_recovery: bool,
@@ -393,6 +397,7 @@ impl Cluster {
         .collect();
         if let Some(d) = devices {
             args.extend(["--device".to_owned(), d]);
+            args.extend(["--split".to_owned(), a.split.clone()]);
         } else if !a.devices.is_empty() {
             let d = &a.devices[self.workers.len() % a.devices.len()];
             args.extend(["--device".to_owned(), d.clone()]);
@@ -646,6 +651,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         let mut row = json!({
             "workers": n,
             "one_worker": a.one_worker && n > 1,
+            "split": (a.one_worker && n > 1).then(|| a.split.clone()),
             "stages": stages.iter().map(|(p, s, e)| json!({"peer_id": p, "start": s, "end": e})).collect::<Vec<_>>(),
             "decode_tokens_per_s": decode_tok_s,
             "vs_one_device": decode_tok_s / base_tok_s,

@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod bench;
 pub mod bench_batch;
+pub mod bench_split;
 pub mod cluster_bench;
 pub mod devices;
 pub mod engine_args;

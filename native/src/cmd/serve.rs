@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
+use cairn_engine::model::Split;
 use cairn_engine::placement::Stage;
 use cairn_native::audit::{AuditLog, Event, log as audit_log};
 use cairn_native::coord::join::{JoinTokens, Session, Sessions};
@@ -62,6 +63,11 @@ pub struct Args {
     /// Bytes the local worker offers (default: a share of its device's memory).
     #[arg(long)]
     memory_budget: Option<u64>,
+    /// How a local worker over several devices (`--device a,b`) spreads its stage over
+    /// them: `layers` (each device a run of the layers) or `tensor` (each device a part of
+    /// every layer's heads and feed-forward rows).
+    #[arg(long, default_value = "layers")]
+    split: Split,
     /// Manual placement: PEER:FIRST-LAST,... (inclusive layer numbers).
     #[arg(long)]
     placement: Option<String>,
@@ -421,6 +427,7 @@ async fn serve(mut a: Args) -> Result<()> {
             cache_dir: None,
             link,
             memory_budget: a.memory_budget,
+            split: a.split,
         };
         tokio::spawn(async move {
             if let Err(e) = worker::serve(devices, opts, None).await {

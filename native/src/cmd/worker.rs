@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use cairn_engine::model::Split;
 use cairn_native::link::LinkConfig;
 use cairn_native::worker::{self, WorkerOptions};
 
@@ -31,6 +32,11 @@ pub struct Args {
     /// Bytes offered for weights and caches (default: a share of the device's memory).
     #[arg(long)]
     memory_budget: Option<u64>,
+    /// How a worker over several devices (`--device a,b`) spreads its stage over them:
+    /// `layers` (each device a run of the layers) or `tensor` (each device a part of every
+    /// layer's heads and feed-forward rows).
+    #[arg(long, default_value = "layers")]
+    split: Split,
     /// Where shards fetched over HTTP are cached (default: ~/.cache/cairn/shards).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -91,6 +97,7 @@ async fn serve(a: Args) -> Result<()> {
             link
         },
         memory_budget: a.memory_budget,
+        split: a.split,
     };
     let task = tokio::spawn(worker::serve(devices, opts, Some(tx)));
     if let Ok(peer) = rx.await {

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cairn_engine::Device;
+use cairn_engine::model::Split;
 use cairn_engine::protocol::{Message, error_code};
 use cairn_engine::worker::{Capabilities, HostAction, PeerKind, PressureRule, WorkerHost};
 use cairn_signal::Role;
@@ -48,6 +49,8 @@ pub struct WorkerOptions {
     pub link: LinkConfig,
     /// Bytes offered for weights and caches; default: a share of the device's memory.
     pub memory_budget: Option<u64>,
+    /// How a stage over several devices spreads its layers over them.
+    pub split: Split,
 }
 
 /// The first wait before joining the room again after the signaling
@@ -117,6 +120,7 @@ pub async fn serve(
             String::new(),
             routes.clone(),
             failed_tx,
+            opts.split,
         )?;
         let mut first = true;
         let mut wait = REJOIN_FIRST;
@@ -171,7 +175,8 @@ fn worker_link_config(
         info!(
             devices = devices.len(),
             ids = %devices.iter().map(|d| d.info().id.as_str()).collect::<Vec<_>>().join(","),
-            "one worker over several devices: its layers are split over them"
+            "one worker over several devices: its stage is split over them by {}",
+            opts.split
         );
     }
     caps.models = local_id.iter().cloned().collect();

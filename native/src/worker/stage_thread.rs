@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cairn_engine::Device;
 use cairn_engine::gguf::TensorSource;
+use cairn_engine::model::Split;
 use cairn_engine::model::shard::MAX_BATCH_SEQS;
 use cairn_engine::protocol::{LinkReport, Message, Telemetry};
 use cairn_engine::worker::{LoadPlan, Outgoing, ShardSlot, StageServer};
@@ -158,6 +159,7 @@ impl StageThread {
         local_id: String,
         routes: SharedRoutes,
         failed: mpsc::UnboundedSender<usize>,
+        split: Split,
     ) -> std::io::Result<StageThread> {
         let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
         lock(&routes).set_local_id(local_id);
@@ -179,6 +181,7 @@ impl StageThread {
             .name("cairn-stage".into())
             .spawn(move || {
                 let mut server = StageServer::with_devices(cx.devices.clone());
+                server.set_split(split);
                 let mut slot = ShardSlot::default();
                 // A job taken off the queue while gathering a batch, served next.
                 let mut held: Option<Job> = None;
