@@ -21,7 +21,8 @@ pub struct EngineArgs {
     /// wgpu and vulkan: the matrix-vector kernels (`rows`: 32 invocations a row, a decode
     /// batch a pass per sequence; `stream`: 4 rows a workgroup, activations loaded once for
     /// them, decode batches of up to 8 in one pass; `subgroup`: `stream` with subgroup
-    /// reductions where the GPU has them; `auto`: subgroup).
+    /// reductions where the GPU has them; `int8`: `subgroup` with Q8_0, Q4_0 and Q4_1 products
+    /// on activations rounded to int8 and packed 8-bit dot products; `auto`: subgroup).
     #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
     pub wgpu_matvec: WgpuMatvecArg,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
@@ -71,6 +72,7 @@ pub enum WgpuMatvecArg {
     Rows,
     Stream,
     Subgroup,
+    Int8,
     Auto,
 }
 
@@ -104,6 +106,7 @@ impl EngineArgs {
                     WgpuMatvecArg::Rows => WgpuMatvec::Rows,
                     WgpuMatvecArg::Stream => WgpuMatvec::Stream,
                     WgpuMatvecArg::Subgroup => WgpuMatvec::Subgroup,
+                    WgpuMatvecArg::Int8 => WgpuMatvec::Int8,
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
             },
@@ -214,6 +217,10 @@ mod tests {
         assert_eq!(
             parse(&["--wgpu-matvec", "rows"]).wgpu.matvec,
             WgpuMatvec::Rows
+        );
+        assert_eq!(
+            parse(&["--wgpu-matvec", "int8"]).wgpu.matvec,
+            WgpuMatvec::Int8
         );
         assert_eq!(
             o.cuda,
