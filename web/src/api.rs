@@ -51,21 +51,27 @@ pub fn check_cpu_kernels() -> Result<String, JsValue> {
 #[wasm_bindgen(js_name = checkGpuKernels)]
 pub fn check_gpu_kernels() -> Promise {
     future_to_promise(async move {
-        let mut discovery = cairn_engine::discover().await;
+        let discovery = cairn_engine::discover().await;
         let info = discovery
             .devices
             .iter()
             .find(|d| d.backend == BackendKind::Wgpu && d.support != Support::Unsupported)
             .cloned()
             .ok_or_else(|| js_err("no WebGPU adapter in this browser"))?;
-        let check = cairn_engine::backend::wgpu::check::check_matvec_kernels(&mut discovery, &info)
+        drop(discovery);
+        let options = cairn_engine::EngineOptions::default();
+        let check = cairn_engine::backend::wgpu::check::check_matvec_kernels(&options, &info.id)
             .await
             .map_err(js_err)?;
         Ok(JsValue::from_str(&format!(
             "{}: {} comparisons on {}",
             check.families.join(", "),
             check.comparisons,
-            info.name
+            if info.name.is_empty() {
+                &info.id
+            } else {
+                &info.name
+            }
         )))
     })
 }

@@ -9,9 +9,9 @@
 //! `rows`).
 
 use super::PACKED_DOT_FEATURE;
-use crate::device::{DeviceInfo, Discovery};
+use crate::device::{Discovery, discover_with};
 use crate::kernels::{Linear, Op, linear};
-use crate::options::WgpuMatvec;
+use crate::options::{EngineOptions, WgpuMatvec};
 use crate::quant::{GgmlType, dequantize_row, quantize_row};
 
 /// What [`check_matvec_kernels`] compared.
@@ -69,9 +69,9 @@ pub fn round_to_int8(x: &[f32]) -> (Vec<f32>, f32) {
     (out, max_step)
 }
 
-/// Runs every family on `info`'s device (opened from `discovery`, whose options are restored
-/// after); `Err` names the first product that differs from the reference by more than its
-/// tolerance.
+/// Runs every family on the wgpu device `id`, each on a device opened anew from a discovery
+/// of its own with `options` (a browser's adapter opens one device only); `Err` names the
+/// first product that differs from the reference by more than its tolerance.
 ///
 /// Tolerance: `2e-6 * cols * (1 + max|ref|)`, the kernel tests' bound for a reordered f32 sum
 /// of the same dequantized weights. The `int8` family is compared with the reference over the
@@ -79,9 +79,12 @@ pub fn round_to_int8(x: &[f32]) -> (Vec<f32>, f32) {
 /// other way at a tie (the GPU's division need not be correctly rounded): the largest weight
 /// times the largest step more.
 pub async fn check_matvec_kernels(
-    discovery: &mut Discovery,
-    info: &DeviceInfo,
+    options: &EngineOptions,
+    id: &str,
 ) -> Result<MatvecCheck, String> {
+    let find = |d: &Discovery| d.devices.iter().find(|d| d.id == id).cloned();
+    let info =
+        find(&discover_with(options.clone()).await).ok_or_else(|| format!("no device {id}"))?;
     let has = |f: &str| info.features.iter().any(|g| g == f);
     let mut families = vec![("rows", WgpuMatvec::Rows), ("stream", WgpuMatvec::Stream)];
     if has("subgroups") {
@@ -90,25 +93,18 @@ pub async fn check_matvec_kernels(
     if has(PACKED_DOT_FEATURE) {
         families.push(("int8", WgpuMatvec::Int8));
     }
-    let saved = discovery.options_mut().wgpu.matvec;
     let mut comparisons = 0;
-    let mut outcome = Ok(());
     for &(name, family) in &families {
-        discovery.options_mut().wgpu.matvec = family;
-        let checked = match discovery.open_info(info.clone()).await {
-            Ok(device) => check_family(&device, name, family).await,
-            Err(e) => Err(format!("opening {} with the {name} kernels: {e}", info.id)),
-        };
-        match checked {
-            Ok(n) => comparisons += n,
-            Err(e) => {
-                outcome = Err(e);
-                break;
-            }
-        }
+        let mut opts = options.clone();
+        opts.wgpu.matvec = family;
+        let discovery = discover_with(opts).await;
+        let info = find(&discovery).ok_or_else(|| format!("{name}: no device {id}"))?;
+        let device = discovery
+            .open_info(info)
+            .await
+            .map_err(|e| format!("opening {id} with the {name} kernels: {e}"))?;
+        comparisons += check_family(&device, name, family).await?;
     }
-    discovery.options_mut().wgpu.matvec = saved;
-    outcome?;
     Ok(MatvecCheck {
         families: families.iter().map(|(n, _)| *n).collect(),
         comparisons,
