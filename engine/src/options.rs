@@ -79,6 +79,11 @@ pub struct WgpuOptions {
     pub fuse: WgpuFuse,
     /// Which matrix-vector kernels run one-token products and small decode batches.
     pub matvec: WgpuMatvec,
+    /// Prompt-sized products (more tokens than the matrix-vector kernels take) through
+    /// `linear_matmat_tiled` (64-row by 64-token tiles staged in workgroup memory) instead of
+    /// `linear_matmat` (4 x 4 blocks in registers, no workgroup memory). Off by default: not
+    /// yet measured on a GPU.
+    pub tiled_prefill: bool,
 }
 
 /// The `wgpu` and `vulkan` backends' matrix-vector kernels.

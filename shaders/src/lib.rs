@@ -98,6 +98,7 @@ kernels! {
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
     LINEAR_MATMAT = "linear_matmat", true;
+    LINEAR_MATMAT_TILED = "linear_matmat_tiled", true;
     LINEAR_MATVEC_SUBGROUP = "linear_matvec_subgroup", true;
     LINEAR_MATVEC_FUSED = "linear_matvec_fused", true;
     RMSNORM = "rmsnorm", false;

@@ -25,6 +25,10 @@ pub struct EngineArgs {
     /// on activations rounded to int8 and packed 8-bit dot products; `auto`: subgroup).
     #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
     pub wgpu_matvec: WgpuMatvecArg,
+    /// wgpu and vulkan: prompt-sized products through 64 x 64 tiles staged in workgroup memory
+    /// (`linear_matmat_tiled`) instead of 4 x 4 register blocks (false, the default).
+    #[arg(long, env = "CAIRN_WGPU_TILED_PREFILL", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub wgpu_tiled_prefill: bool,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
     #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_graphs: bool,
@@ -109,6 +113,7 @@ impl EngineArgs {
                     WgpuMatvecArg::Int8 => WgpuMatvec::Int8,
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
+                tiled_prefill: self.wgpu_tiled_prefill,
             },
             cuda: CudaOptions {
                 graphs: self.cuda_graphs,

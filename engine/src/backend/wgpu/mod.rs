@@ -103,6 +103,8 @@ pub struct WgpuBackend {
     fuse_norms: bool,
     /// The matrix-vector kernels.
     matvec: Matvec,
+    /// Prompt-sized products on `linear_matmat_tiled`.
+    tiled_prefill: bool,
     /// Where the packed-integer kernels' activations are rounded to (`quantize_q8`), grown
     /// to the largest a run has needed.
     int8_scratch: Mutex<Option<Arc<Buffer>>>,
@@ -172,6 +174,7 @@ impl WgpuBackend {
             fuse: true,
             fuse_norms: true,
             matvec: Matvec::Rows,
+            tiled_prefill: false,
             int8_scratch: Mutex::new(None),
             last_dispatches: AtomicUsize::new(0),
             last_copies: AtomicUsize::new(0),
@@ -207,7 +210,8 @@ impl WgpuBackend {
                 int8: false,
             },
         };
-        tracing::debug!(id = %info.id, matvec = ?self.matvec, "wgpu kernels");
+        self.tiled_prefill = opts.tiled_prefill;
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, tiled_prefill = self.tiled_prefill, "wgpu kernels");
         self
     }
 
@@ -415,6 +419,11 @@ impl WgpuBackend {
             self.matvec,
             scratch.as_deref(),
         )?;
+        let steps = if self.tiled_prefill {
+            steps.into_iter().map(plan::tiled_prefill).collect()
+        } else {
+            steps
+        };
         let n_dispatch = steps
             .iter()
             .filter(|s| matches!(s, Step::Dispatch { .. }))

@@ -164,6 +164,7 @@ impl<'a> WgpuOp<'a> for Linear<'a> {
         shaders::LINEAR_MATVEC,
         shaders::LINEAR_MATVEC_SUBGROUP,
         shaders::LINEAR_MATMAT,
+        shaders::LINEAR_MATMAT_TILED,
         shaders::LINEAR_MATVEC_STREAM,
         shaders::LINEAR_MATVEC_STREAM_SUBGROUP,
         shaders::LINEAR_MATVEC_BATCH,
@@ -241,6 +242,36 @@ pub(crate) fn int8_steps<'a>(
     let buffers = vec![l.w, scratch, l.y];
     steps.push(dispatch(l, kernel, Some(l.wtype.name()), buffers, groups)?);
     Ok(())
+}
+
+/// `step` with a prompt-sized product (`linear_matmat`) on `linear_matmat_tiled` instead,
+/// where its rows are a multiple of 32 elements (`WgpuOptions::tiled_prefill`); any other
+/// step as it is.
+pub(crate) fn tiled_prefill(step: Step<'_>) -> Step<'_> {
+    match step {
+        Step::Dispatch {
+            kernel,
+            format,
+            buffers,
+            params,
+            ..
+        } if kernel == shaders::LINEAR_MATMAT && params[1].is_multiple_of(32) => {
+            // Linear's parameters: rows, cols, tokens, row_bytes.
+            let groups = [
+                params[0].div_ceil(64).max(1),
+                params[2].div_ceil(64).max(1),
+                1,
+            ];
+            Step::Dispatch {
+                kernel: shaders::LINEAR_MATMAT_TILED,
+                format,
+                buffers,
+                params,
+                groups,
+            }
+        }
+        other => other,
+    }
 }
 
 impl<'a> WgpuOp<'a> for RmsNorm<'a> {
