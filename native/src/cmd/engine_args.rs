@@ -227,6 +227,7 @@ mod tests {
             parse(&["--wgpu-matvec", "int8"]).wgpu.matvec,
             WgpuMatvec::Int8
         );
+        assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
         assert_eq!(
             o.cuda,
             CudaOptions {
