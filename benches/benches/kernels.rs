@@ -141,7 +141,7 @@ impl Tier {
     }
 }
 
-/// `CAIRN_WGPU_MATVEC` (rows, stream, subgroup; else auto) picks the wgpu and vulkan
+/// `CAIRN_WGPU_MATVEC` (rows, stream, subgroup, int8; else auto) picks the wgpu and vulkan
 /// matrix-vector kernels, as `cairn`'s `--wgpu-matvec` does.
 fn options() -> EngineOptions {
     let mut o = EngineOptions::default();
@@ -149,6 +149,7 @@ fn options() -> EngineOptions {
         Ok("rows") => WgpuMatvec::Rows,
         Ok("stream") => WgpuMatvec::Stream,
         Ok("subgroup") => WgpuMatvec::Subgroup,
+        Ok("int8") => WgpuMatvec::Int8,
         _ => WgpuMatvec::ByAdapter,
     };
     o

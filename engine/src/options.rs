@@ -79,6 +79,11 @@ pub struct WgpuOptions {
     pub fuse: WgpuFuse,
     /// Which matrix-vector kernels run one-token products and small decode batches.
     pub matvec: WgpuMatvec,
+    /// Prompt-sized products (more tokens than the matrix-vector kernels take) through
+    /// `linear_matmat_tiled` (64-row by 64-token tiles staged in workgroup memory) instead of
+    /// `linear_matmat` (4 x 4 blocks in registers, no workgroup memory). Off by default: not
+    /// yet measured on a GPU.
+    pub tiled_prefill: bool,
 }
 
 /// The `wgpu` and `vulkan` backends' matrix-vector kernels.
@@ -93,21 +98,27 @@ pub enum WgpuMatvec {
     Stream,
     /// `Stream` with subgroup reductions where the device has subgroups (else `Stream`).
     Subgroup,
-    /// Natively `Subgroup`, on GPUs (the streaming kernels are written for their bandwidth)
-    /// and on software rasterizers alike, where they measured faster too (lavapipe, 135M
-    /// decode: 3.7 s a token against 4.5 on wgpu, 4.4 against 4.8 on vulkan;
-    /// docs/performance.md). In a browser `Rows` (with SwiftShader in headless Chromium
-    /// too) until the streaming kernels have run under the browsers' WGSL compilers. The
-    /// kernel tests force each family.
+    /// `Subgroup`, with Q8_0, Q4_0 and Q4_1 products on 8-bit integers: a small kernel
+    /// rounds the activations to int8 per 32-element block once per product
+    /// (`quantize_q8`), and the streaming walk multiplies packed bytes with
+    /// `dot4I8Packed` (WGSL's `packed_4x8_integer_dot_product`; Vulkan's integer dot
+    /// product instructions where the device has them, else naga's shifts and multiplies).
+    /// Other formats, and devices without the language feature, run `Subgroup`.
+    Int8,
+    /// `Subgroup` on GPUs (the streaming kernels are written for their bandwidth), on
+    /// software rasterizers (where they measured faster too: lavapipe, 135M decode, 3.7 s a
+    /// token against 4.5 on wgpu, 4.4 against 4.8 on vulkan; docs/performance.md) and in
+    /// browsers, where wgpu offers no subgroups, so `Stream` runs (checked against the
+    /// reference in headless Chromium by the web package's `checkGpuKernels`). The kernel
+    /// tests force each family.
     #[default]
     ByAdapter,
 }
 
 impl WgpuMatvec {
-    /// What runs: `Rows`, `Stream` or `Subgroup`.
+    /// What runs: `Rows`, `Stream`, `Subgroup` or `Int8`.
     pub fn resolve(self) -> WgpuMatvec {
         match self {
-            WgpuMatvec::ByAdapter if cfg!(target_arch = "wasm32") => WgpuMatvec::Rows,
             WgpuMatvec::ByAdapter => WgpuMatvec::Subgroup,
             other => other,
         }

@@ -19,6 +19,9 @@ pub struct Kernel {
     pub chunked: bool,
     /// Whether the kernel uses subgroup operations (the device needs wgpu's SUBGROUP feature).
     pub subgroups: bool,
+    /// Whether the kernel multiplies packed 8-bit integers: the format's integer chunk loader
+    /// (`chunks_i8/`) is prepended too, and only formats with one are taken ([`INT8_FORMATS`]).
+    pub int8: bool,
 }
 
 macro_rules! kernels {
@@ -30,16 +33,21 @@ macro_rules! kernels {
             prelude: "",
             chunked: false,
             subgroups: false,
+            int8: false,
         };)*
         /// Every kernel, for validation and listing.
         pub const ALL: &[Kernel] = &[$($ident,)* $($sident,)*];
     };
 }
 
-/// A streaming matrix-vector kernel (`stream_walk.wgsl`): `file`'s body over the walk for
-/// `tokens` tokens, reducing with subgroups or through workgroup memory.
+/// A streaming matrix-vector kernel (`stream_walk.wgsl`, or `stream_walk_i8.wgsl` for the
+/// packed-integer ones): `file`'s body over the walk for `tokens` tokens, reducing with
+/// subgroups or through workgroup memory.
 macro_rules! streaming {
     ($ident:ident = $name:literal from $file:literal, tokens $tokens:literal, $reduce:literal, $subgroups:expr) => {
+        streaming!($ident = $name from $file over "stream_walk", tokens $tokens, $reduce, $subgroups, false);
+    };
+    ($ident:ident = $name:literal from $file:literal over $walk:literal, tokens $tokens:literal, $reduce:literal, $subgroups:expr, $int8:expr) => {
         pub const $ident: Kernel = Kernel {
             name: $name,
             wgsl: include_str!(concat!("../", $file, ".wgsl")),
@@ -48,12 +56,13 @@ macro_rules! streaming {
                 "const TOKENS: u32 = ",
                 $tokens,
                 "u;\n",
-                include_str!("../stream_walk.wgsl"),
+                include_str!(concat!("../", $walk, ".wgsl")),
                 "\n",
                 include_str!(concat!("../reduce/", $reduce, ".wgsl")),
             ),
             chunked: true,
             subgroups: $subgroups,
+            int8: $int8,
         };
     };
 }
@@ -64,6 +73,10 @@ streaming!(LINEAR_MATVEC_BATCH = "linear_matvec_batch" from "linear_matvec_strea
 streaming!(LINEAR_MATVEC_BATCH_SUBGROUP = "linear_matvec_batch_subgroup" from "linear_matvec_stream", tokens 4, "subgroup", true);
 streaming!(LINEAR_MATVEC_FUSED_STREAM = "linear_matvec_fused_stream" from "linear_matvec_fused_stream", tokens 1, "workgroup", false);
 streaming!(LINEAR_MATVEC_FUSED_STREAM_SUBGROUP = "linear_matvec_fused_stream_subgroup" from "linear_matvec_fused_stream", tokens 1, "subgroup", true);
+streaming!(LINEAR_MATVEC_STREAM_I8 = "linear_matvec_stream_i8" from "linear_matvec_stream_i8" over "stream_walk_i8", tokens 1, "workgroup", false, true);
+streaming!(LINEAR_MATVEC_STREAM_I8_SUBGROUP = "linear_matvec_stream_i8_subgroup" from "linear_matvec_stream_i8" over "stream_walk_i8", tokens 1, "subgroup", true, true);
+streaming!(LINEAR_MATVEC_BATCH_I8 = "linear_matvec_batch_i8" from "linear_matvec_stream_i8" over "stream_walk_i8", tokens 4, "workgroup", false, true);
+streaming!(LINEAR_MATVEC_BATCH_I8_SUBGROUP = "linear_matvec_batch_i8_subgroup" from "linear_matvec_stream_i8" over "stream_walk_i8", tokens 4, "subgroup", true, true);
 
 /// Tokens the batch kernels take per pass (`LINEAR_MATVEC_BATCH*`'s TOKENS); more run as
 /// token groups along the grid's z.
@@ -77,10 +90,15 @@ kernels! {
     LINEAR_MATVEC_BATCH_SUBGROUP,
     LINEAR_MATVEC_FUSED_STREAM,
     LINEAR_MATVEC_FUSED_STREAM_SUBGROUP,
+    LINEAR_MATVEC_STREAM_I8,
+    LINEAR_MATVEC_STREAM_I8_SUBGROUP,
+    LINEAR_MATVEC_BATCH_I8,
+    LINEAR_MATVEC_BATCH_I8_SUBGROUP,
     ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
     LINEAR_MATMAT = "linear_matmat", true;
+    LINEAR_MATMAT_TILED = "linear_matmat_tiled", true;
     LINEAR_MATVEC_SUBGROUP = "linear_matvec_subgroup", true;
     LINEAR_MATVEC_FUSED = "linear_matvec_fused", true;
     RMSNORM = "rmsnorm", false;
@@ -97,6 +115,7 @@ kernels! {
     ATTENTION = "attention", false;
     PAGED_ATTENTION = "paged_attention", false;
     KV_STORE = "kv_store", false;
+    QUANTIZE_Q8 = "quantize_q8", false;
     ARGMAX = "argmax", false;
     SAMPLE = "sample", false;
 }
@@ -128,6 +147,17 @@ const CHUNKS: &[(&str, &str)] = &[
     ("Q6_K", include_str!("../chunks/q6_k.wgsl")),
 ];
 const CHUNK_COMMON: &str = include_str!("../chunks/common.wgsl");
+
+/// Integer chunk loaders of the packed-integer streaming kernels: the formats they take.
+const CHUNKS_I8: &[(&str, &str)] = &[
+    ("Q8_0", include_str!("../chunks_i8/q8_0.wgsl")),
+    ("Q4_0", include_str!("../chunks_i8/q4_0.wgsl")),
+    ("Q4_1", include_str!("../chunks_i8/q4_1.wgsl")),
+];
+const CHUNK_I8_COMMON: &str = include_str!("../chunks_i8/common.wgsl");
+
+/// Weight formats the packed-integer kernels take (`Kernel::int8`).
+pub const INT8_FORMATS: &[&str] = &["Q8_0", "Q4_0", "Q4_1"];
 const CHUNK_GENERIC: &str = include_str!("../chunks/generic.wgsl");
 
 /// Whether `format` has a chunk loader of its own (the others read chunks through w_load4).
@@ -135,20 +165,36 @@ pub fn has_own_chunks(format: &str) -> bool {
     CHUNKS.iter().any(|(n, _)| *n == format)
 }
 
+/// The weight formats `kernel` takes (`None` alone for a kernel without one).
+pub fn formats(kernel: Kernel) -> Vec<Option<&'static str>> {
+    if !kernel.formatted {
+        vec![None]
+    } else if kernel.int8 {
+        INT8_FORMATS.iter().map(|f| Some(*f)).collect()
+    } else {
+        FORMATS.iter().map(|(n, _)| Some(*n)).collect()
+    }
+}
+
 /// The complete WGSL for `kernel`, with the weight `format` (a GGML type name such as
-/// `Q4_1`) where the kernel needs one. `None` when the format is unknown.
+/// `Q4_1`) where the kernel needs one. `None` when the format is unknown, or one the kernel
+/// does not take.
 pub fn source(kernel: Kernel, format: Option<&str>) -> Option<String> {
     if !kernel.formatted {
         return Some(kernel.wgsl.to_string());
     }
     let fmt = FORMATS.iter().find(|(n, _)| Some(*n) == format)?.1;
-    let chunks = if kernel.chunked {
+    let mut chunks = if kernel.chunked {
         let own = CHUNKS.iter().find(|(n, _)| Some(*n) == format);
         let loader = own.map_or(CHUNK_GENERIC, |(_, c)| c);
         format!("{CHUNK_COMMON}\n{loader}\n")
     } else {
         String::new()
     };
+    if kernel.int8 {
+        let loader = CHUNKS_I8.iter().find(|(n, _)| Some(*n) == format)?.1;
+        chunks = format!("{chunks}{CHUNK_I8_COMMON}\n{loader}\n");
+    }
     Some(format!(
         "{COMMON}\n{fmt}\n{chunks}{}\n{}",
         kernel.prelude, kernel.wgsl

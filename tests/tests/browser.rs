@@ -1070,6 +1070,34 @@ async fn standalone_package_runs_a_kernel_and_a_model() {
         .parse()
         .unwrap_or(0);
     assert!(compared >= 21, "too few kernels compared: {check}");
+    // The WGSL matrix-vector kernels of every family against the CPU reference, compiled by
+    // the browser's own WGSL compiler (SwiftShader here): `auto` runs the streaming ones in
+    // browsers on the strength of this (engine/src/backend/wgpu/check.rs).
+    let started = Instant::now();
+    let check = page
+        .eval(
+            "import('/pkg/cairn_web.js').then(async (m) => { await m.default(); \
+             try { return await m.checkGpuKernels(); } catch (e) { return 'failed: ' + e; } })",
+        )
+        .await;
+    let check = check.as_str().unwrap_or_default().to_owned();
+    eprintln!("checkGpuKernels: {check} ({:.1?})", started.elapsed());
+    assert!(
+        check.starts_with("rows, stream") && !check.contains("failed"),
+        "the WGSL matrix-vector kernels in the browser: {check}"
+    );
+    let (families, rest) = check.split_once(": ").unwrap_or_default();
+    let compared: usize = rest
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // 6 formats; one token for `rows`, 1 and 5 for the others.
+    assert_eq!(
+        compared,
+        6 + 12 * (families.split(", ").count() - 1),
+        "products compared: {check}"
+    );
 
     let prompt = "1, 2, 3, 4, 5,";
     let file = MappedGguf::open(&model).unwrap();

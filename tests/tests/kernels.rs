@@ -40,6 +40,7 @@ fn options() -> cairn_engine::EngineOptions {
         Ok("rows") => WgpuMatvec::Rows,
         Ok("stream") => WgpuMatvec::Stream,
         Ok("subgroup") => WgpuMatvec::Subgroup,
+        Ok("int8") => WgpuMatvec::Int8,
         _ => WgpuMatvec::ByAdapter,
     };
     // The norms are folded on software rasterizers too, to test that kernel here.
@@ -1692,5 +1693,156 @@ fn a_decode_batch_on_the_streaming_kernels_matches_each_sequence_alone() {
             std::sync::Arc::new(dev),
             variant,
         );
+    }
+}
+
+/// The packed-integer kernels (`--wgpu-matvec int8`: `quantize_q8`, then `dot4I8Packed` in the
+/// streaming walk) on every wgpu and vulkan device whose WGSL has them, for the formats they
+/// take: one token, and 3 and 8 (the batch kernel's partial and full token groups), against
+/// the reference over the activations rounded to int8 as `quantize_q8` rounds them (per
+/// 32-element block, step amax / 127). Tolerance: the f32 bound above, plus the largest weight
+/// times the largest step, for an element the GPU's division rounds the other way at a tie.
+/// Two products of the same activations share one quantize dispatch.
+#[test]
+fn linear_int8_kernels_match_the_rounded_reference() {
+    use cairn_engine::backend::wgpu::PACKED_DOT_FEATURE;
+    use cairn_engine::backend::wgpu::check::round_to_int8;
+    let mut rng = StdRng::seed_from_u64(31);
+    let mut found = cairn_engine::device::discover_blocking_with(options());
+    found.options_mut().wgpu.matvec = WgpuMatvec::Int8;
+    let mut ran = 0;
+    for info in found.devices.clone() {
+        if !matches!(info.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+            || info.support == cairn_engine::Support::Unsupported
+            || info.api == "gl"
+        {
+            continue;
+        }
+        if !info.features.iter().any(|f| f == PACKED_DOT_FEATURE) {
+            eprintln!("{}: no packed integer dot products; skipped", info.id);
+            continue;
+        }
+        let d = pollster::block_on(found.open_info(info.clone())).expect("opens");
+        ran += 1;
+        for (ty, rows, cols) in [
+            (GgmlType::Q8_0, 37, 96),
+            (GgmlType::Q4_0, 37, 96),
+            (GgmlType::Q4_1, 70, 160),
+            (GgmlType::Q4_0, 11, 2048),
+            (GgmlType::Q8_0, 9, 2080),
+        ] {
+            let wf = rand_vec(&mut rng, rows * cols, 1.0);
+            let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
+            let row_bytes = wq.len() / rows;
+            let mut deq = vec![0f32; cols];
+            let max_w = (0..rows).fold(0f32, |m, r| {
+                dequantize_row(ty, &wq[r * row_bytes..][..row_bytes], &mut deq);
+                deq.iter().fold(m, |m, v| m.max(v.abs()))
+            });
+            let bw = d.upload("w", &wq).unwrap();
+            for tokens in [1usize, 3, 8] {
+                let x = rand_vec(&mut rng, tokens * cols, 1.0);
+                let (xr, step) = round_to_int8(&x);
+                let mut want = vec![0f32; tokens * rows];
+                k::linear::linear(ty, &wq, &xr, &mut want, rows, cols, tokens);
+                let bx = upload_f32(&d, "x", &x);
+                let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
+                let by2 = d.alloc("y2", (tokens * rows * 4) as u64).unwrap();
+                let lin = |y| {
+                    Op::Linear(Linear {
+                        w: &bw,
+                        wtype: ty,
+                        x: &bx,
+                        y,
+                        rows: rows as u32,
+                        cols: cols as u32,
+                        tokens: tokens as u32,
+                    })
+                };
+                d.run(&[lin(&by), lin(&by2)]).unwrap();
+                assert_eq!(
+                    d.launches_in_last_run(),
+                    Some(3),
+                    "one quantize dispatch for both products on {}",
+                    info.id
+                );
+                let scale = 1.0 + want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let tol = 2e-6 * cols as f32 + max_w * step / scale;
+                for y in [&by, &by2] {
+                    assert_close(
+                        &format!("int8 linear {ty:?} {rows}x{cols} tokens={tokens}"),
+                        &d,
+                        &read(&d, y, tokens * rows),
+                        &want,
+                        tol,
+                    );
+                }
+            }
+        }
+    }
+    if std::env::var_os("CAIRN_TEST_REQUIRE_GPU").is_some() {
+        assert!(ran > 0, "no device ran the packed-integer kernels");
+    }
+}
+
+/// `WgpuOptions::tiled_prefill` (`linear_matmat_tiled`: 64-row by 64-token tiles staged in
+/// workgroup memory) on every wgpu device and every vulkan one but software rasterizers:
+/// partial tiles of rows and tokens at both edges, one and several 32-column steps, a block
+/// format, a K-quant and F16. Same reference and tolerance as
+/// `linear_every_format_matvec_and_matmat`. (Lavapipe takes 12 to 37 s to compile each of
+/// the vulkan backend's SPIR-V for this kernel with a cold shader cache, against 0.3 s for
+/// wgpu's; the WGSL is the same.)
+#[test]
+fn linear_tiled_prefill_matches_the_reference() {
+    let mut rng = StdRng::seed_from_u64(41);
+    let mut found = cairn_engine::device::discover_blocking_with(options());
+    found.options_mut().wgpu.tiled_prefill = true;
+    let mut ran = 0;
+    for info in found.devices.clone() {
+        if !matches!(info.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+            || info.support == cairn_engine::Support::Unsupported
+            || info.api == "gl"
+            || (info.backend == BackendKind::Vulkan && info.is_software())
+        {
+            continue;
+        }
+        let d = pollster::block_on(found.open_info(info.clone())).expect("opens");
+        ran += 1;
+        for (ty, rows, cols, tokens) in [
+            (GgmlType::Q4_1, 70usize, 160usize, 33usize),
+            (GgmlType::Q8_0, 130, 96, 65),
+            (GgmlType::Q6_K, 37, 256, 70),
+            (GgmlType::F16, 13, 32, 9),
+            (GgmlType::Q4_0, 11, 1024, 17),
+        ] {
+            let wf = rand_vec(&mut rng, rows * cols, 1.0);
+            let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
+            let x = rand_vec(&mut rng, tokens * cols, 1.0);
+            let mut want = vec![0f32; tokens * rows];
+            k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
+            let bw = d.upload("w", &wq).unwrap();
+            let bx = upload_f32(&d, "x", &x);
+            let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
+            d.run(&[Op::Linear(Linear {
+                w: &bw,
+                wtype: ty,
+                x: &bx,
+                y: &by,
+                rows: rows as u32,
+                cols: cols as u32,
+                tokens: tokens as u32,
+            })])
+            .unwrap();
+            assert_close(
+                &format!("tiled linear {ty:?} {rows}x{cols} tokens={tokens}"),
+                &d,
+                &read(&d, &by, tokens * rows),
+                &want,
+                2e-6 * cols as f32,
+            );
+        }
+    }
+    if std::env::var_os("CAIRN_TEST_REQUIRE_GPU").is_some() {
+        assert!(ran > 0, "no device ran the tiled prefill kernel");
     }
 }

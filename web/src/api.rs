@@ -44,6 +44,38 @@ pub fn check_cpu_kernels() -> Result<String, JsValue> {
     Ok(format!("{isas}: {} comparisons", check.comparisons))
 }
 
+/// Compares the matrix-vector kernels of every family the page's WebGPU adapter can run
+/// (`rows`, `stream`, `subgroup`, `int8`) with the reference on the CPU: what the native kernel
+/// tests do, in the browser's own WGSL compiler. Resolves to "FAMILIES: N comparisons on
+/// ADAPTER"; rejects naming the first product that differs, or when there is no adapter.
+#[wasm_bindgen(js_name = checkGpuKernels)]
+pub fn check_gpu_kernels() -> Promise {
+    future_to_promise(async move {
+        let discovery = cairn_engine::discover().await;
+        let info = discovery
+            .devices
+            .iter()
+            .find(|d| d.backend == BackendKind::Wgpu && d.support != Support::Unsupported)
+            .cloned()
+            .ok_or_else(|| js_err("no WebGPU adapter in this browser"))?;
+        drop(discovery);
+        let options = cairn_engine::EngineOptions::default();
+        let check = cairn_engine::backend::wgpu::check::check_matvec_kernels(&options, &info.id)
+            .await
+            .map_err(js_err)?;
+        Ok(JsValue::from_str(&format!(
+            "{}: {} comparisons on {}",
+            check.families.join(", "),
+            check.comparisons,
+            if info.name.is_empty() {
+                &info.id
+            } else {
+                &info.name
+            }
+        )))
+    })
+}
+
 /// The engine on one device.
 #[wasm_bindgen]
 pub struct Engine {

@@ -41,14 +41,7 @@ mod shader_validation {
     fn every_shader_validates_with_naga() {
         let mut checked = 0;
         for kernel in cairn_shaders::ALL {
-            let formats: Vec<Option<&str>> = if kernel.formatted {
-                cairn_shaders::FORMATS
-                    .iter()
-                    .map(|(n, _)| Some(*n))
-                    .collect()
-            } else {
-                vec![None]
-            };
+            let formats = cairn_shaders::formats(*kernel);
             for format in formats {
                 let src = cairn_shaders::source(*kernel, format).expect("source");
                 let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {

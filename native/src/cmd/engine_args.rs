@@ -21,9 +21,14 @@ pub struct EngineArgs {
     /// wgpu and vulkan: the matrix-vector kernels (`rows`: 32 invocations a row, a decode
     /// batch a pass per sequence; `stream`: 4 rows a workgroup, activations loaded once for
     /// them, decode batches of up to 8 in one pass; `subgroup`: `stream` with subgroup
-    /// reductions where the GPU has them; `auto`: subgroup).
+    /// reductions where the GPU has them; `int8`: `subgroup` with Q8_0, Q4_0 and Q4_1 products
+    /// on activations rounded to int8 and packed 8-bit dot products; `auto`: subgroup).
     #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
     pub wgpu_matvec: WgpuMatvecArg,
+    /// wgpu and vulkan: prompt-sized products through 64 x 64 tiles staged in workgroup memory
+    /// (`linear_matmat_tiled`) instead of 4 x 4 register blocks (false, the default).
+    #[arg(long, env = "CAIRN_WGPU_TILED_PREFILL", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub wgpu_tiled_prefill: bool,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
     #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_graphs: bool,
@@ -71,6 +76,7 @@ pub enum WgpuMatvecArg {
     Rows,
     Stream,
     Subgroup,
+    Int8,
     Auto,
 }
 
@@ -104,8 +110,10 @@ impl EngineArgs {
                     WgpuMatvecArg::Rows => WgpuMatvec::Rows,
                     WgpuMatvecArg::Stream => WgpuMatvec::Stream,
                     WgpuMatvecArg::Subgroup => WgpuMatvec::Subgroup,
+                    WgpuMatvecArg::Int8 => WgpuMatvec::Int8,
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
+                tiled_prefill: self.wgpu_tiled_prefill,
             },
             cuda: CudaOptions {
                 graphs: self.cuda_graphs,
@@ -215,6 +223,11 @@ mod tests {
             parse(&["--wgpu-matvec", "rows"]).wgpu.matvec,
             WgpuMatvec::Rows
         );
+        assert_eq!(
+            parse(&["--wgpu-matvec", "int8"]).wgpu.matvec,
+            WgpuMatvec::Int8
+        );
+        assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
         assert_eq!(
             o.cuda,
             CudaOptions {

@@ -45,6 +45,12 @@ pub(crate) fn discover(
         }
         info.memory_budget_bytes = props.budget_bytes;
         info.features.extend(props::feature_names(&props));
+        // naga writes dot4I8Packed as Vulkan's integer dot product instructions (no capability
+        // list holds it back here): without them the packed-integer kernels stay off.
+        if !info.features.iter().any(|f| f == "integer-dot-product") {
+            info.features
+                .retain(|f| f != crate::backend::wgpu::PACKED_DOT_FEATURE);
+        }
         let missing = device::REQUIRED - adapter.features();
         if !missing.is_empty() && info.support != crate::Support::Unsupported {
             info.support = crate::Support::Unsupported;

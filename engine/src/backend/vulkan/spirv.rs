@@ -244,14 +244,7 @@ mod tests {
                 {
                     continue;
                 }
-                let formats: Vec<Option<&str>> = if kernel.formatted {
-                    cairn_shaders::FORMATS
-                        .iter()
-                        .map(|(n, _)| Some(*n))
-                        .collect()
-                } else {
-                    vec![None]
-                };
+                let formats = cairn_shaders::formats(*kernel);
                 for format in formats {
                     let m = match k.translate(*kernel, format) {
                         Ok(m) => m,

@@ -24,10 +24,15 @@ pub(crate) async fn discover(opts: &EngineOptions) -> Vec<(DeviceInfo, wgpu::Ada
             adapters.push(a);
         }
     }
+    // naga compiles it everywhere (to the device's integer dot products, or shifts and
+    // multiplies); a browser's compiler may not.
+    let packed_dot = instance
+        .wgsl_language_features()
+        .contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
     let mut found: Vec<(DeviceInfo, wgpu::Adapter)> = Vec::new();
     for adapter in adapters {
         let earlier: Vec<&str> = found.iter().map(|(d, _)| d.id.as_str()).collect();
-        let info = describe_adapter(&adapter, &earlier);
+        let info = describe_adapter(&adapter, &earlier, packed_dot);
         found.push((info, adapter));
     }
     found
@@ -51,7 +56,8 @@ const MIN_WORKGROUP_STORAGE: u32 = 16 * 1024;
 /// Below this, large models need many small shards.
 const COMFORTABLE_BINDING: u64 = 256 << 20;
 
-fn describe_adapter(adapter: &wgpu::Adapter, earlier: &[&str]) -> DeviceInfo {
+/// `packed_dot`: WGSL's `packed_4x8_integer_dot_product` compiles here.
+fn describe_adapter(adapter: &wgpu::Adapter, earlier: &[&str], packed_dot: bool) -> DeviceInfo {
     let ai = adapter.get_info();
     let limits = adapter.limits();
     let feats = adapter.features();
@@ -89,6 +95,9 @@ fn describe_adapter(adapter: &wgpu::Adapter, earlier: &[&str]) -> DeviceInfo {
         if feats.contains(f) {
             features.push(name.to_string());
         }
+    }
+    if packed_dot {
+        features.push(super::PACKED_DOT_FEATURE.to_string());
     }
 
     let dl = DeviceLimits {

@@ -47,21 +47,42 @@ pub(crate) const MODE_STORE: u32 = 16;
 /// follow the other products: 3 and 4 ops on).
 const LOOKAHEAD: usize = 6;
 
-/// Every op of a run as the steps that run it, fused where `fuse` allows.
-/// (`norms`: RMS norms too).
+/// Every op of a run as the steps that run it, fused where `fuse` allows
+/// (`norms`: RMS norms too). Products on the packed-integer kernels ([`Matvec::int8_for`])
+/// are not fused: they round their activations into `scratch` first, once for consecutive
+/// products of the same activations (a layer's Q, K and V; gate and up).
 pub(crate) fn plan_run<'a>(
     ops: &[Op<'a>],
     max_dim: u32,
     fuse: bool,
     norms: bool,
     matvec: Matvec,
+    scratch: Option<&'a Buffer>,
 ) -> Result<Vec<Step<'a>>> {
     let mut steps = Vec::with_capacity(ops.len());
     let mut taken = vec![false; ops.len()];
+    // The activations `scratch` holds (buffer, cols, tokens), while nothing ran since.
+    let mut quantized: Option<(u64, u32, u32)> = None;
     for i in 0..ops.len() {
         if taken[i] {
             continue;
         }
+        if let (Op::Linear(l), Some(scratch)) = (&ops[i], scratch)
+            && matvec.int8_for(l)
+        {
+            let key = (l.x.id(), l.cols, l.tokens);
+            plan::int8_steps(
+                l,
+                max_dim,
+                matvec,
+                scratch,
+                quantized == Some(key),
+                &mut steps,
+            )?;
+            quantized = Some(key);
+            continue;
+        }
+        quantized = None;
         if fuse && let Some(step) = fuse_at(ops, i, &mut taken, norms, max_dim, matvec)? {
             steps.push(step);
             continue;
@@ -144,6 +165,10 @@ fn fuse_at<'a>(
             None => return Ok(None),
         },
     };
+    // The packed-integer kernels have no fused twin.
+    if kernels.int8_for(&f.l) {
+        return Ok(None);
+    }
     let mut folded = vec![p];
     if f.mode == 0 {
         match next {
@@ -364,6 +389,73 @@ mod tests {
             .collect()
     }
 
+    /// With the packed-integer kernels, the products of their formats are not fused: each
+    /// reads activations `quantize_q8` rounded into the scratch buffer, once for gate and up,
+    /// again for down (its input is new), and again after any other op.
+    #[test]
+    fn int8_products_quantize_once_per_activations_and_do_not_fuse() {
+        let b = bufs();
+        let scratch = &b.q;
+        let ops = vec![
+            norm(&b, &b.xn),
+            lin(&b.w[0], &b.xn, &b.g, 1),
+            lin(&b.w[1], &b.xn, &b.u, 1),
+            Op::SiluMul(SiluMul {
+                gate: &b.g,
+                up: &b.u,
+                out: &b.a,
+                n: 64,
+            }),
+            lin(&b.w[2], &b.a, &b.o, 1),
+            lin(&b.w[0], &b.xn, &b.o, 1),
+            Op::Add(Add {
+                a: &b.h,
+                b: &b.o,
+                out: &b.h,
+                n: 64,
+            }),
+            lin(&b.w[1], &b.xn, &b.g, 1),
+        ];
+        let int8 = Matvec::Stream {
+            subgroups: false,
+            int8: true,
+        };
+        let steps = plan_run(&ops, 65535, true, true, int8, Some(scratch)).unwrap();
+        let (q, p) = ("quantize_q8", "linear_matvec_stream_i8");
+        assert_eq!(
+            shape(&steps),
+            [
+                "rmsnorm",
+                q,
+                p,
+                p,
+                "silu_mul",
+                q,
+                p,
+                q,
+                p,
+                "add_inplace",
+                q,
+                p
+            ]
+        );
+        // The products read the scratch buffer; the quantize dispatch writes it.
+        let Step::Dispatch { buffers, .. } = &steps[2] else {
+            panic!("a dispatch");
+        };
+        assert_eq!(buffers[1].id(), scratch.id());
+        let Step::Dispatch { buffers, .. } = &steps[1] else {
+            panic!("a dispatch");
+        };
+        assert_eq!(
+            [buffers[0].id(), buffers[1].id()],
+            [b.xn.id(), scratch.id()]
+        );
+        // Without a scratch buffer (or off), nothing changes.
+        let plain = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
+        assert!(!shape(&plain).iter().any(|s| s == q));
+    }
+
     /// A decode layer's ffn half: norm + gate, up + silu, down + add.
     #[test]
     fn a_decode_ffn_folds_into_three_dispatches() {
@@ -386,7 +478,7 @@ mod tests {
                 n: 64,
             }),
         ];
-        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
         assert_eq!(shape(&steps), ["fused1", "fused4", "fused2"]);
         let ids = |s: &Step| match s {
             Step::Dispatch { buffers, .. } => buffers.iter().map(|b| b.id()).collect::<Vec<_>>(),
@@ -407,7 +499,7 @@ mod tests {
         );
         // Off, every op is its own dispatch.
         assert_eq!(
-            plan_run(&ops, 65535, false, false, Matvec::Rows)
+            plan_run(&ops, 65535, false, false, Matvec::Rows, None)
                 .unwrap()
                 .len(),
             ops.len()
@@ -474,7 +566,7 @@ mod tests {
     fn a_decode_attention_half_folds_into_four_dispatches() {
         let b = bufs();
         let ops = attention_half(&b);
-        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
         assert_eq!(shape(&steps), ["fused9", "fused24", "fused16", "attention"]);
         let Step::Dispatch {
             params, buffers, ..
@@ -509,7 +601,7 @@ mod tests {
                 n: 64,
             }),
         );
-        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
         assert_eq!(
             shape(&steps),
             [
@@ -529,7 +621,7 @@ mod tests {
             panic!("rope k")
         };
         r.neox = true;
-        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
         assert_eq!(
             shape(&steps),
             [
@@ -613,7 +705,7 @@ mod tests {
             ],
         ];
         for (i, ops) in cases.iter().enumerate() {
-            let steps = plan_run(ops, 65535, true, true, Matvec::Rows).unwrap();
+            let steps = plan_run(ops, 65535, true, true, Matvec::Rows, None).unwrap();
             assert_eq!(steps.len(), 2, "case {i}: {:?}", shape(&steps));
         }
     }

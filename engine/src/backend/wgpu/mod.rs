@@ -8,6 +8,7 @@
 //! The `vulkan` backend reuses this executor on a device it creates itself; its kernels are
 //! SPIR-V (see `backend/vulkan/spirv.rs`) and take their parameters as push constants.
 
+pub mod check;
 pub(crate) mod discover;
 mod fuse;
 mod plan;
@@ -23,6 +24,9 @@ use crate::options::{WgpuMatvec, WgpuOptions};
 use plan::{Matvec, Step};
 
 const PARAM_SLOT: u64 = 256;
+/// The name `DeviceInfo::features` gives WGSL's `packed_4x8_integer_dot_product`, which the
+/// packed-integer kernels need (`dot4I8Packed`).
+pub const PACKED_DOT_FEATURE: &str = "packed-4x8-integer-dot-product";
 /// Words of parameters every kernel takes, as a uniform slot or push constants: 12, since the
 /// paged attention's window made its struct the first of 48 bytes.
 pub(crate) const PARAM_WORDS: usize = 12;
@@ -99,6 +103,11 @@ pub struct WgpuBackend {
     fuse_norms: bool,
     /// The matrix-vector kernels.
     matvec: Matvec,
+    /// Prompt-sized products on `linear_matmat_tiled`.
+    tiled_prefill: bool,
+    /// Where the packed-integer kernels' activations are rounded to (`quantize_q8`), grown
+    /// to the largest a run has needed.
+    int8_scratch: Mutex<Option<Arc<Buffer>>>,
     /// Dispatches and buffer copies of the latest `run`.
     last_dispatches: AtomicUsize,
     last_copies: AtomicUsize,
@@ -165,6 +174,8 @@ impl WgpuBackend {
             fuse: true,
             fuse_norms: true,
             matvec: Matvec::Rows,
+            tiled_prefill: false,
+            int8_scratch: Mutex::new(None),
             last_dispatches: AtomicUsize::new(0),
             last_copies: AtomicUsize::new(0),
             errors,
@@ -183,12 +194,24 @@ impl WgpuBackend {
     pub(crate) fn with_options(mut self, opts: &WgpuOptions, info: &DeviceInfo) -> WgpuBackend {
         (self.fuse, self.fuse_norms) = opts.fuse.resolve(info.is_software());
         let subgroups = self.device.features().contains(wgpu::Features::SUBGROUP);
+        let packed = info.features.iter().any(|f| f == PACKED_DOT_FEATURE);
         self.matvec = match opts.matvec.resolve() {
             WgpuMatvec::Rows => Matvec::Rows,
-            WgpuMatvec::Subgroup if subgroups => Matvec::Stream { subgroups: true },
-            _ => Matvec::Stream { subgroups: false },
+            WgpuMatvec::Stream => Matvec::Stream {
+                subgroups: false,
+                int8: false,
+            },
+            WgpuMatvec::Int8 => Matvec::Stream {
+                subgroups,
+                int8: packed,
+            },
+            _ => Matvec::Stream {
+                subgroups,
+                int8: false,
+            },
         };
-        tracing::debug!(id = %info.id, matvec = ?self.matvec, "wgpu kernels");
+        self.tiled_prefill = opts.tiled_prefill;
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, tiled_prefill = self.tiled_prefill, "wgpu kernels");
         self
     }
 
@@ -353,10 +376,54 @@ impl WgpuBackend {
         }
     }
 
-    pub(crate) fn run(&self, ops: &[Op<'_>], accounting: &Accounting) -> Result<()> {
+    /// A buffer of at least `bytes` for the packed-integer kernels' activations: the one
+    /// kept from earlier runs, or a larger one that replaces it.
+    fn int8_scratch(&self, bytes: u64, accounting: &Arc<Accounting>) -> Result<Arc<Buffer>> {
+        let mut slot = self
+            .int8_scratch
+            .lock()
+            .map_err(|_| BackendError::Gpu("poisoned".into()))?;
+        if let Some(b) = slot.as_ref().filter(|b| b.size >= bytes) {
+            return Ok(b.clone());
+        }
+        let bytes = bytes.next_power_of_two().max(64 << 10);
+        let buf = Arc::new(Buffer {
+            storage: Storage::Wgpu(self.alloc("int8 activations", bytes)?),
+            id: accounting.add(bytes),
+            size: bytes,
+            label: "int8 activations".into(),
+            accounting: accounting.clone(),
+        });
+        *slot = Some(buf.clone());
+        Ok(buf)
+    }
+
+    pub(crate) fn run(&self, ops: &[Op<'_>], accounting: &Arc<Accounting>) -> Result<()> {
         self.check_errors()?;
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
-        let steps = fuse::plan_run(ops, max_dim, self.fuse, self.fuse_norms, self.matvec)?;
+        let int8_bytes = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Linear(l) if self.matvec.int8_for(l) => Some(Matvec::int8_scratch_bytes(l)),
+                _ => None,
+            })
+            .max();
+        let scratch = int8_bytes
+            .map(|n| self.int8_scratch(n, accounting))
+            .transpose()?;
+        let steps = fuse::plan_run(
+            ops,
+            max_dim,
+            self.fuse,
+            self.fuse_norms,
+            self.matvec,
+            scratch.as_deref(),
+        )?;
+        let steps = if self.tiled_prefill {
+            steps.into_iter().map(plan::tiled_prefill).collect()
+        } else {
+            steps
+        };
         let n_dispatch = steps
             .iter()
             .filter(|s| matches!(s, Step::Dispatch { .. }))

@@ -48,8 +48,10 @@ pub(super) fn grid(n: u32, max_dim: u32) -> Result<[u32; 3]> {
 pub(crate) enum Matvec {
     /// `linear_matvec` (and `linear_matvec_fused`): 32 invocations a row, one token.
     Rows,
-    /// The streaming kernels (`stream_walk.wgsl`), up to [`Matvec::BATCH_MAX`] tokens a pass.
-    Stream { subgroups: bool },
+    /// The streaming kernels (`stream_walk.wgsl`), up to [`Matvec::BATCH_MAX`] tokens a pass;
+    /// with `int8`, the formats of `shaders::INT8_FORMATS` on packed 8-bit integers
+    /// (`quantize_q8` then `stream_walk_i8.wgsl`).
+    Stream { subgroups: bool, int8: bool },
 }
 
 impl Matvec {
@@ -75,9 +77,27 @@ impl Matvec {
     /// The kernel of the streaming family for this reduction: (workgroup memory, subgroups).
     pub(crate) fn pick(self, kernels: (Kernel, Kernel)) -> Kernel {
         match self {
-            Matvec::Stream { subgroups: true } => kernels.1,
+            Matvec::Stream {
+                subgroups: true, ..
+            } => kernels.1,
             _ => kernels.0,
         }
+    }
+
+    /// Whether `l` runs on the packed-integer kernels (a product of at most
+    /// [`Matvec::BATCH_MAX`] tokens in one of their formats, when they are on).
+    pub(crate) fn int8_for(self, l: &Linear<'_>) -> bool {
+        matches!(self, Matvec::Stream { int8: true, .. })
+            && l.tokens <= Matvec::BATCH_MAX
+            && l.rows > 0
+            && l.cols > 0
+            && shaders::INT8_FORMATS.contains(&l.wtype.name())
+    }
+
+    /// Bytes of `quantize_q8`'s output for `l`: an int8 a column and an f32 step a block, per
+    /// token.
+    pub(crate) fn int8_scratch_bytes(l: &Linear<'_>) -> u64 {
+        u64::from(l.tokens) * (u64::from(l.cols) + u64::from(l.cols / 32) * 4)
     }
 }
 
@@ -144,10 +164,16 @@ impl<'a> WgpuOp<'a> for Linear<'a> {
         shaders::LINEAR_MATVEC,
         shaders::LINEAR_MATVEC_SUBGROUP,
         shaders::LINEAR_MATMAT,
+        shaders::LINEAR_MATMAT_TILED,
         shaders::LINEAR_MATVEC_STREAM,
         shaders::LINEAR_MATVEC_STREAM_SUBGROUP,
         shaders::LINEAR_MATVEC_BATCH,
         shaders::LINEAR_MATVEC_BATCH_SUBGROUP,
+        shaders::QUANTIZE_Q8,
+        shaders::LINEAR_MATVEC_STREAM_I8,
+        shaders::LINEAR_MATVEC_STREAM_I8_SUBGROUP,
+        shaders::LINEAR_MATVEC_BATCH_I8,
+        shaders::LINEAR_MATVEC_BATCH_I8_SUBGROUP,
     ];
 
     fn step(&self, max_dim: u32) -> Result<Step<'a>> {
@@ -180,6 +206,71 @@ impl<'a> Linear<'a> {
         };
         let buffers = vec![self.w, self.x, self.y];
         dispatch(self, kernel, Some(self.wtype.name()), buffers, groups)
+    }
+}
+
+/// `l` on the packed-integer kernels ([`Matvec::int8_for`]): `quantize_q8` rounds its
+/// activations into `scratch` (at least [`Matvec::int8_scratch_bytes`]) unless `quantized`
+/// says the same activations are there already, then the product reads them.
+pub(crate) fn int8_steps<'a>(
+    l: &Linear<'a>,
+    max_dim: u32,
+    matvec: Matvec,
+    scratch: &'a Buffer,
+    quantized: bool,
+    steps: &mut Vec<Step<'a>>,
+) -> Result<()> {
+    if !quantized {
+        let blocks = l.tokens * (l.cols / 32);
+        let groups = grid(blocks.div_ceil(64), max_dim)?;
+        let buffers = vec![l.x, scratch];
+        steps.push(dispatch(l, shaders::QUANTIZE_Q8, None, buffers, groups)?);
+    }
+    let kernel = if l.tokens == 1 {
+        matvec.pick((
+            shaders::LINEAR_MATVEC_STREAM_I8,
+            shaders::LINEAR_MATVEC_STREAM_I8_SUBGROUP,
+        ))
+    } else {
+        matvec.pick((
+            shaders::LINEAR_MATVEC_BATCH_I8,
+            shaders::LINEAR_MATVEC_BATCH_I8_SUBGROUP,
+        ))
+    };
+    let [x, y, _] = grid(l.rows.div_ceil(Matvec::STREAM_ROWS), max_dim)?;
+    let groups = [x, y, l.tokens.div_ceil(shaders::BATCH_TOKENS)];
+    let buffers = vec![l.w, scratch, l.y];
+    steps.push(dispatch(l, kernel, Some(l.wtype.name()), buffers, groups)?);
+    Ok(())
+}
+
+/// `step` with a prompt-sized product (`linear_matmat`) on `linear_matmat_tiled` instead,
+/// where its rows are a multiple of 32 elements (`WgpuOptions::tiled_prefill`); any other
+/// step as it is.
+pub(crate) fn tiled_prefill(step: Step<'_>) -> Step<'_> {
+    match step {
+        Step::Dispatch {
+            kernel,
+            format,
+            buffers,
+            params,
+            ..
+        } if kernel == shaders::LINEAR_MATMAT && params[1].is_multiple_of(32) => {
+            // Linear's parameters: rows, cols, tokens, row_bytes.
+            let groups = [
+                params[0].div_ceil(64).max(1),
+                params[2].div_ceil(64).max(1),
+                1,
+            ];
+            Step::Dispatch {
+                kernel: shaders::LINEAR_MATMAT_TILED,
+                format,
+                buffers,
+                params,
+                groups,
+            }
+        }
+        other => other,
     }
 }
 
@@ -414,7 +505,7 @@ mod tests {
 
     /// The members (name, offset) and size of the struct `kernel` binds at binding 0.
     fn wgsl_params(kernel: Kernel) -> (Vec<(String, u32)>, u32) {
-        let format = kernel.formatted.then_some("F32");
+        let format = shaders::formats(kernel)[0];
         let src = shaders::source(kernel, format).expect("source");
         let module = naga::front::wgsl::parse_str(&src).expect("parses");
         let var = module
