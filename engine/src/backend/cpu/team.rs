@@ -6,8 +6,14 @@
 //! sleeping until it finishes (rayon's `install`) costs the caller two wake-ups per op, a
 //! few microseconds each plus a context switch, which on this scale was about a fifth of a
 //! two-thread step. Here the caller works on its own op instead of waiting, and an idle
-//! worker spins for a short while before it sleeps, so in a busy step it sees the next op
-//! without a wake-up; it sleeps once the model has gone quiet (between requests, say).
+//! worker watches for the next op for a short while before it sleeps, so in a busy step it
+//! sees the next op without a wake-up; it sleeps once the model has gone quiet (between
+//! requests, say).
+//!
+//! Measured (docs/performance.md, 2026-11-26, 2 threads, default model): decode 1.06 to 1.37x
+//! rayon's hand-over; with workers and caller spinning flat out instead of yielding between
+//! checks it was 0.47 to 1.02x (on two cores the spinning thread takes the core from the one
+//! it waits for whenever anything else runs).
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -15,16 +21,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-/// How long an idle worker spins for the next op before it sleeps: far longer than the
+/// How long an idle worker watches for the next op before it sleeps: far longer than the
 /// serial ops between two parallel ones of a step (norms, rotations, residual adds: a few
-/// microseconds), and short enough that a model waiting for work stops burning a core at
-/// once.
+/// microseconds), and short enough that a model waiting for work stops taking a core at
+/// once. Past its first few microseconds the watch yields the core between checks: spinning
+/// flat out measured worse (module comment).
 const SPIN: Duration = Duration::from_micros(500);
-
-/// The caller spins this long for its workers' last tasks before yielding its core between
-/// checks (a worker descheduled by a busy machine would otherwise be waited for at full
-/// speed).
-const WAIT_SPIN: Duration = Duration::from_micros(200);
 
 /// One op's tasks. Lives on the caller's stack for as long as [`Team::run`] runs.
 struct Job {
@@ -73,10 +75,6 @@ impl Shared {
 pub(crate) fn team() -> Option<&'static Team> {
     static TEAM: OnceLock<Option<Team>> = OnceLock::new();
     TEAM.get_or_init(|| {
-        // TEMPORARY (measurement): rayon's pool alone.
-        if std::env::var_os("CAIRN_CPU_TEAM").is_some_and(|v| v == "off") {
-            return None;
-        }
         let threads = crate::kernels::linear::pool().map_or(1, |p| p.current_num_threads());
         (threads > 1).then(|| Team::new(threads).ok()).flatten()
     })
@@ -161,13 +159,9 @@ impl Team {
             self.shared.wake.notify_all();
         }
         work(&job);
-        let start = Instant::now();
+        // Offering the core between checks: a worker still on a task may be waiting for it.
         while job.done.load(Ordering::Acquire) < tasks {
-            if start.elapsed() < WAIT_SPIN {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            std::thread::yield_now();
         }
         // No worker joins after this; those that joined leave once they find the counter
         // run out (they touch nothing of the job after `joined`).
@@ -215,6 +209,12 @@ fn worker(shared: &Shared) {
         let mut spins = 0u32;
         while shared.epoch.load(Ordering::Acquire) == seen {
             spins = spins.wrapping_add(1);
+            // Past the first few microseconds the core is offered to whoever else wants it
+            // between checks (on a quiet machine nobody does, and the check comes straight
+            // back; on a busy one, the thread that will post the next op may be waiting).
+            if spins > 1024 {
+                std::thread::yield_now();
+            }
             if spins.is_multiple_of(64) && start.elapsed() > SPIN {
                 let mut slot = shared.lock();
                 shared.sleepers.fetch_add(1, Ordering::SeqCst);
