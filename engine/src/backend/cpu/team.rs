@@ -82,7 +82,8 @@ pub(crate) fn team() -> Option<&'static Team> {
 }
 
 thread_local! {
-    /// Set on the team's workers: a task that splits work again runs it serially there.
+    /// Set on the team's workers: a task that splits its work again is declined by `run`
+    /// (and its caller hands the pieces to rayon or runs them itself).
     static IN_WORKER: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -167,7 +168,7 @@ impl Team {
         // run out (they touch nothing of the job after `joined`).
         self.shared.lock().job = std::ptr::null();
         while job.joined.load(Ordering::Acquire) > 0 {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
         if job.panicked.load(Ordering::Relaxed) {
             panic!("a task of the cpu backend's thread team panicked");
