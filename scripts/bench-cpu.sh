@@ -14,8 +14,8 @@
 # source package's vendor/llama.cpp; ../shared/README.md says how to download it). The build
 # is CPU only, Release, and not `GGML_NATIVE`: these virtual machines advertise instructions
 # (AMX) the VM does not enable, so `-march=native` binaries die with "Illegal instruction".
-# It turns on AVX-512 (with VNNI) only where /proc/cpuinfo lists it: the AMD EPYC machines
-# have AVX2 and FMA only, and an AVX-512 build crashes there.
+# It turns on AVX-512 (and its VNNI, VBMI and BF16 parts) only where /proc/cpuinfo lists
+# each: some AMD EPYC machines have AVX2 and FMA only, and an AVX-512 build crashes there.
 #
 # Environment: PROMPT_TOKENS (128), GEN_TOKENS (64), ROUNDS (3), THREADS (2), CAIRN_BIN
 # (a cairn binary instead of building target/release/cairn), LLAMA_BENCH, LLAMA_BUILD,
@@ -47,6 +47,8 @@ if [ ! -x "$llama_bench" ]; then
     if grep -qw avx512f /proc/cpuinfo; then
         simd+=(-DGGML_AVX512=ON)
         grep -qw avx512_vnni /proc/cpuinfo && simd+=(-DGGML_AVX512_VNNI=ON)
+        grep -qw avx512vbmi /proc/cpuinfo && simd+=(-DGGML_AVX512_VBMI=ON)
+        grep -qw avx512_bf16 /proc/cpuinfo && simd+=(-DGGML_AVX512_BF16=ON)
     else
         simd+=(-DGGML_AVX512=OFF)
     fi

@@ -185,6 +185,23 @@ pub(super) fn par_chunks(
 ) {
     let chunk = chunk.max(1);
     #[cfg(not(target_arch = "wasm32"))]
+    if let Some(team) = super::team::team().filter(|_| work >= PARALLEL_WORK && out.len() > chunk) {
+        let len = out.len();
+        let base = ChunkBase(out.as_mut_ptr());
+        let ran = team.run(len.div_ceil(chunk), &|i| {
+            let first = i * chunk;
+            // SAFETY: task `i` alone takes `out[first..first + chunk]` (clipped to `out`),
+            // and `out` is borrowed for as long as `run` runs.
+            let c =
+                unsafe { std::slice::from_raw_parts_mut(base.at(first), chunk.min(len - first)) };
+            f(first, c);
+        });
+        if ran {
+            return;
+        }
+    }
+    // The team was taken (another thread's op, or this is one of its tasks): rayon's pool.
+    #[cfg(not(target_arch = "wasm32"))]
     if let Some(pool) = reference::pool().filter(|_| work >= PARALLEL_WORK && out.len() > chunk) {
         use rayon::prelude::*;
         pool.install(|| {
@@ -197,5 +214,23 @@ pub(super) fn par_chunks(
     let _ = work;
     for (i, c) in out.chunks_mut(chunk).enumerate() {
         f(i * chunk, c);
+    }
+}
+
+/// Where `par_chunks`' output starts, shared by its tasks (each writes its own piece).
+#[cfg(not(target_arch = "wasm32"))]
+struct ChunkBase(*mut f32);
+
+// SAFETY: the tasks that share it write disjoint pieces (see `par_chunks`).
+#[cfg(not(target_arch = "wasm32"))]
+unsafe impl Sync for ChunkBase {}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl ChunkBase {
+    /// # Safety
+    /// `first` is within the output.
+    unsafe fn at(&self, first: usize) -> *mut f32 {
+        // SAFETY: the caller's.
+        unsafe { self.0.add(first) }
     }
 }

@@ -13,6 +13,8 @@ mod check;
 mod dot;
 mod linear;
 mod q8;
+#[cfg(not(target_arch = "wasm32"))]
+mod team;
 #[cfg(test)]
 mod tests;
 mod vecf32;

@@ -474,3 +474,57 @@ fn f16_conversion_is_exact_for_every_value() {
         }
     }
 }
+
+/// On x86-64 AVX2 and AVX-512 are compared exactly where the processor has them, and the
+/// best runs: AVX-512 with VNNI where present, with its own kernels for the formats it has
+/// and AVX2's for the others.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn x86_runs_avx512_where_present() {
+    use std::arch::is_x86_feature_detected as has;
+    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+    let avx512 =
+        avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+    let names: Vec<&str> = Isa::available().into_iter().map(Isa::name).collect();
+    eprintln!("avx2: {avx2}, avx512 with vnni: {avx512}, instruction sets: {names:?}");
+    let mut want = vec!["scalar"];
+    if avx2 {
+        want.push("avx2");
+    }
+    if avx512 {
+        want.push("avx512vnni");
+    }
+    assert_eq!(names, want);
+    if !avx512 {
+        return;
+    }
+    if std::env::var_os("CAIRN_CPU_ISA").is_none() {
+        assert_eq!(Isa::detect(), Isa::Avx512);
+    }
+    for ty in quantized() {
+        let own = matches!(
+            ty,
+            GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q8_0
+                | GgmlType::Q4_K
+                | GgmlType::Q6_K
+        );
+        let a512 = Isa::Avx512.dot(ty).expect("quantized").0 as usize;
+        let a2 = Isa::Avx2.dot(ty).expect("quantized").0 as usize;
+        assert_eq!(a512 != a2, own, "{}", ty.name());
+        let four = (
+            Isa::Avx512.dot4(ty).map(|f| f as usize),
+            Isa::Avx2.dot4(ty).map(|f| f as usize),
+        );
+        let own4 = own && ty.block_len() == 32;
+        assert_eq!(
+            four.0.is_some() && four.0 != four.1,
+            own4,
+            "{} four-token",
+            ty.name()
+        );
+    }
+}

@@ -1,4 +1,5 @@
-//! f32 dot product and `y += a·x` for attention, AVX2 + FMA where the processor has them.
+//! f32 dot product and `y += a·x` for attention, AVX2 + FMA where the processor has them
+//! (AVX-512 machines included).
 
 use super::dot::Isa;
 
@@ -11,7 +12,8 @@ impl VecF32 {
     pub(crate) fn new(isa: Isa) -> VecF32 {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 if avx2::available() => VecF32 {
+            // AVX-512 machines run attention's AVX2 helpers (heads are 64 to 128 wide).
+            Isa::Avx2 | Isa::Avx512 if avx2::available() => VecF32 {
                 // SAFETY: `available` checked the features these are compiled for.
                 dot: |a, b| unsafe { avx2::dot(a, b) },
                 // SAFETY: as above.

@@ -8,6 +8,8 @@ use crate::quant::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub(crate) mod scalar;
@@ -26,6 +28,10 @@ pub(crate) enum Isa {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX-512 F/BW/VL with VNNI's `vpdpbusd`; formats without a kernel of their own run
+    /// AVX2's.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
     /// aarch64 NEON without the dot-product extension (`smull` and pairwise adds).
     #[cfg(target_arch = "aarch64")]
     Neon,
@@ -38,27 +44,50 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best this processor runs.
+    /// The best this processor runs, or the one `CAIRN_CPU_ISA` names (one of
+    /// [`Isa::available`]'s names: to compare kernels in one binary, or to step around one).
     pub(crate) fn detect() -> Isa {
-        static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx2;
-            }
-            #[cfg(target_arch = "aarch64")]
-            return if neon::has_dotprod() {
-                Isa::NeonDot
-            } else {
-                Isa::Neon
+        static CHOSEN: OnceLock<Isa> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let best = Isa::best();
+            let Ok(name) = std::env::var("CAIRN_CPU_ISA") else {
+                return best;
             };
-            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            return Isa::Simd128;
-            #[allow(unreachable_code)]
-            Isa::Scalar
+            let available = Isa::available();
+            match available.iter().find(|i| i.name() == name) {
+                Some(&isa) => isa,
+                None => {
+                    let names: Vec<&str> = available.iter().map(|i| i.name()).collect();
+                    tracing::warn!(
+                        "CAIRN_CPU_ISA={name:?} is not one of this processor's {names:?}; using {}",
+                        best.name()
+                    );
+                    best
+                }
+            }
         })
+    }
+
+    /// The fastest instruction set this processor has.
+    fn best() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            return Isa::Avx512;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            return Isa::Avx2;
+        }
+        #[cfg(target_arch = "aarch64")]
+        return if neon::has_dotprod() {
+            Isa::NeonDot
+        } else {
+            Isa::Neon
+        };
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        return Isa::Simd128;
+        #[allow(unreachable_code)]
+        Isa::Scalar
     }
 
     /// Every instruction set this processor runs, the scalar reference first.
@@ -73,8 +102,13 @@ impl Isa {
         )]
         let mut all = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
-        if Isa::detect() == Isa::Avx2 {
-            all.push(Isa::Avx2);
+        {
+            if has_avx2() {
+                all.push(Isa::Avx2);
+            }
+            if avx512::available() {
+                all.push(Isa::Avx512);
+            }
         }
         #[cfg(target_arch = "aarch64")]
         {
@@ -93,6 +127,8 @@ impl Isa {
             Isa::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => "avx512vnni",
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => "neon",
             #[cfg(target_arch = "aarch64")]
@@ -116,6 +152,10 @@ impl Isa {
             Isa::Scalar => scalar_dot(ty)?,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::dot(ty).or_else(|| scalar_dot(ty))?,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::dot(ty)
+                .or_else(|| avx2::dot(ty))
+                .or_else(|| scalar_dot(ty))?,
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => neon::dot(ty, false).or_else(|| scalar_dot(ty))?,
             #[cfg(target_arch = "aarch64")]
@@ -138,12 +178,22 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::dot4(ty),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::dot4(ty).or_else(|| avx2::dot4(ty)),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon | Isa::NeonDot => None,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Isa::Simd128 => None,
         }
     }
+}
+
+/// What the AVX2 kernels (and attention's AVX2 f32 helpers) need.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
 }
 
 fn scalar_dot(ty: GgmlType) -> Option<DotFn> {

@@ -1,0 +1,482 @@
+//! AVX-512 (F, BW, VL) with VNNI dot products: two 32-element blocks in one 512-bit
+//! register, `vpdpbusd` (unsigned bytes times signed bytes, four products summed into each
+//! i32 lane in one instruction, with no i16 step to saturate), one float multiply-add per
+//! pair of blocks. VNNI is required: processors with AVX-512 but without it (Skylake-X) run
+//! the AVX2 kernels. Formats without a kernel here fall back to AVX2's.
+//!
+//! Unsigned quants go straight into `vpdpbusd`. The formats whose quants are offset (Q4_0's
+//! nibble - 8, Q5_0's five bits - 16) multiply the unsigned value and take the offset off
+//! through each block's activation sum (`Q8Row::sum`, `d·Σq`), as Q4_1's minimum is added.
+//! Q8_0's signed weights multiply as magnitudes against the activations with the weight's
+//! sign moved onto them (a masked subtract: AVX-512 has no byte `sign`). Taking the offset
+//! off in f32 rather than in the integer sum differs from the scalar kernel by float
+//! rounding only (the unit tests hold it to 1e-5 of `Σ|w·x|`, as every SIMD path).
+
+use std::arch::x86_64::*;
+
+use super::{Dot4Fn, DotFn};
+use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
+use crate::quant::GgmlType;
+use crate::quant::kquants::scale_min_k4;
+
+/// Whether this processor runs these kernels (and the AVX2 ones they fall back to).
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX-512 kernel for `ty`, or `None` where there is none or this processor lacks the
+/// instructions (so no caller can reach one without them).
+pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
+    if !available() {
+        return None;
+    }
+    // SAFETY (every closure below): the features each kernel is compiled for were detected
+    // just above, and the kernels touch memory only through bounds-checked slices (the one
+    // masked load reads only bytes of a slice it checked).
+    Some(match ty {
+        GgmlType::Q4_0 => |w, x| unsafe { q4_0(w, x) },
+        GgmlType::Q4_1 => |w, x| unsafe { q4_1(w, x) },
+        GgmlType::Q5_0 => |w, x| unsafe { q5_0(w, x) },
+        GgmlType::Q5_1 => |w, x| unsafe { q5_1(w, x) },
+        GgmlType::Q8_0 => |w, x| unsafe { q8_0(w, x) },
+        GgmlType::Q4_K => |w, x| unsafe { q4_k(w, x) },
+        GgmlType::Q6_K => |w, x| unsafe { q6_k(w, x) },
+        _ => return None,
+    })
+}
+
+/// The four-token kernel for `ty`: each pair of blocks unpacked once for four tokens'
+/// activations. `None` as for [`dot`].
+pub(super) fn dot4(ty: GgmlType) -> Option<Dot4Fn> {
+    if !available() {
+        return None;
+    }
+    // SAFETY (every closure below): as in `dot`.
+    Some(match ty {
+        GgmlType::Q4_0 => |w, x| unsafe { q4_0_x4(w, x) },
+        GgmlType::Q4_1 => |w, x| unsafe { q4_1_x4(w, x) },
+        GgmlType::Q5_0 => |w, x| unsafe { q5_0_x4(w, x) },
+        GgmlType::Q5_1 => |w, x| unsafe { q5_1_x4(w, x) },
+        GgmlType::Q8_0 => |w, x| unsafe { q8_0_x4(w, x) },
+        _ => return None,
+    })
+}
+
+/// What a block adds besides its quants' product, through the activations' block sums.
+#[derive(Clone, Copy, PartialEq)]
+enum Min {
+    None,
+    /// The product ran on the quants plus `-k` (unsigned); the block adds `k · d · sum`.
+    Offset(f32),
+    /// An f16 minimum at bytes 2..4, times the block's `sum`.
+    Stored,
+}
+
+/// One 32-element format: its block size, whether its quants are signed, and its minimum.
+/// (How two blocks' quants become 64 bytes is a closure beside it, so it inlines.)
+#[derive(Clone, Copy)]
+struct Format {
+    bytes: usize,
+    signed: bool,
+    min: Min,
+}
+
+const Q4_0: Format = Format {
+    bytes: 18,
+    signed: false,
+    min: Min::Offset(-8.0),
+};
+const Q4_1: Format = Format {
+    bytes: 20,
+    signed: false,
+    min: Min::Stored,
+};
+const Q5_0: Format = Format {
+    bytes: 22,
+    signed: false,
+    min: Min::Offset(-16.0),
+};
+const Q5_1: Format = Format {
+    bytes: 24,
+    signed: false,
+    min: Min::Stored,
+};
+const Q8_0: Format = Format {
+    bytes: 34,
+    signed: true,
+    min: Min::None,
+};
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_0(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q4_0, |a, b| nibbles64(&a[2..18], &b[2..18]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_1(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q4_1, |a, b| nibbles64(&a[4..20], &b[4..20]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q5_0(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q5_0, |a, b| {
+        fifth_bit(nibbles64(&a[6..22], &b[6..22]), &a[2..6], &b[2..6])
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q5_1(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q5_1, |a, b| {
+        fifth_bit(nibbles64(&a[8..24], &b[8..24]), &a[4..8], &b[4..8])
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q8_0(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q8_0, |a, b| {
+        join(load256(&a[2..34]), load256(&b[2..34]))
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_0_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q4_0, |a, b| nibbles64(&a[2..18], &b[2..18]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_1_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q4_1, |a, b| nibbles64(&a[4..20], &b[4..20]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q5_0_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q5_0, |a, b| {
+        fifth_bit(nibbles64(&a[6..22], &b[6..22]), &a[2..6], &b[2..6])
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q5_1_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q5_1, |a, b| {
+        fifth_bit(nibbles64(&a[8..24], &b[8..24]), &a[4..8], &b[4..8])
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q8_0_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q8_0, |a, b| {
+        join(load256(&a[2..34]), load256(&b[2..34]))
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load128(b: &[u8]) -> __m128i {
+    assert!(b.len() >= 16);
+    // SAFETY: 16 readable bytes (checked above); loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load256(b: &[u8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: 32 readable bytes (checked above); loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load512(b: &[u8]) -> __m512i {
+    assert!(b.len() >= 64);
+    // SAFETY: 64 readable bytes (checked above); loadu has no alignment requirement.
+    unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+}
+
+/// 64 activation bytes, or where only 32 are left, those 32 and zeros.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load_x(x: &[i8]) -> __m512i {
+    if x.len() >= 64 {
+        // SAFETY: 64 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm512_loadu_si512(x.as_ptr().cast()) }
+    } else {
+        assert!(x.len() >= 32);
+        // SAFETY: the mask reads only the first 32 bytes, which exist (checked above);
+        // masked-off bytes are not accessed.
+        unsafe { _mm512_maskz_loadu_epi8(0xffff_ffff, x.as_ptr()) }
+    }
+}
+
+/// Two 256-bit halves as one register, `lo` first.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Two blocks' 16 bytes of nibbles as their 2 × 32 quants in element order: per block the
+/// low nibbles (elements 0..16), then the high ones (16..32).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn nibbles64(a: &[u8], b: &[u8]) -> __m512i {
+    let ab = _mm256_set_m128i(load128(b), load128(a));
+    // [a, a, b, b] in 128-bit lanes, the second of each pair shifted down a nibble.
+    let v = _mm512_permutexvar_epi64(
+        _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+        _mm512_castsi256_si512(ab),
+    );
+    let v = _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
+}
+
+/// Adds 16 to each nibble whose bit is set in the blocks' 32-bit fifth-bit fields.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn fifth_bit(n: __m512i, a: &[u8], b: &[u8]) -> __m512i {
+    let lo = u32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+    let hi = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let bits: __mmask64 = u64::from(lo) | (u64::from(hi) << 32);
+    _mm512_mask_add_epi8(n, bits, n, _mm512_set1_epi8(16))
+}
+
+/// Two f16 values as the low two lanes of a vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn f16_pair(a: &[u8], b: &[u8], at: usize) -> __m128 {
+    let bits = u32::from(u16::from_le_bytes([a[at], a[at + 1]]))
+        | (u32::from(u16::from_le_bytes([b[at], b[at + 1]])) << 16);
+    _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))
+}
+
+/// `v[0], v[1]` (or `v[0], 0` where `v` has one value) as the low two lanes of a vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn f32_pair(v: &[f32]) -> __m128 {
+    match v {
+        [a, b, ..] => _mm_setr_ps(*a, *b, 0.0, 0.0),
+        [a] => _mm_set_ss(*a),
+        [] => _mm_setzero_ps(),
+    }
+}
+
+/// Lane 0 of `v` in the low eight lanes, lane 1 in the high eight.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn halves(v: __m128) -> __m512 {
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v))
+}
+
+/// The pair of blocks at `i` (the block itself twice when it is the row's last and odd):
+/// their 64 quants (magnitudes where signed), their signs, and the two f16 steps and
+/// minimums (as the format defines them) in the low lanes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pair_at(
+    w: &[u8],
+    i: usize,
+    f: Format,
+    quants: impl Fn(&[u8], &[u8]) -> __m512i,
+) -> (__m512i, __mmask64, __m128, __m128) {
+    let a = &w[i * f.bytes..][..f.bytes];
+    let b = w.get((i + 1) * f.bytes..(i + 2) * f.bytes).unwrap_or(a);
+    let q = quants(a, b);
+    let (q, signs) = if f.signed {
+        (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+    } else {
+        (q, 0)
+    };
+    let d = f16_pair(a, b, 0);
+    let m = match f.min {
+        Min::None => _mm_setzero_ps(),
+        Min::Offset(k) => _mm_mul_ps(d, _mm_set1_ps(k)),
+        Min::Stored => f16_pair(a, b, 2),
+    };
+    (q, signs, d, m)
+}
+
+/// `Σ w·x` over two blocks as sixteen i32 lanes (eight per block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn product(q: __m512i, signs: __mmask64, x: __m512i) -> __m512i {
+    let x = _mm512_mask_sub_epi8(x, signs, _mm512_setzero_si512(), x);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn hsum128(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// One row against one token, two blocks at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pairs(w: &[u8], x: Q8Row<'_>, f: Format, quants: impl Fn(&[u8], &[u8]) -> __m512i) -> f32 {
+    let nb = w.len() / f.bytes;
+    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
+    assert!(f.min == Min::None || x.sum.len() >= nb);
+    let mut acc = _mm512_setzero_ps();
+    let mut mins = _mm_setzero_ps();
+    for i in (0..nb).step_by(2) {
+        let (q, signs, d, m) = pair_at(w, i, f, &quants);
+        let n = (nb - i).min(2);
+        let p = product(q, signs, load_x(&x.qs[i * QK..nb * QK]));
+        let dx = f32_pair(&x.d[i..i + n]);
+        acc = _mm512_fmadd_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p), acc);
+        if f.min != Min::None {
+            mins = _mm_fmadd_ps(m, f32_pair(&x.sum[i..i + n]), mins);
+        }
+    }
+    _mm512_reduce_add_ps(acc) + hsum128(mins)
+}
+
+/// [`pairs`] for four tokens at once.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pairs4(
+    w: &[u8],
+    x: [Q8Row<'_>; 4],
+    f: Format,
+    quants: impl Fn(&[u8], &[u8]) -> __m512i,
+) -> [f32; 4] {
+    let nb = w.len() / f.bytes;
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
+        assert!(f.min == Min::None || r.sum.len() >= nb);
+    }
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut mins = [_mm_setzero_ps(); 4];
+    for i in (0..nb).step_by(2) {
+        let (q, signs, d, m) = pair_at(w, i, f, &quants);
+        let n = (nb - i).min(2);
+        for k in 0..4 {
+            let p = product(q, signs, load_x(&x[k].qs[i * QK..nb * QK]));
+            let dx = f32_pair(&x[k].d[i..i + n]);
+            acc[k] = _mm512_fmadd_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p), acc[k]);
+            if f.min != Min::None {
+                mins[k] = _mm_fmadd_ps(m, f32_pair(&x[k].sum[i..i + n]), mins[k]);
+            }
+        }
+    }
+    std::array::from_fn(|k| _mm512_reduce_add_ps(acc[k]) + hsum128(mins[k]))
+}
+
+/// Each 64-element run of the K-quants' activations multiplies one 512-bit vector of
+/// quants; lane `l` of its `vpdpbusd` result sums elements `4l..4l + 4`, so its scale is
+/// the scale of group `(4l) / group_len` of the run.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_k(w: &[u8], x: Q8Row<'_>) -> f32 {
+    let nb = w.len() / 144;
+    assert!(x.qs.len() >= nb * QK_K && x.d.len() >= nb && x.bsums.len() >= nb * (QK_K / GROUP));
+    let mut acc = _mm512_setzero_ps();
+    let mut mins = 0f32;
+    let low4 = _mm512_set1_epi8(0x0f);
+    // Per 64-element run c: sub-block 2c in lanes 0..8, 2c + 1 in lanes 8..16.
+    let shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    let run = |c: i32| {
+        let (a, b) = (2 * c, 2 * c + 1);
+        _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
+    };
+    let runs = [run(0), run(1), run(2), run(3)];
+    for (((b, xq), &dx), bs) in w
+        .chunks_exact(144)
+        .zip(x.qs.chunks_exact(QK_K))
+        .zip(x.d)
+        .zip(x.bsums.chunks_exact(QK_K / GROUP))
+    {
+        let mut sc = [0i32; 8];
+        let mut msum = 0i32;
+        for (sub, s) in sc.iter_mut().enumerate() {
+            let (step, min) = scale_min_k4(sub, &b[4..16]);
+            *s = i32::from(step);
+            msum += i32::from(min) * (i32::from(bs[2 * sub]) + i32::from(bs[2 * sub + 1]));
+        }
+        // SAFETY: eight i32 are 32 readable bytes; loadu has no alignment requirement.
+        let scv = _mm512_castsi256_si512(unsafe { _mm256_loadu_si256(sc.as_ptr().cast()) });
+        let mut sumi = _mm512_setzero_si512();
+        for c in 0..4 {
+            let raw = _mm512_broadcast_i64x4(load256(&b[16 + 32 * c..]));
+            let q = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low4);
+            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(cast(&xq[64 * c..])));
+            let s = _mm512_permutexvar_epi32(runs[c], scv);
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, s));
+        }
+        let d = super::scalar::f16_at(b, 0) * dx;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        mins += super::scalar::f16_at(b, 2) * dx * msum as f32;
+    }
+    _mm512_reduce_add_ps(acc) - mins
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q6_k(w: &[u8], x: Q8Row<'_>) -> f32 {
+    let nb = w.len() / 210;
+    assert!(x.qs.len() >= nb * QK_K && x.d.len() >= nb && x.bsums.len() >= nb * (QK_K / GROUP));
+    let mut acc = _mm512_setzero_ps();
+    let mut bias = 0f32;
+    let (m4, m2) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+    // The two high bits of elements 0..32 of a 128-element half are bits 0-1 of its 32 qh
+    // bytes, of 32..64 bits 2-3, of 64..96 bits 4-5, of 96..128 bits 6-7: moved to bits 4-5.
+    let up01 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
+    let down23 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    // Lane l of a 64-element run sums elements 4l..4l + 4: group l / 4 of the run.
+    let group = |base: i32| {
+        _mm512_setr_epi32(
+            base,
+            base,
+            base,
+            base,
+            base + 1,
+            base + 1,
+            base + 1,
+            base + 1,
+            base + 2,
+            base + 2,
+            base + 2,
+            base + 2,
+            base + 3,
+            base + 3,
+            base + 3,
+            base + 3,
+        )
+    };
+    let groups = [group(0), group(4), group(8), group(12)];
+    for (((b, xq), &dx), bs) in w
+        .chunks_exact(210)
+        .zip(x.qs.chunks_exact(QK_K))
+        .zip(x.d)
+        .zip(x.bsums.chunks_exact(QK_K / GROUP))
+    {
+        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+        let scv = _mm512_cvtepi8_epi32(load128(sc));
+        // The quants are stored as q + 32 in 0..64; the 32 comes off through the group sums.
+        let offset: i32 = sc
+            .iter()
+            .zip(bs)
+            .map(|(&s, &m)| i32::from(s as i8) * i32::from(m))
+            .sum();
+        let mut sumi = _mm512_setzero_si512();
+        for n in 0..2 {
+            let l = load512(&ql[64 * n..]);
+            let h = _mm512_broadcast_i64x4(load256(&qh[32 * n..]));
+            let q01 = _mm512_or_si512(
+                _mm512_and_si512(l, m4),
+                _mm512_and_si512(_mm512_sllv_epi64(h, up01), m2),
+            );
+            let q23 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                _mm512_and_si512(_mm512_srlv_epi64(h, down23), m2),
+            );
+            for (k, q) in [q01, q23].into_iter().enumerate() {
+                let run = 2 * n + k;
+                let p =
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(cast(&xq[64 * run..])));
+                let s = _mm512_permutexvar_epi32(groups[run], scv);
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, s));
+            }
+        }
+        let d = super::scalar::f16_at(b, 208) * dx;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        bias += d * (32 * offset) as f32;
+    }
+    _mm512_reduce_add_ps(acc) - bias
+}
+
+/// Activations as the bytes the loads take.
+fn cast(x: &[i8]) -> &[u8] {
+    bytemuck::cast_slice(x)
+}

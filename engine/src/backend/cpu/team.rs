@@ -1,0 +1,341 @@
+//! The threads one op's tasks run on: the thread that runs the op list and `threads - 1`
+//! workers, all taking task numbers from one counter until none are left.
+//!
+//! A decode step is a few hundred ops, most too short to split and about half worth
+//! splitting (the matrix-vector products, attention). Handing each of those to a pool and
+//! sleeping until it finishes (rayon's `install`) costs the caller two wake-ups per op, a
+//! few microseconds each plus a context switch, which on this scale was about a fifth of a
+//! two-thread step. Here the caller works on its own op instead of waiting, and an idle
+//! worker watches for the next op for a short while before it sleeps, so in a busy step it
+//! sees the next op without a wake-up; it sleeps once the model has gone quiet (between
+//! requests, say).
+//!
+//! Measured (docs/performance.md, 2026-11-26, 2 threads, default model): decode 1.06 to 1.37x
+//! rayon's hand-over; with workers and caller spinning flat out instead of yielding between
+//! checks it was 0.47 to 1.02x (on two cores the spinning thread takes the core from the one
+//! it waits for whenever anything else runs).
+
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::{Duration, Instant};
+
+/// How long an idle worker watches for the next op before it sleeps: far longer than the
+/// serial ops between two parallel ones of a step (norms, rotations, residual adds: a few
+/// microseconds), and short enough that a model waiting for work stops taking a core at
+/// once. Past its first few microseconds the watch yields the core between checks: spinning
+/// flat out measured worse (module comment).
+const SPIN: Duration = Duration::from_micros(500);
+
+/// One op's tasks. Lives on the caller's stack for as long as [`Team::run`] runs.
+struct Job {
+    /// `task(i)` for `i < tasks`; its lifetime is erased: `run` does not return while a
+    /// worker can still reach it (see `joined`).
+    task: *const (dyn Fn(usize) + Sync),
+    tasks: usize,
+    /// The next task number to take.
+    next: AtomicUsize,
+    /// Tasks finished (or panicked).
+    done: AtomicUsize,
+    panicked: AtomicBool,
+    /// Workers holding a reference to this job: they join under the slot's lock while the
+    /// job is posted, and leave once the counter has run out.
+    joined: AtomicUsize,
+}
+
+/// The posted job, if any, and a number that changes with every post.
+struct Slot {
+    epoch: u64,
+    job: *const Job,
+    shutdown: bool,
+}
+
+// SAFETY: `job` is only dereferenced by workers that joined it under the lock while it was
+// posted, and the poster keeps it alive until every one of them has left (`Team::run`).
+unsafe impl Send for Slot {}
+
+struct Shared {
+    slot: Mutex<Slot>,
+    /// `slot.epoch`, readable without the lock (what idle workers spin on).
+    epoch: AtomicU64,
+    wake: Condvar,
+    /// Workers asleep (or about to be) on `wake`.
+    sleepers: AtomicUsize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The process's team: as many threads as the cpu backend's pool
+/// (`EngineOptions::cpu_threads`); `None` with one thread, or where threads cannot start.
+pub(crate) fn team() -> Option<&'static Team> {
+    static TEAM: OnceLock<Option<Team>> = OnceLock::new();
+    TEAM.get_or_init(|| {
+        let threads = crate::kernels::linear::pool().map_or(1, |p| p.current_num_threads());
+        (threads > 1).then(|| Team::new(threads).ok()).flatten()
+    })
+    .as_ref()
+}
+
+thread_local! {
+    /// Set on the team's workers: a task that splits its work again is declined by `run`
+    /// (and its caller hands the pieces to rayon or runs them itself).
+    static IN_WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
+pub(crate) struct Team {
+    shared: Arc<Shared>,
+    /// Held by the one caller whose job is posted.
+    busy: Mutex<()>,
+}
+
+impl Team {
+    /// The calling thread and `threads - 1` workers started now.
+    pub(crate) fn new(threads: usize) -> std::io::Result<Team> {
+        let shared = Arc::new(Shared {
+            slot: Mutex::new(Slot {
+                epoch: 0,
+                job: std::ptr::null(),
+                shutdown: false,
+            }),
+            epoch: AtomicU64::new(0),
+            wake: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+        });
+        let team = Team {
+            shared,
+            busy: Mutex::new(()),
+        };
+        for i in 1..threads {
+            let shared = Arc::clone(&team.shared);
+            std::thread::Builder::new()
+                .name(format!("cairn-cpu-team-{i}"))
+                .spawn(move || worker(&shared))?;
+        }
+        Ok(team)
+    }
+
+    /// Runs `task(i)` for every `i < tasks` on this thread and the workers, returning when
+    /// all have run; a task's panic is raised here once every task has finished. Returns
+    /// `false` without running anything where the team is taken: by another thread's op, or
+    /// because this is one of its own workers (the caller then runs the tasks another way).
+    pub(crate) fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) -> bool {
+        if IN_WORKER.get() {
+            return false;
+        }
+        let _guard = match self.busy.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        // SAFETY: only the lifetime is erased; `job` (which holds the pointer) is not
+        // reachable by any worker once this function returns (below).
+        let task: *const (dyn Fn(usize) + Sync + 'static) = unsafe {
+            std::mem::transmute::<
+                *const (dyn Fn(usize) + Sync + '_),
+                *const (dyn Fn(usize) + Sync + 'static),
+            >(task)
+        };
+        let job = Job {
+            task,
+            tasks,
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            joined: AtomicUsize::new(0),
+        };
+        {
+            let mut slot = self.shared.lock();
+            slot.epoch += 1;
+            slot.job = &job;
+            self.shared.epoch.store(slot.epoch, Ordering::Release);
+        }
+        // A worker that counted itself a sleeper did so under the lock, before the post
+        // (so it is seen here) or after it (so it saw the new epoch and did not sleep).
+        if self.shared.sleepers.load(Ordering::SeqCst) > 0 {
+            self.shared.wake.notify_all();
+        }
+        work(&job);
+        // Offering the core between checks: a worker still on a task may be waiting for it.
+        while job.done.load(Ordering::Acquire) < tasks {
+            std::thread::yield_now();
+        }
+        // No worker joins after this; those that joined leave once they find the counter
+        // run out (they touch nothing of the job after `joined`).
+        self.shared.lock().job = std::ptr::null();
+        while job.joined.load(Ordering::Acquire) > 0 {
+            std::thread::yield_now();
+        }
+        if job.panicked.load(Ordering::Relaxed) {
+            panic!("a task of the cpu backend's thread team panicked");
+        }
+        true
+    }
+}
+
+impl Drop for Team {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.epoch.fetch_add(1, Ordering::Release);
+        self.shared.wake.notify_all();
+    }
+}
+
+/// Takes task numbers until they run out. A panicking task counts as done (so nobody waits
+/// for it forever) and marks the job.
+fn work(job: &Job) {
+    loop {
+        let i = job.next.fetch_add(1, Ordering::Relaxed);
+        if i >= job.tasks {
+            return;
+        }
+        // SAFETY: the job's poster keeps the closure alive while the job can be reached.
+        let task = unsafe { &*job.task };
+        if catch_unwind(AssertUnwindSafe(|| task(i))).is_err() {
+            job.panicked.store(true, Ordering::Relaxed);
+        }
+        job.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+fn worker(shared: &Shared) {
+    IN_WORKER.set(true);
+    let mut seen = 0u64;
+    loop {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while shared.epoch.load(Ordering::Acquire) == seen {
+            spins = spins.wrapping_add(1);
+            // Past the first few microseconds the core is offered to whoever else wants it
+            // between checks (on a quiet machine nobody does, and the check comes straight
+            // back; on a busy one, the thread that will post the next op may be waiting).
+            if spins > 1024 {
+                std::thread::yield_now();
+            }
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+                let mut slot = shared.lock();
+                shared.sleepers.fetch_add(1, Ordering::SeqCst);
+                while slot.epoch == seen && !slot.shutdown {
+                    slot = shared.wake.wait(slot).unwrap_or_else(|e| e.into_inner());
+                }
+                shared.sleepers.fetch_sub(1, Ordering::SeqCst);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let job = {
+            let slot = shared.lock();
+            if slot.shutdown {
+                return;
+            }
+            seen = slot.epoch;
+            if slot.job.is_null() {
+                continue;
+            }
+            // SAFETY: the job is posted, and its poster does not retract it without this
+            // lock, nor let it go while `joined` counts this worker.
+            let job = unsafe { &*slot.job };
+            job.joined.fetch_add(1, Ordering::Relaxed);
+            job
+        };
+        work(job);
+        job.joined.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Many ops of every size in a row (the way a decode step hands them over): every task
+    /// runs exactly once per op, whoever takes it.
+    #[test]
+    fn every_task_runs_once_in_many_ops() {
+        let team = Team::new(3).expect("threads");
+        let counts: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+        for op in 0..20_000usize {
+            let tasks = op % 64;
+            assert!(team.run(tasks, &|i| {
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            }));
+            for (i, c) in counts.iter().enumerate() {
+                assert_eq!(
+                    c.swap(0, Ordering::Relaxed),
+                    usize::from(i < tasks),
+                    "op {op}"
+                );
+            }
+        }
+    }
+
+    /// Ops spaced further apart than the workers spin: they sleep and are woken.
+    #[test]
+    fn sleeping_workers_wake_for_the_next_op() {
+        let team = Team::new(2).expect("threads");
+        for _ in 0..3 {
+            std::thread::sleep(SPIN * 4);
+            let sum = AtomicUsize::new(0);
+            assert!(team.run(100, &|i| {
+                sum.fetch_add(i, Ordering::Relaxed);
+            }));
+            assert_eq!(sum.into_inner(), 4950);
+        }
+    }
+
+    /// A panicking task is raised to the caller after the op, and the team works after it.
+    #[test]
+    fn a_task_panic_reaches_the_caller_and_the_team_goes_on() {
+        let team = Team::new(2).expect("threads");
+        let ran = AtomicUsize::new(0);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            team.run(50, &|i| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                assert!(i != 17, "task 17 fails");
+            })
+        }));
+        assert!(r.is_err());
+        assert_eq!(ran.load(Ordering::Relaxed), 50);
+        let n = AtomicUsize::new(0);
+        assert!(team.run(10, &|_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        }));
+        assert_eq!(n.into_inner(), 10);
+    }
+
+    /// Several callers at once: one has the team, the others are told to run their tasks
+    /// another way; a task splitting its work again is told the same.
+    #[test]
+    fn a_taken_team_declines_and_nothing_is_lost() {
+        let team = Team::new(2).expect("threads");
+        let total = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..2_000 {
+                        let task = |_: usize| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                        };
+                        if !team.run(8, &task) {
+                            (0..8).for_each(task);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(total.into_inner(), 4 * 2_000 * 8);
+        let nested = AtomicUsize::new(0);
+        assert!(team.run(4, &|_| {
+            let inner = |_: usize| {
+                nested.fetch_add(1, Ordering::Relaxed);
+            };
+            // Declined on a worker; the caller's thread (not a worker) finds it busy.
+            assert!(!team.run(3, &inner));
+            (0..3).for_each(inner);
+        }));
+        assert_eq!(nested.into_inner(), 12);
+    }
+}
