@@ -576,8 +576,10 @@ async fn generate_split(
     out
 }
 
-/// Tokens of the long prefill the CPU fallback must run off the page's thread.
+/// Tokens of the long prefill the CPU fallback must run off the page's thread (doubled up to
+/// MAX_LONG_PREFILL while it ends too soon to tell).
 const LONG_PREFILL: usize = 64;
+const MAX_LONG_PREFILL: usize = 1024;
 /// How late a 50 ms timer on the page may fire while the prefill runs.
 const MAX_TIMER_LATENESS_MS: f64 = 250.0;
 
@@ -597,18 +599,68 @@ async fn long_prefill_leaves_the_page_responsive(
          window.cairnTicks++; last = now; }, 50); } true",
     )
     .await;
-    let tokens: Vec<u32> = prompt.iter().copied().cycle().take(LONG_PREFILL).collect();
+    // A prefill long enough that a blocked page would show: LONG_PREFILL tokens first, then
+    // twice as many each time it ends within a second (a quiet machine runs 64 in 0.7 s).
+    let mut len = LONG_PREFILL;
+    let mut request = 8;
+    let mut silent = Duration::ZERO;
+    let took = loop {
+        let (took, quiet) = prefill_in_browser(link, telemetry, prompt, request, len).await;
+        silent = silent.max(quiet);
+        if took > Duration::from_secs(1) || len >= MAX_LONG_PREFILL {
+            break took;
+        }
+        len *= 2;
+        request += 1;
+    };
+    let late = page
+        .eval("clearInterval(window.cairnTimer); window.cairnLate")
+        .await
+        .as_f64()
+        .unwrap();
+    let ticks = page.eval("window.cairnTicks").await.as_f64().unwrap();
+    eprintln!(
+        "a {len}-token prefill on the CPU fallback took {:.2} s; page timer at most \
+         {late:.0} ms late over {ticks} ticks; the peer silent at most {:.2} s",
+        took.as_secs_f64(),
+        silent.as_secs_f64()
+    );
+    // Shorter than this, a blocked page would not show.
+    assert!(
+        took > Duration::from_secs(1),
+        "the prefill took only {took:?}: too short to tell a blocked page"
+    );
+    assert!(
+        late < MAX_TIMER_LATENESS_MS,
+        "the page's 50 ms timer fired {late:.0} ms late during the prefill: the page's thread was busy"
+    );
+    assert!(
+        silent < Duration::from_secs(3),
+        "the page went {silent:?} without a frame during the prefill (pings every second)"
+    );
+}
+
+/// One prefill of `len` tokens through the browser's layers as request `request`: how long it
+/// took and the longest the peer went without a frame meanwhile.
+async fn prefill_in_browser(
+    link: &mut Link,
+    telemetry: &mut Vec<Value>,
+    prompt: &[u32],
+    request: u64,
+    len: usize,
+) -> (Duration, Duration) {
+    let tokens: Vec<u32> = prompt.iter().copied().cycle().take(len).collect();
     let tensor = Tensor::from_values(DType::U32, vec![tokens.len() as u64], &tokens).unwrap();
     let started = Instant::now();
     link.send(Message::Forward {
-        request: 8,
+        request,
         seq: 1,
         layers: LayerRange {
             start: 0,
             end: SPLIT,
         },
         pos0: 0,
-        max_len: LONG_PREFILL as u32,
+        max_len: len as u32,
         sample: None,
         chain: None,
         tensor,
@@ -638,38 +690,14 @@ async fn long_prefill_leaves_the_page_responsive(
     let took = started.elapsed();
     match reply {
         Message::Activations {
-            request: 8, tensor, ..
-        } => {
-            assert_eq!(tensor.shape()[0], LONG_PREFILL as u64)
+            request: r, tensor, ..
+        } if r == request => {
+            assert_eq!(tensor.shape()[0], len as u64)
         }
         other => panic!("expected the long prefill's activations, got {other:?}"),
     }
-    link.send(Message::EndRequest { request: 8 }).await.unwrap();
-    let late = page
-        .eval("clearInterval(window.cairnTimer); window.cairnLate")
-        .await
-        .as_f64()
-        .unwrap();
-    let ticks = page.eval("window.cairnTicks").await.as_f64().unwrap();
-    eprintln!(
-        "a {LONG_PREFILL}-token prefill on the CPU fallback took {:.2} s; page timer at most \
-         {late:.0} ms late over {ticks} ticks; the peer silent at most {:.2} s",
-        took.as_secs_f64(),
-        silent.as_secs_f64()
-    );
-    // Shorter than this, a blocked page would not show.
-    assert!(
-        took > Duration::from_secs(1),
-        "the prefill took only {took:?}: too short to tell a blocked page"
-    );
-    assert!(
-        late < MAX_TIMER_LATENESS_MS,
-        "the page's 50 ms timer fired {late:.0} ms late during the prefill: the page's thread was busy"
-    );
-    assert!(
-        silent < Duration::from_secs(3),
-        "the page went {silent:?} without a frame during the prefill (pings every second)"
-    );
+    link.send(Message::EndRequest { request }).await.unwrap();
+    (took, silent)
 }
 
 /// Everything both cases share: join, hello, telemetry, load, generate, leave.
