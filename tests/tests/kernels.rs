@@ -124,6 +124,32 @@ fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// `Linear` of `tokens` rows of `x` by the weights `wq` (`ty`, rows x cols) on `d`; its output.
+fn run_linear(
+    d: &Device,
+    ty: GgmlType,
+    wq: &[u8],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+) -> Vec<f32> {
+    let bw = d.upload("w", wq).unwrap();
+    let bx = upload_f32(d, "x", x);
+    let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
+    d.run(&[Op::Linear(Linear {
+        w: &bw,
+        wtype: ty,
+        x: &bx,
+        y: &by,
+        rows: rows as u32,
+        cols: cols as u32,
+        tokens: tokens as u32,
+    })])
+    .unwrap();
+    read(d, &by, tokens * rows)
+}
+
 fn upload_f32(d: &Device, label: &str, v: &[f32]) -> Buffer {
     d.upload(label, bytemuck::cast_slice(v)).expect("upload")
 }
@@ -374,19 +400,7 @@ fn linear_every_format_matvec_and_matmat() {
                 {
                     continue;
                 }
-                let bw = d.upload("w", &wq).unwrap();
-                let bx = upload_f32(d, "x", &x);
-                let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
-                d.run(&[Op::Linear(Linear {
-                    w: &bw,
-                    wtype: ty,
-                    x: &bx,
-                    y: &by,
-                    rows: rows as u32,
-                    cols: cols as u32,
-                    tokens: tokens as u32,
-                })])
-                .unwrap();
+                let got = run_linear(d, ty, &wq, &x, rows, cols, tokens);
                 // Same dequantized weights (and on cuda's split 4-bit matrix-vector path, the
                 // same rounded activations), different summation order: 2e-6 per element of the
                 // row, relative to the largest output. cuda's tiled product on tensor cores
@@ -400,7 +414,7 @@ fn linear_every_format_matvec_and_matmat() {
                 assert_close(
                     &format!("linear {ty:?} {rows}x{cols} tokens={tokens} {variant}"),
                     d,
-                    &read(d, &by, tokens * rows),
+                    &got,
                     reference,
                     2e-6 * cols as f32,
                 );
@@ -440,23 +454,11 @@ fn linear_prefill_tiles() {
                 k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
                 want
             };
-            let bw = d.upload("w", &wq).unwrap();
-            let bx = upload_f32(&d, "x", &x);
-            let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
-            d.run(&[Op::Linear(Linear {
-                w: &bw,
-                wtype: ty,
-                x: &bx,
-                y: &by,
-                rows: rows as u32,
-                cols: cols as u32,
-                tokens: tokens as u32,
-            })])
-            .unwrap();
+            let got = run_linear(&d, ty, &wq, &x, rows, cols, tokens);
             assert_close(
                 &format!("linear {ty:?} {rows}x{cols} tokens={tokens}"),
                 &d,
-                &read(&d, &by, tokens * rows),
+                &got,
                 &reference,
                 2e-6 * cols as f32,
             );
@@ -1820,23 +1822,11 @@ fn linear_tiled_prefill_matches_the_reference() {
             let x = rand_vec(&mut rng, tokens * cols, 1.0);
             let mut want = vec![0f32; tokens * rows];
             k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
-            let bw = d.upload("w", &wq).unwrap();
-            let bx = upload_f32(&d, "x", &x);
-            let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
-            d.run(&[Op::Linear(Linear {
-                w: &bw,
-                wtype: ty,
-                x: &bx,
-                y: &by,
-                rows: rows as u32,
-                cols: cols as u32,
-                tokens: tokens as u32,
-            })])
-            .unwrap();
+            let got = run_linear(&d, ty, &wq, &x, rows, cols, tokens);
             assert_close(
                 &format!("tiled linear {ty:?} {rows}x{cols} tokens={tokens}"),
                 &d,
-                &read(&d, &by, tokens * rows),
+                &got,
                 &want,
                 2e-6 * cols as f32,
             );
