@@ -519,6 +519,34 @@ fn steps_of_an_older_run_are_dropped() {
 /// A stage over three local devices (its layers split over them, hidden states handed on
 /// inside the process) draws the same greedy tokens as the whole model on one device, for
 /// two requests batched in each pass; their blocks are held and given back on every piece.
+/// Greedy tokens of every prompt, all requests batched into each `handle_forwards` pass;
+/// `step(request, pos0, ids)` makes a request's `Forward`.
+async fn batched_greedy(
+    server: &mut StageServer,
+    step: &dyn Fn(u64, usize, &[u32]) -> Message,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> Vec<Vec<u32>> {
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut inputs: Vec<Vec<u32>> = prompts.to_vec();
+    let mut pos = vec![0usize; prompts.len()];
+    for _ in 0..steps {
+        let msgs = (0..prompts.len())
+            .map(|r| wire(step(r as u64, pos[r], &inputs[r])))
+            .collect();
+        for out in server.handle_forwards(msgs).await {
+            let Outgoing::Reply(Message::Token { request, id, .. }) = out else {
+                panic!("expected a token, got {out:?}");
+            };
+            let r = request as usize;
+            pos[r] += inputs[r].len();
+            got[r].push(id);
+            inputs[r] = vec![id];
+        }
+    }
+    got
+}
+
 #[test]
 fn a_stage_over_several_devices_matches_one_device() {
     pollster::block_on(async {
@@ -564,23 +592,7 @@ fn a_stage_over_several_devices_matches_one_device() {
             chain: None,
             tensor: Tensor::from_values(DType::U32, vec![ids.len() as u64], ids).unwrap(),
         };
-        let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-        let mut inputs: Vec<Vec<u32>> = prompts.to_vec();
-        let mut pos = vec![0usize; prompts.len()];
-        for _ in 0..steps {
-            let msgs = (0..prompts.len())
-                .map(|r| wire(step(r as u64, pos[r], &inputs[r])))
-                .collect();
-            for out in server.handle_forwards(msgs).await {
-                let Outgoing::Reply(Message::Token { request, id, .. }) = out else {
-                    panic!("expected a token, got {out:?}");
-                };
-                let r = request as usize;
-                pos[r] += inputs[r].len();
-                got[r].push(id);
-                inputs[r] = vec![id];
-            }
-        }
+        let got = batched_greedy(&mut server, &step, &prompts, steps).await;
         assert_eq!(got, expect);
         let t = server.telemetry();
         let kv = t.kv.expect("pool report");
@@ -701,23 +713,7 @@ fn a_stage_split_by_tensors_matches_one_device() {
             chain: None,
             tensor: Tensor::from_values(DType::U32, vec![ids.len() as u64], ids).unwrap(),
         };
-        let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-        let mut inputs: Vec<Vec<u32>> = prompts.to_vec();
-        let mut pos = vec![0usize; prompts.len()];
-        for _ in 0..steps {
-            let msgs = (0..prompts.len())
-                .map(|r| wire(step(r as u64, pos[r], &inputs[r])))
-                .collect();
-            for out in server.handle_forwards(msgs).await {
-                let Outgoing::Reply(Message::Token { request, id, .. }) = out else {
-                    panic!("expected a token, got {out:?}");
-                };
-                let r = request as usize;
-                pos[r] += inputs[r].len();
-                got[r].push(id);
-                inputs[r] = vec![id];
-            }
-        }
+        let got = batched_greedy(&mut server, &step, &prompts, steps).await;
         assert_eq!(got, expect);
         assert_eq!(server.telemetry().mean_batch, Some(2.0));
         // Four devices for three key/value heads: split by layers, and still served.
