@@ -940,7 +940,8 @@ async fn serve_layers_in_browser(webgpu: bool) {
         tokio::select! {
             m = link.recv(), if !closed => {
                 match m {
-                    Ok(Message::Telemetry(_)) => {}
+                    // A busy machine puts the page under compute pressure; it only asks.
+                    Ok(Message::Telemetry(_) | Message::Pause { .. } | Message::Resume) => {}
                     Ok(other) => panic!("expected the link to close, got {other:?}"),
                     Err(e) => { eprintln!("link ended: {e}"); closed = true; }
                 }
