@@ -23,6 +23,10 @@ pub(crate) const MATVEC_MAX_TOKENS: u32 = crate::backend::CUDA_MATVEC_MAX_TOKENS
 /// kernels/linear.cu).
 pub(crate) const MATVEC_TOKENS: u32 = 4;
 
+/// Tokens a block of `linear_matvec_split_tokens_q8` takes (`MATVEC_QTOKENS` in
+/// kernels/linear.cu).
+pub(crate) const MATVEC_QTOKENS: u32 = 4;
+
 /// Up to this many tokens a pass counts as decode: products fuse with their neighbours
 /// (fuse.rs, whose scratch is sized for this many) and attention splits its keys across
 /// blocks; past it, prefill's kernels (tensor cores, a block per query tile) take over.
@@ -62,6 +66,8 @@ pub(crate) enum Kernel {
     LinearMatvecSplit,
     LinearMatvecTokens,
     LinearMatvecSplitTokens,
+    LinearMatvecSplitTokensQ8,
+    ToQ8,
     LinearMatmat,
     LinearMma64,
     LinearMma128,
@@ -103,6 +109,8 @@ impl Kernel {
             Kernel::LinearMatvecSplit => "linear_matvec_split",
             Kernel::LinearMatvecTokens => "linear_matvec_tokens",
             Kernel::LinearMatvecSplitTokens => "linear_matvec_split_tokens",
+            Kernel::LinearMatvecSplitTokensQ8 => "linear_matvec_split_tokens_q8",
+            Kernel::ToQ8 => "to_q8",
             Kernel::LinearMatmat => "linear_matmat",
             Kernel::LinearMma64 => "linear_mma64",
             Kernel::LinearMma128 => "linear_mma128",
@@ -527,6 +535,43 @@ pub(crate) fn f16_activations<'a>(l: &mut Launch<'a>) -> Option<Launch<'a>> {
     })
 }
 
+/// The launch that rounds a several-token split matrix-vector product's activations to int8
+/// once (`to_q8`, kernels/ops.cu: a uint4 per 8-element lane step) into the backend's scratch,
+/// which the product `l` then reads (`linear_matvec_split_tokens_q8`) instead of every block of
+/// 8 rows rounding every token's activations again; `None` for every other launch, and for
+/// formats whose split step is not int8 (only Q4_0, Q4_1 and Q5_0 define one, and none does
+/// where the activations are kept in f32: `int8` is false then).
+pub(crate) fn int8_activations<'a>(l: &mut Launch<'a>, int8: bool) -> Option<Launch<'a>> {
+    if !int8 || l.kernel != Kernel::LinearMatvecSplitTokens {
+        return None;
+    }
+    if !matches!(
+        l.module,
+        ModuleKey::Weights(GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0)
+    ) {
+        return None;
+    }
+    let size = std::mem::size_of::<crate::kernels::LinearParams>();
+    let p: crate::kernels::LinearParams =
+        bytemuck::pod_read_unaligned(&bytemuck::cast_slice(&l.params)[..size]);
+    let n = p.tokens.checked_mul(p.cols)?;
+    let x = *l.buffers.get(1)?;
+    let bytes = u64::from(n) * 2; // 16 bytes per 8 elements
+    l.kernel = Kernel::LinearMatvecSplitTokensQ8;
+    l.grid[0] = p.tokens.div_ceil(MATVEC_QTOKENS);
+    l.scratch = bytes;
+    Some(Launch {
+        kernel: Kernel::ToQ8,
+        module: OPS,
+        grid: [blocks(u64::from(n), 256 * 8), 1, 1],
+        block: [256, 1, 1],
+        shared: 0,
+        scratch: bytes,
+        buffers: vec![x],
+        params: words(&crate::kernels::CountParams::new(n)),
+    })
+}
+
 /// Prefill attention on tensor cores (`attention_mma64`, `attention_mma128`, kernels/ops.cu):
 /// for devices that have them (compute capability 8.0 and up, `CudaOptions::tensor_cores`),
 /// dense attention over more tokens than decode takes, with a head size of 64 or 128, runs a
@@ -929,6 +974,81 @@ mod tests {
             f16_activations(&mut small).is_none(),
             "1536 rows: the product rounds its own activations"
         );
+    }
+
+    #[test]
+    fn several_token_split_products_round_their_activations_to_int8_once() {
+        let d = cpu();
+        let b = d.alloc("b", 4).unwrap();
+        let plan_linear = |wtype, rows, cols, tokens| {
+            plan(&Op::Linear(Linear {
+                w: &b,
+                wtype,
+                x: &b,
+                y: &b,
+                rows,
+                cols,
+                tokens,
+            }))
+            .unwrap()
+            .unwrap()
+        };
+        let mut l = plan_linear(GgmlType::Q4_1, 4096, 4096, 16);
+        assert_eq!(l.kernel, Kernel::LinearMatvecSplitTokens);
+        let q8 = int8_activations(&mut l, true).expect("a rounding before the product");
+        assert_eq!(
+            (q8.kernel, q8.module, q8.grid, q8.scratch, q8.buffers.len()),
+            (Kernel::ToQ8, OPS, [32, 1, 1], 16 * 4096 * 2, 1),
+            "a uint4 per 8 elements, 8 per thread-block row of 256"
+        );
+        assert_eq!(
+            (l.kernel, l.grid, l.scratch),
+            (
+                Kernel::LinearMatvecSplitTokensQ8,
+                [16u32.div_ceil(MATVEC_QTOKENS), 512, 1],
+                q8.scratch
+            ),
+            "the product reads what it wrote"
+        );
+        for (ty, rows, cols, tokens, int8, why) in [
+            (
+                GgmlType::Q8_0,
+                4096,
+                4096,
+                16,
+                true,
+                "Q8_0's split step is f32",
+            ),
+            (
+                GgmlType::Q4_1,
+                4096,
+                4096,
+                16,
+                false,
+                "activations kept in f32",
+            ),
+            (
+                GgmlType::Q4_1,
+                4096,
+                4096,
+                1,
+                true,
+                "one token: its own kernel",
+            ),
+            (
+                GgmlType::Q4_1,
+                576,
+                576,
+                4,
+                true,
+                "short rows: a warp per row",
+            ),
+        ] {
+            let mut l = plan_linear(ty, rows, cols, tokens);
+            let before = (l.kernel, l.grid, l.scratch);
+            assert!(int8_activations(&mut l, int8).is_none(), "{why}");
+            assert_eq!((l.kernel, l.grid, l.scratch), before, "{why}");
+        }
     }
 
     #[test]

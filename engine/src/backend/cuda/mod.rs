@@ -253,6 +253,11 @@ impl CudaBackend {
                 fuse::Item::One(op) => match launch::plan(op)? {
                     Some(mut l) => {
                         launch::split_attention(&mut l, self.fusion.attention_blocks);
+                        if let Some(q8) =
+                            launch::int8_activations(&mut l, !self.variant.f32_activations)
+                        {
+                            launches.push(q8);
+                        }
                         if self.tensor_cores {
                             launch::tensor_core_attention(&mut l);
                             launch::tensor_core_linear(&mut l, self.sms);

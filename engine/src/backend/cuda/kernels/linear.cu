@@ -104,6 +104,12 @@ linear_matvec_split(const LinearParams* __restrict__ p, const u8* __restrict__ w
 // the same rows are neighbours, so past the first the weights come from L2. NT, the tokens of
 // a block, is a template argument so the sums stay in registers.
 #define MATVEC_TOKENS 4
+// Tokens a block of linear_matvec_split_tokens_q8 takes (launch.rs: MATVEC_QTOKENS).
+#ifndef MATVEC_QTOKENS
+#define MATVEC_QTOKENS 4
+#endif
+// Partial sums a warp of the several-token split kernels leaves in shared memory.
+#define SPLIT_PART (MATVEC_ROWS * (MATVEC_QTOKENS > MATVEC_TOKENS ? MATVEC_QTOKENS : MATVEC_TOKENS))
 
 template <int NT>
 __device__ __forceinline__ void matvec_warp_tokens(const u8* __restrict__ wr, const float* __restrict__ x,
@@ -140,12 +146,28 @@ linear_matvec_tokens(const LinearParams* __restrict__ p, const u8* __restrict__ 
     }
 }
 
+// A token's step for the several-token split kernel: rounded here from x, or (formats whose
+// split step is int8, SPLIT_Q8) read as one uint4 from xq, where to_q8 (ops.cu) rounded every
+// step of the product's activations once, the same arithmetic as load_x_q8.
+__device__ __forceinline__ SPLIT_XS split_tokens_x(const float* __restrict__ x,
+                                                   const uint4* __restrict__ xq, u32 cols,
+                                                   u32 t, u32 i) {
+#ifdef SPLIT_Q8
+    if (xq != nullptr) {
+        const uint4 v = xq[(size_t)t * (cols / SUB) + i];
+        return XQ8{(int)v.x, (int)v.y, __uint_as_float(v.z), __uint_as_float(v.w)};
+    }
+#endif
+    return split_load_x(x + (size_t)t * cols, i);
+}
+
 template <int NT>
 __device__ __forceinline__ void matvec_split_tokens(const LinearParams* __restrict__ p,
                                                     const u8* __restrict__ w,
                                                     const float* __restrict__ x,
+                                                    const uint4* __restrict__ xq,
                                                     float* __restrict__ y, u32 t0,
-                                                    float (*part)[MATVEC_ROWS * MATVEC_TOKENS]) {
+                                                    float (*part)[SPLIT_PART]) {
     const u32 rows = p->rows, cols = p->cols, row_bytes = p->row_bytes;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 row0 = blockIdx.y * MATVEC_ROWS;
@@ -164,7 +186,7 @@ __device__ __forceinline__ void matvec_split_tokens(const LinearParams* __restri
     for (u32 i = threadIdx.x; i < steps; i += 256) {
         SPLIT_XS xs[NT];
 #pragma unroll
-        for (int j = 0; j < NT; j++) xs[j] = split_load_x(x + (size_t)(t0 + j) * cols, i);
+        for (int j = 0; j < NT; j++) xs[j] = split_tokens_x(x, xq, cols, t0 + j, i);
 #pragma unroll
         for (int r = 0; r < MATVEC_ROWS; r++) {
             const SplitW wv = split_w_load(w0 + off[r], i);
@@ -189,21 +211,57 @@ __device__ __forceinline__ void matvec_split_tokens(const LinearParams* __restri
     }
 }
 
+// The block's n tokens (1 <= n <= NT) through the instance of matvec_split_tokens for n.
+template <int NT>
+struct SplitTokens {
+    static __device__ __forceinline__ void run(u32 n, const LinearParams* p, const u8* w,
+                                               const float* x, const uint4* xq, float* y, u32 t0,
+                                               float (*part)[SPLIT_PART]) {
+        if (n < NT) SplitTokens<NT - 1>::run(n, p, w, x, xq, y, t0, part);
+        else matvec_split_tokens<NT>(p, w, x, xq, y, t0, part);
+    }
+};
+template <>
+struct SplitTokens<1> {
+    static __device__ __forceinline__ void run(u32, const LinearParams* p, const u8* w,
+                                               const float* x, const uint4* xq, float* y, u32 t0,
+                                               float (*part)[SPLIT_PART]) {
+        matvec_split_tokens<1>(p, w, x, xq, y, t0, part);
+    }
+};
+
+template <int QT>
+__device__ __forceinline__ void split_tokens_body(const LinearParams* __restrict__ p,
+                                                  const u8* __restrict__ w,
+                                                  const float* __restrict__ x,
+                                                  const uint4* __restrict__ xq,
+                                                  float* __restrict__ y) {
+    __shared__ float part[8][SPLIT_PART];
+    const u32 t0 = blockIdx.x * QT;
+    if (t0 >= p->tokens) return;
+    SplitTokens<QT>::run(min(p->tokens - t0, (u32)QT), p, w, x, xq, y, t0, part);
+}
+
 // linear_matvec_split for up to MATVEC_TOKENS tokens per block. Twice the registers of one
 // token's sums, so two blocks per multiprocessor where one token's kernel holds four.
 extern "C" __global__ void __launch_bounds__(256, 2)
 linear_matvec_split_tokens(const LinearParams* __restrict__ p, const u8* __restrict__ w,
                            const float* __restrict__ x, float* __restrict__ y) {
-    __shared__ float part[8][MATVEC_ROWS * MATVEC_TOKENS];
-    const u32 t0 = blockIdx.x * MATVEC_TOKENS;
-    if (t0 >= p->tokens) return;
-    switch (min(p->tokens - t0, (u32)MATVEC_TOKENS)) {
-        case 1: matvec_split_tokens<1>(p, w, x, y, t0, part); break;
-        case 2: matvec_split_tokens<2>(p, w, x, y, t0, part); break;
-        case 3: matvec_split_tokens<3>(p, w, x, y, t0, part); break;
-        default: matvec_split_tokens<4>(p, w, x, y, t0, part); break;
-    }
+    split_tokens_body<MATVEC_TOKENS>(p, w, x, nullptr, y);
 }
+
+// The same over activations rounded to int8 once per product (to_q8 into the backend's
+// scratch, launch::int8_activations): without it every block of 8 rows rounds every token's
+// activations again, which costs the 8B shape's 16-sequence decode more than the dp4a
+// products do. MATVEC_QTOKENS tokens a block.
+#ifdef SPLIT_Q8
+extern "C" __global__ void __launch_bounds__(256, 2)
+linear_matvec_split_tokens_q8(const LinearParams* __restrict__ p, const u8* __restrict__ w,
+                              const float* __restrict__ x, float* __restrict__ y,
+                              const uint4* __restrict__ xq) {
+    split_tokens_body<MATVEC_QTOKENS>(p, w, x, xq, y);
+}
+#endif
 
 // The same product for many tokens (prefill) in f32 FMA: 64 rows x 64 tokens per block of 256
 // threads (the tensor-core tiles, linear_mma*, follow).

@@ -33,6 +33,18 @@ to_f16(const CountParams* __restrict__ p, const float* __restrict__ x, uint4* __
                         pack_f16x2(b.z, b.w));
 }
 
+// The several-token split matrix-vector products (linear_matvec_split_tokens_q8) take their
+// activations rounded to int8 once per product: each lane step of 8 elements (load_x_q8's
+// layout, which continues across rows as they are whole 32-element blocks) as one uint4 of
+// (lo, hi, d, sum). One step per thread.
+extern "C" __global__ void __launch_bounds__(256)
+to_q8(const CountParams* __restrict__ p, const float* __restrict__ x, uint4* __restrict__ out) {
+    const u32 i = blockIdx.x * 256 + threadIdx.x;
+    if ((size_t)i * 8 >= p->n) return;
+    const XQ8 q = load_x_q8(x, i);
+    out[i] = make_uint4((u32)q.lo, (u32)q.hi, __float_as_uint(q.d), __float_as_uint(q.sum));
+}
+
 // One block of 1024 per row; x may be y (each thread rewrites only what it read). A row of
 // up to 8192 is read once into registers, all loads issued before the sum waits on them.
 #define RMS_THREADS 1024

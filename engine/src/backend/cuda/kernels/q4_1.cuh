@@ -45,6 +45,7 @@ __device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {
 // The split kernels' step: int8 activations (load_x_q8 in common), dp4a.
 #define SPLIT_XS XQ8
 #define split_load_x load_x_q8
+#define SPLIT_Q8  // the several-token split kernel may take them rounded once (to_q8)
 // A row's step read once (split_w_load) and dotted with each token's (split_w_dot).
 #define HAVE_SPLIT_W
 struct SplitW { float d, m; int lo, hi; };

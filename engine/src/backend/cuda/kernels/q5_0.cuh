@@ -33,6 +33,7 @@ __device__ __forceinline__ float row_dot(const u8* row, u32 s, const XS& x) {
 // The split kernels' step: the five-bit values as signed bytes against int8 activations.
 #define SPLIT_XS XQ8
 #define split_load_x load_x_q8
+#define SPLIT_Q8  // the several-token split kernel may take them rounded once (to_q8)
 // Bits 0..3 of `h` to bit 0 of bytes 0..3 (the shifted copies do not overlap, so no carries).
 __device__ __forceinline__ u32 spread4(u32 h) { return ((h & 15) * 0x00204081u) & 0x01010101u; }
 // A row's step read once (split_w_load) and dotted with each token's (split_w_dot).
