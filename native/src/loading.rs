@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use cairn_engine::gguf::MappedGguf;
 use cairn_engine::model::Shard;
-use cairn_engine::model::shard::DEFAULT_MAX_BATCH;
+use cairn_engine::model::shard::max_batch_for;
 use cairn_engine::tokenizer::Tokenizer;
 use cairn_engine::{Device, Selection};
 
@@ -132,7 +132,7 @@ pub fn load(path: &Path, args: &DeviceArgs) -> Result<Loaded> {
         &file,
         0,
         n_layers,
-        DEFAULT_MAX_BATCH,
+        max_batch_for(&device),
         &mut |done, total| {
             bar.set_length(total);
             bar.set_position(done);

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use super::shard::{BatchItem, DEFAULT_MAX_BATCH};
+use super::shard::{BatchItem, max_batch_for};
 use super::tensor_split::{self, TensorSplit};
 use super::{KvPool, ModelConfig, ModelError, SeqKv, Shard, ShardInput, ShardOutput, Want};
 use crate::backend::Device;
@@ -162,7 +162,8 @@ impl ShardStack {
         let mut indices = Vec::with_capacity(parts.len());
         for (i, a, b) in parts {
             let dev = Arc::clone(&devices[i].0);
-            pieces.push(Shard::load(dev, src, a, b, DEFAULT_MAX_BATCH, progress)?);
+            let max_batch = max_batch_for(&dev);
+            pieces.push(Shard::load(dev, src, a, b, max_batch, progress)?);
             indices.push(i);
         }
         Ok(ShardStack::of(pieces, indices))
@@ -191,6 +192,12 @@ impl ShardStack {
             });
         }
         let parts = tensor_split::plan(src.gguf(), &cfg, start, end, devices.len())?;
+        // One row count for every part: the lanes' partial sums are sized by the lead's.
+        let max_batch = devices
+            .iter()
+            .map(|(d, _)| max_batch_for(d))
+            .min()
+            .unwrap_or(super::shard::DEFAULT_MAX_BATCH);
         let mut pieces = Vec::with_capacity(parts.len());
         for ((dev, _), part) in devices.iter().zip(&parts) {
             pieces.push(Shard::load_part(
@@ -198,7 +205,7 @@ impl ShardStack {
                 src,
                 start,
                 end,
-                DEFAULT_MAX_BATCH,
+                max_batch,
                 Some(part),
                 progress,
             )?);
@@ -271,6 +278,11 @@ impl ShardStack {
 
     pub fn range(&self) -> (usize, usize) {
         (self.first().range().0, self.last().range().1)
+    }
+
+    /// The most rows one pass of every piece takes without splitting it further.
+    pub fn max_batch(&self) -> usize {
+        self.pieces.iter().map(Shard::max_batch).min().unwrap_or(1)
     }
 
     pub fn is_first(&self) -> bool {

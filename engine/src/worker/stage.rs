@@ -6,8 +6,8 @@ use web_time::Instant;
 use crate::backend::Device;
 use crate::gguf::TensorSource;
 use crate::kernels::SampleParams;
-use crate::model::shard::DEFAULT_MAX_BATCH;
 use crate::model::shard::MAX_BATCH_SEQS;
+use crate::model::shard::{DEFAULT_MAX_BATCH, max_batch_for};
 use crate::model::{
     ModelError, Shard, ShardInput, ShardOutput, ShardStack, Split, StackItem, StackPool, StackSeq,
     Want,
@@ -55,6 +55,7 @@ pub struct StageServer {
 
 /// Rows of one prompt run in one round: a longer prompt goes on in the next rounds, so the
 /// steps of other requests that arrive meanwhile join them instead of waiting for it all.
+/// A stage whose shard takes more rows in one pass (cuda: [`crate::model::shard::CUDA_MAX_BATCH`]) takes that many.
 pub const PREFILL_CHUNK: usize = DEFAULT_MAX_BATCH;
 
 /// One request's blocks in the pool and the run (`Forward::seq`) that filled them.
@@ -193,7 +194,7 @@ pub async fn load_shard(
         src,
         start,
         end,
-        DEFAULT_MAX_BATCH,
+        max_batch_for(&device),
         &mut |_, _| {},
     )?;
     device.sync().await?;
@@ -593,10 +594,11 @@ impl StageServer {
             return outs;
         };
         let dim = shard.config().dim;
+        let chunk_rows = PREFILL_CHUNK.max(shard.max_batch());
         // This round's rows of each step: the next chunk of a long prompt, else all of it.
         let chunk = |r: &Ready| {
             let total = r.rows(dim);
-            r.done..total.min(r.done + PREFILL_CHUNK)
+            r.done..total.min(r.done + chunk_rows)
         };
         let want = |r: &Ready| {
             let last_chunk = chunk(r).end == r.rows(dim);
@@ -691,7 +693,7 @@ impl StageServer {
         }
         for (mut r, out) in routed {
             let rows = r.rows(dim);
-            let end = rows.min(r.done + PREFILL_CHUNK);
+            let end = rows.min(r.done + chunk_rows);
             let out = match out {
                 ShardOutput::Hidden(h) if r.done > 0 || end < rows => {
                     r.hidden.extend_from_slice(&h);

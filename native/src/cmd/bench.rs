@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use cairn_engine::gguf::{GgufFile, MappedGguf, TensorSource};
 use cairn_engine::kernels::{Add, BufferCopy, Op, SampleParams};
 use cairn_engine::model::generate::{GenerateOptions, generate};
-use cairn_engine::model::shard::DEFAULT_MAX_BATCH;
+use cairn_engine::model::shard::max_batch_for;
 use cairn_engine::model::synthetic::SyntheticModel;
 use cairn_engine::model::weights::shard_weight_bytes;
 use cairn_engine::model::{ModelConfig, Shard};
@@ -439,7 +439,7 @@ pub fn run(a: Args) -> Result<()> {
         tensors,
         0,
         cfg.n_layers,
-        DEFAULT_MAX_BATCH,
+        max_batch_for(&dev),
         &mut |_, _| {},
     )?;
     dev.sync_blocking()?;

@@ -453,6 +453,7 @@ pub(crate) fn plan<'a>(f: &Fused<'a>, max_blocks: u32) -> Launch<'a> {
         block: [256, 1, 1],
         shared: if f.norm.is_some() { f.cols * 4 } else { 0 },
         scratch: 0,
+        staging: 0,
         buffers: vec![
             f.x,
             norm.map_or(f.x, |n| n.weight),

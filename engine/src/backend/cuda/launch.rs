@@ -161,8 +161,15 @@ pub(crate) struct Launch<'a> {
     pub block: [u32; 3],
     /// Dynamic shared memory, bytes.
     pub shared: u32,
-    /// Bytes of the backend's scratch buffer the kernel needs, passed after `buffers`.
+    /// Bytes of the backend's scratch buffer the kernel needs, passed after `buffers`: zeroed
+    /// when made and left zeroed by its kernels (split attention's counts live there).
     pub scratch: u64,
+    /// Bytes of the backend's staging buffer, passed after `buffers` (a launch takes this or
+    /// `scratch`, never both): activations converted once per product (`to_f16`, `to_q8`) for
+    /// the product that follows, which may leave anything there. Not the scratch: a split
+    /// attention after them would find its counts overwritten (the first token of a model with
+    /// 2048-column rows, 3 at once: logits off by 3.0 where 0.06 was allowed).
+    pub staging: u64,
     /// The kernel's buffer arguments, in order, after the parameter pointer.
     pub buffers: Vec<&'a Buffer>,
     pub params: [u32; PARAM_WORDS],
@@ -218,6 +225,7 @@ fn launch<'a>(
         block,
         shared: 0,
         scratch: 0,
+        staging: 0,
         buffers,
         params: words(&op.params()),
     })
@@ -502,7 +510,7 @@ pub(crate) fn tensor_core_linear(l: &mut Launch<'_>, sms: u32) {
 const F16_ACTIVATION_ROWS: u32 = 2048;
 
 /// The launch that rounds a tensor-core product's activations to f16 once (`to_f16`,
-/// kernels/ops.cu) into the backend's scratch, which the product `l` then reads (its `*h`
+/// kernels/ops.cu) into the backend's staging buffer, which the product `l` then reads (its `*h`
 /// kernel) instead of rounding every token's row again in each block of rows; `None` for every
 /// other launch. Products of at least F16_ACTIVATION_ROWS rows only (16 blocks of 128 rows and
 /// more): on an H100 the 8B shape's prefill gained 5% (6,621-6,650 -> 6,984 tok/s at 512
@@ -522,21 +530,22 @@ pub(crate) fn f16_activations<'a>(l: &mut Launch<'a>) -> Option<Launch<'a>> {
     let n = p.tokens.checked_mul(p.cols)?;
     let x = *l.buffers.get(1)?;
     l.kernel = half;
-    l.scratch = u64::from(n) * 2;
+    l.staging = u64::from(n) * 2;
     Some(Launch {
         kernel: Kernel::ToF16,
         module: OPS,
         grid: [blocks(u64::from(n), 256 * 8), 1, 1],
         block: [256, 1, 1],
         shared: 0,
-        scratch: u64::from(n) * 2,
+        scratch: 0,
+        staging: u64::from(n) * 2,
         buffers: vec![x],
         params: words(&crate::kernels::CountParams::new(n)),
     })
 }
 
 /// The launch that rounds a several-token split matrix-vector product's activations to int8
-/// once (`to_q8`, kernels/ops.cu: a uint4 per 8-element lane step) into the backend's scratch,
+/// once (`to_q8`, kernels/ops.cu: a uint4 per 8-element lane step) into the backend's staging,
 /// which the product `l` then reads (`linear_matvec_split_tokens_q8`) instead of every block of
 /// 8 rows rounding every token's activations again; `None` for every other launch, and for
 /// formats whose split step is not int8 (only Q4_0, Q4_1 and Q5_0 define one, and none does
@@ -559,14 +568,15 @@ pub(crate) fn int8_activations<'a>(l: &mut Launch<'a>, int8: bool) -> Option<Lau
     let bytes = u64::from(n) * 2; // 16 bytes per 8 elements
     l.kernel = Kernel::LinearMatvecSplitTokensQ8;
     l.grid[0] = p.tokens.div_ceil(MATVEC_QTOKENS);
-    l.scratch = bytes;
+    l.staging = bytes;
     Some(Launch {
         kernel: Kernel::ToQ8,
         module: OPS,
         grid: [blocks(u64::from(n), 256 * 8), 1, 1],
         block: [256, 1, 1],
         shared: 0,
-        scratch: bytes,
+        scratch: 0,
+        staging: bytes,
         buffers: vec![x],
         params: words(&crate::kernels::CountParams::new(n)),
     })
@@ -952,11 +962,16 @@ mod tests {
         tensor_core_linear(&mut l, 132);
         let f16 = f16_activations(&mut l).expect("a conversion before the product");
         assert_eq!(
-            (f16.kernel, f16.grid, f16.scratch, f16.buffers.len()),
+            (f16.kernel, f16.grid, f16.staging, f16.buffers.len()),
             (Kernel::ToF16, [1024, 1, 1], 512 * 4096 * 2, 1)
         );
         assert_eq!(l.kernel, Kernel::LinearMma128Half);
-        assert_eq!(l.scratch, f16.scratch, "the product reads what it wrote");
+        assert_eq!(l.staging, f16.staging, "the product reads what it wrote");
+        assert_eq!(
+            (l.scratch, f16.scratch),
+            (0, 0),
+            "not the scratch, whose counts split attention keeps"
+        );
         let mut small = plan(&Op::Linear(Linear {
             w: &b,
             wtype: GgmlType::Q4_1,
@@ -997,18 +1012,23 @@ mod tests {
         assert_eq!(l.kernel, Kernel::LinearMatvecSplitTokens);
         let q8 = int8_activations(&mut l, true).expect("a rounding before the product");
         assert_eq!(
-            (q8.kernel, q8.module, q8.grid, q8.scratch, q8.buffers.len()),
+            (q8.kernel, q8.module, q8.grid, q8.staging, q8.buffers.len()),
             (Kernel::ToQ8, OPS, [32, 1, 1], 16 * 4096 * 2, 1),
             "a uint4 per 8 elements, 8 per thread-block row of 256"
         );
         assert_eq!(
-            (l.kernel, l.grid, l.scratch),
+            (l.kernel, l.grid, l.staging),
             (
                 Kernel::LinearMatvecSplitTokensQ8,
                 [16u32.div_ceil(MATVEC_QTOKENS), 512, 1],
-                q8.scratch
+                q8.staging
             ),
             "the product reads what it wrote"
+        );
+        assert_eq!(
+            (l.scratch, q8.scratch),
+            (0, 0),
+            "not the scratch, whose counts split attention keeps"
         );
         for (ty, rows, cols, tokens, int8, why) in [
             (
@@ -1045,9 +1065,9 @@ mod tests {
             ),
         ] {
             let mut l = plan_linear(ty, rows, cols, tokens);
-            let before = (l.kernel, l.grid, l.scratch);
+            let before = (l.kernel, l.grid, l.staging);
             assert!(int8_activations(&mut l, int8).is_none(), "{why}");
-            assert_eq!((l.kernel, l.grid, l.scratch), before, "{why}");
+            assert_eq!((l.kernel, l.grid, l.staging), before, "{why}");
         }
     }
 

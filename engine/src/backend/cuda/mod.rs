@@ -66,6 +66,8 @@ pub(crate) struct CudaBackend {
     /// Working memory of kernels that need some (split attention), and its size; grown as
     /// needed, zeroed when made (the kernels leave it as they found it).
     scratch: Mutex<Option<(CudaStorage, u64)>>,
+    /// Activations converted for the product after them (`Launch::staging`), and its size.
+    staging: Mutex<Option<(CudaStorage, u64)>>,
     modules: Mutex<HashMap<ModuleKey, Loaded>>,
     ctx: Arc<Context>,
 }
@@ -123,6 +125,7 @@ fn open_backend(info: &DeviceInfo, opts: &EngineOptions) -> Result<CudaBackend> 
         sms: u32::try_from(sms).unwrap_or(1).max(1),
         variant: compile::Variant::new(&opts.cuda, &opts.dev),
         scratch: Mutex::new(None),
+        staging: Mutex::new(None),
     })
 }
 
@@ -274,14 +277,9 @@ impl CudaBackend {
             launches.push(l);
         }
         let scratch_bytes = launches.iter().map(|l| l.scratch).max().unwrap_or(0);
-        let mut scratch = self.scratch.lock().map_err(poisoned)?;
-        if scratch_bytes > scratch.as_ref().map_or(0, |s| s.1) {
-            // The old one is freed in stream order, after the work queued on it.
-            *scratch = None;
-            *scratch = Some((self.alloc("cuda scratch", scratch_bytes)?, scratch_bytes));
-        }
-        let scratch_ptr = scratch.as_ref().map(|s| s.0.ptr);
-        drop(scratch);
+        let scratch_ptr = self.grown(&self.scratch, "cuda scratch", scratch_bytes)?;
+        let staging_bytes = launches.iter().map(|l| l.staging).max().unwrap_or(0);
+        let staging_ptr = self.grown(&self.staging, "cuda staging", staging_bytes)?;
         let mut resolved = Vec::with_capacity(launches.len());
         for l in &launches {
             let function = self.function(l.module, l.kernel)?;
@@ -292,6 +290,11 @@ impl CudaBackend {
                 .collect::<Result<Vec<_>>>()?;
             if l.scratch > 0
                 && let Some(p) = scratch_ptr
+            {
+                buffers.push(p);
+            }
+            if l.staging > 0
+                && let Some(p) = staging_ptr
             {
                 buffers.push(p);
             }
@@ -308,6 +311,23 @@ impl CudaBackend {
         self.ctx.bind()?;
         let mut ex = self.exec.lock().map_err(poisoned)?;
         ex.run(&self.ctx, &resolved)
+    }
+
+    /// The buffer in `slot`, made at least `bytes` long (zeroed when made); `None` while no
+    /// launch has needed one.
+    fn grown(
+        &self,
+        slot: &Mutex<Option<(CudaStorage, u64)>>,
+        label: &str,
+        bytes: u64,
+    ) -> Result<Option<DevicePtr>> {
+        let mut held = slot.lock().map_err(poisoned)?;
+        if bytes > held.as_ref().map_or(0, |s| s.1) {
+            // The old one is freed in stream order, after the work queued on it.
+            *held = None;
+            *held = Some((self.alloc(label, bytes)?, bytes));
+        }
+        Ok(held.as_ref().map(|s| s.0.ptr))
     }
 
     /// Direct launches, captures and replays so far.

@@ -251,9 +251,9 @@ linear_matvec_split_tokens(const LinearParams* __restrict__ p, const u8* __restr
 }
 
 // The same over activations rounded to int8 once per product (to_q8 into the backend's
-// scratch, launch::int8_activations): without it every block of 8 rows rounds every token's
-// activations again, which costs the 8B shape's 16-sequence decode more than the dp4a
-// products do. MATVEC_QTOKENS tokens a block.
+// staging buffer, launch::int8_activations): without it every block of 8 rows rounds every
+// token's activations again, which costs the 8B shape's 16-sequence decode more than the
+// dp4a products do. MATVEC_QTOKENS tokens a block.
 #ifdef SPLIT_Q8
 extern "C" __global__ void __launch_bounds__(256, 2)
 linear_matvec_split_tokens_q8(const LinearParams* __restrict__ p, const u8* __restrict__ w,
@@ -480,7 +480,11 @@ linear_mma64(const LinearParams* __restrict__ p, const u8* __restrict__ w, const
     linear_mma_tile<64, 64, false>(p, w, x, nullptr, y);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(256)
+// The 128-row tiles ask for two blocks per multiprocessor (at most 128 registers a thread; 168
+// without): one block left each multiprocessor waiting at every step's barriers, and a grid of
+// 1.7 waves (ncu, 8B shape, 256 tokens). On an H100, synthetic 8B prefill at 512 tokens:
+// 8,250-8,296 -> 8,749-8,777 tok/s, no spills.
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_mma128(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
               float* __restrict__ y) {
 #if __CUDA_ARCH__ >= 800
@@ -489,22 +493,23 @@ linear_mma128(const LinearParams* __restrict__ p, const u8* __restrict__ w, cons
 }
 // 128 rows x 128 tokens: half the weight staging per product of the 64-token tile, for long
 // prompts over large matrices (launch::tensor_core_linear).
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_mma128w(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
                float* __restrict__ y) {
 #if __CUDA_ARCH__ >= 800
     linear_mma_tile<128, 128, false>(p, w, x, nullptr, y);
 #endif
 }
-// The two 128-row tiles over f16 activations in the backend's scratch (launch::f16_activations).
-extern "C" __global__ void __launch_bounds__(256)
+// The two 128-row tiles over f16 activations in the backend's staging buffer
+// (launch::f16_activations).
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_mma128h(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
                float* __restrict__ y, const u32* __restrict__ xh) {
 #if __CUDA_ARCH__ >= 800
     linear_mma_tile<128, 64, true>(p, w, x, xh, y);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_mma128wh(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
                 float* __restrict__ y, const u32* __restrict__ xh) {
 #if __CUDA_ARCH__ >= 800
