@@ -423,12 +423,13 @@ fn linear_every_format_matvec_and_matmat() {
     }
 }
 
-/// Prefill-sized products: enough rows and tokens that cuda takes its 128-row tensor-core
-/// tiles (a block per multiprocessor and more), of 64 tokens (257) and of 128 (385: 34 x 4
-/// blocks), over activations rounded to f16 once per product (4229 rows) and in each block
-/// (1536 rows: 1153 and 1409 tokens give 12 x 19 and 12 x 12 blocks), partial tiles at both
-/// edges, the 4-bit formats' own staging and a K-quant's generic one. Same references and
-/// tolerance as above.
+/// Prefill-sized products: enough rows and tokens that cuda takes each of its larger
+/// tensor-core tiles (a block per multiprocessor and more): 64 rows x 128 tokens (4229 rows,
+/// 257 tokens: 67 x 3 blocks; 1536 rows, 1153 tokens: 24 x 10), 128 x 128 (4229 x 385: 34 x 4;
+/// 1536 x 1409: 12 x 12) and 128 x 64 (17000 rows, 33 tokens: 133 x 1), over activations
+/// rounded to f16 once per product (4229 and 17000 rows) and in each block (1536 rows),
+/// partial tiles at both edges, the 4-bit formats' own staging and a K-quant's generic one.
+/// Same references and tolerance as above.
 #[test]
 fn linear_prefill_tiles() {
     let mut rng = StdRng::seed_from_u64(12);
@@ -440,6 +441,7 @@ fn linear_prefill_tiles() {
         (GgmlType::Q6_K, 4229, 256, 385),
         (GgmlType::Q4_1, 1536, 64, 1153),
         (GgmlType::Q4_0, 1536, 64, 1409),
+        (GgmlType::Q4_1, 17_000, 64, 33),
     ] {
         let wf = rand_vec(&mut rng, rows * cols, 1.0);
         let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();

@@ -72,6 +72,8 @@ pub(crate) enum Kernel {
     LinearMma64,
     LinearMma128,
     LinearMma128Wide,
+    LinearMma64Wide,
+    LinearMma64WideHalf,
     LinearMma128Half,
     LinearMma128WideHalf,
     ToF16,
@@ -115,6 +117,8 @@ impl Kernel {
             Kernel::LinearMma64 => "linear_mma64",
             Kernel::LinearMma128 => "linear_mma128",
             Kernel::LinearMma128Wide => "linear_mma128w",
+            Kernel::LinearMma64Wide => "linear_mma64w",
+            Kernel::LinearMma64WideHalf => "linear_mma64wh",
             Kernel::LinearMma128Half => "linear_mma128h",
             Kernel::LinearMma128WideHalf => "linear_mma128wh",
             Kernel::ToF16 => "to_f16",
@@ -477,12 +481,15 @@ pub(crate) fn split_attention(l: &mut Launch<'_>, target_blocks: u32) {
 }
 
 /// Prefill's tiled products on tensor cores (`linear_mma64`, `linear_mma128`, `linear_mma128w`,
-/// kernels/linear.cu) for devices that have them, where rows are a multiple of 32 columns: the
-/// largest tile whose grid still gives each of the `sms` multiprocessors a block. 128 rows x 128
-/// tokens stage each weight once per 128 tokens (the 8B shape's 14336-row products over 512
-/// tokens: 448 blocks; prefill 5,990 -> 6,670 tok/s on an H100), then 128 x 64, else 64 x 64
-/// (small matrices: SmolLM2's 576 rows over a 512-token prompt are 40 blocks of 128 rows, 72 of
-/// 64).
+/// `linear_mma64w`, kernels/linear.cu) for devices that have them, where rows are a multiple of
+/// 32 columns: the largest tile whose grid still gives each of the `sms` multiprocessors a
+/// block. 128 rows x 128 tokens stage each weight once per 128 tokens (the 8B shape's
+/// 14336-row products over 512 tokens: 448 blocks; prefill 5,990 -> 6,670 tok/s on an H100),
+/// then 64 x 128, which stages each weight as seldom with half the rows a block (the 8B
+/// shape's 4096-row products over 512 tokens: 256 blocks where 128 x 128 gives 128; prefill
+/// 8,797-8,815 -> 9,432-9,462 tok/s against 128 x 64), then 128 x 64 (few tokens over very
+/// many rows), else 64 x 64 (small matrices: SmolLM2's 576 rows over a 512-token prompt are
+/// 40 blocks of 128 rows, 72 of 64).
 pub(crate) fn tensor_core_linear(l: &mut Launch<'_>, sms: u32) {
     if l.kernel != Kernel::LinearMatmat {
         return;
@@ -495,8 +502,11 @@ pub(crate) fn tensor_core_linear(l: &mut Launch<'_>, sms: u32) {
     }
     let wide = p.rows.div_ceil(128).saturating_mul(p.tokens.div_ceil(128));
     let tiles = p.tokens.div_ceil(64);
+    let half_wide = p.rows.div_ceil(64).saturating_mul(p.tokens.div_ceil(128));
     let (kernel, rows, tokens) = if p.tokens > 64 && wide >= sms {
         (Kernel::LinearMma128Wide, 128, 128)
+    } else if p.tokens > 64 && half_wide >= sms {
+        (Kernel::LinearMma64Wide, 64, 128)
     } else if p.rows.div_ceil(128).saturating_mul(tiles) >= sms {
         (Kernel::LinearMma128, 128, 64)
     } else {
@@ -519,6 +529,7 @@ pub(crate) fn f16_activations<'a>(l: &mut Launch<'a>) -> Option<Launch<'a>> {
     let half = match l.kernel {
         Kernel::LinearMma128 => Kernel::LinearMma128Half,
         Kernel::LinearMma128Wide => Kernel::LinearMma128WideHalf,
+        Kernel::LinearMma64Wide => Kernel::LinearMma64WideHalf,
         _ => return None,
     };
     let size = std::mem::size_of::<crate::kernels::LinearParams>();
@@ -897,7 +908,13 @@ mod tests {
             tensor_core_linear(&mut l, 132);
             (l.kernel, l.grid)
         };
-        assert_eq!(lin(4096, 4096, 512), (Kernel::LinearMma128, [32, 8, 1]));
+        assert_eq!(lin(4096, 4096, 512), (Kernel::LinearMma64Wide, [64, 4, 1]));
+        assert_eq!(lin(1024, 4096, 512), (Kernel::LinearMma64, [16, 8, 1]));
+        assert_eq!(
+            lin(17_000, 64, 33),
+            (Kernel::LinearMma128, [133, 1, 1]),
+            "few tokens over very many rows"
+        );
         assert_eq!(
             lin(14336, 4096, 512),
             (Kernel::LinearMma128Wide, [112, 4, 1])
@@ -965,7 +982,7 @@ mod tests {
             (f16.kernel, f16.grid, f16.staging, f16.buffers.len()),
             (Kernel::ToF16, [1024, 1, 1], 512 * 4096 * 2, 1)
         );
-        assert_eq!(l.kernel, Kernel::LinearMma128Half);
+        assert_eq!(l.kernel, Kernel::LinearMma64WideHalf);
         assert_eq!(l.staging, f16.staging, "the product reads what it wrote");
         assert_eq!(
             (l.scratch, f16.scratch),

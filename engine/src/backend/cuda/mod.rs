@@ -245,6 +245,7 @@ impl CudaBackend {
     }
 
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
+        let t0 = std::time::Instant::now();
         let items = if self.fusion.on {
             fuse::fuse(ops, self.fusion.norms)
         } else {
@@ -309,8 +310,18 @@ impl CudaBackend {
             });
         }
         self.ctx.bind()?;
+        let t1 = std::time::Instant::now();
         let mut ex = self.exec.lock().map_err(poisoned)?;
-        ex.run(&self.ctx, &resolved)
+        let ran = ex.run(&self.ctx, &resolved);
+        // Host time of a run: planning (fusion, kernel choice, lookups) and queueing.
+        tracing::trace!(
+            ops = ops.len(),
+            launches = resolved.len(),
+            plan_us = (t1 - t0).as_micros() as u64,
+            queue_us = t1.elapsed().as_micros() as u64,
+            "cuda run"
+        );
+        ran
     }
 
     /// The buffer in `slot`, made at least `bytes` long (zeroed when made); `None` while no

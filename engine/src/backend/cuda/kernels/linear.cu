@@ -500,6 +500,23 @@ linear_mma128w(const LinearParams* __restrict__ p, const u8* __restrict__ w, con
     linear_mma_tile<128, 128, false>(p, w, x, nullptr, y);
 #endif
 }
+// 64 rows x 128 tokens: the weight staging of the 128-token tile with twice the blocks, for
+// products too small for enough 128 x 128 blocks (the 8B shape's 4096-row products at 512
+// tokens: 256 blocks, 1.07x the prefill of 128 x 64 tiles on an H100).
+extern "C" __global__ void __launch_bounds__(256, 2)
+linear_mma64w(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+              float* __restrict__ y) {
+#if __CUDA_ARCH__ >= 800
+    linear_mma_tile<64, 128, false>(p, w, x, nullptr, y);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+linear_mma64wh(const LinearParams* __restrict__ p, const u8* __restrict__ w, const float* __restrict__ x,
+               float* __restrict__ y, const u32* __restrict__ xh) {
+#if __CUDA_ARCH__ >= 800
+    linear_mma_tile<64, 128, true>(p, w, x, xh, y);
+#endif
+}
 // The two 128-row tiles over f16 activations in the backend's staging buffer
 // (launch::f16_activations).
 extern "C" __global__ void __launch_bounds__(256, 2)
