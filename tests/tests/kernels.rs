@@ -1041,6 +1041,9 @@ struct PagedSeq {
 /// CPU, so the valid tokens also run alone on every device.
 #[test]
 fn paged_attention_over_shuffled_blocks_of_several_sequences() {
+    // Every device, then the wgpu and vulkan ones again with decode attention cut by keys
+    // (`paged_attention_split.wgsl` and its merge), forced whatever the context.
+    let split = split_attention_devices();
     let mut rng = StdRng::seed_from_u64(16);
     let (heads, kv_heads) = (6usize, 2usize);
     let seqs = [
@@ -1158,16 +1161,16 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
             }
         }
         assert_eq!((gi, bi), (n_good, bad_rows.len()));
-        for d in devices() {
+        for d in devices().iter().chain(&split) {
             let run = |q: &[f32], rows: &[u32], tokens: usize| {
                 let (bq, bk, bv) = (
-                    upload_f32(&d, "q", q),
-                    upload_f32(&d, "k_pool", &kp),
-                    upload_f32(&d, "v_pool", &vp),
+                    upload_f32(d, "q", q),
+                    upload_f32(d, "k_pool", &kp),
+                    upload_f32(d, "v_pool", &vp),
                 );
                 let br = d.upload("rows", bytemuck::cast_slice(rows)).unwrap();
                 let bt = d.upload("table", bytemuck::cast_slice(&table)).unwrap();
-                let bo = upload_f32(&d, "out", &vec![7.0f32; tokens * row]);
+                let bo = upload_f32(d, "out", &vec![7.0f32; tokens * row]);
                 let p = params(tokens);
                 d.run(&[Op::PagedAttention(PagedAttention {
                     q: &bq,
@@ -1187,21 +1190,21 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
                     window: p.window,
                     softcap: p.softcap,
                 })])
-                .map(|()| read(&d, &bo, tokens * row))
+                .map(|()| read(d, &bo, tokens * row))
             };
             // Online softmax rescales partial sums: 1e-5 relative, as dense attention.
             let got = run(&q[..n_good * row], &good, n_good).unwrap();
             let what = format!(
                 "paged attention head_dim={head_dim} block={block} window={window} softcap={softcap}"
             );
-            assert_close(&what, &d, &got, &want, 1e-5);
+            assert_close(&what, d, &got, &want, 1e-5);
             let mixed = run(&mixed_q, &mixed_rows, n_good + bad_rows.len());
             if d.kind() == BackendKind::Cpu {
                 let err = mixed.unwrap_err().to_string();
                 assert!(err.contains("outside the key/value pool"), "{err}");
             } else {
                 let what = format!("{what} with skipped tokens");
-                assert_close(&what, &d, &mixed.unwrap(), &mixed_want, 1e-5);
+                assert_close(&what, d, &mixed.unwrap(), &mixed_want, 1e-5);
             }
         }
     }
@@ -1495,17 +1498,12 @@ fn check_attention_on(
     }
 }
 
-/// Decode attention cut by keys across workgroups and merged (flash-decoding,
-/// `--wgpu-attention split`), forced on every wgpu and vulkan device, against the reference:
-/// one key (one piece), a piece of exactly the 256-key chunk, 257 keys, a long context cut
-/// into more pieces than keys a piece, pieces past the end left empty (5 keys, 3 tokens), a
-/// window and a soft cap, and a batch of 8 tokens whose pieces pass a chunk. Tolerance 1e-5 of
-/// the largest output, as the one-workgroup kernel (the merge reorders f32 sums only).
-#[test]
-fn split_decode_attention_matches_the_reference() {
+/// The wgpu and vulkan devices, opened with decode attention cut by keys whatever the
+/// context (`--wgpu-attention split`).
+fn split_attention_devices() -> Vec<Device> {
     let mut found = cairn_engine::device::discover_blocking_with(options());
     found.options_mut().wgpu.attention = cairn_engine::options::WgpuAttention::Split;
-    let devs: Vec<Device> = found
+    found
         .devices
         .iter()
         .filter(|i| {
@@ -1514,7 +1512,18 @@ fn split_decode_attention_matches_the_reference() {
                 && i.api != "gl"
         })
         .map(|i| pollster::block_on(found.open_info(i.clone())).expect("open device"))
-        .collect();
+        .collect()
+}
+
+/// Decode attention cut by keys across workgroups and merged (flash-decoding,
+/// `--wgpu-attention split`), forced on every wgpu and vulkan device, against the reference:
+/// one key (one piece), a piece of exactly the 256-key chunk, 257 keys, a long context cut
+/// into more pieces than keys a piece, pieces past the end left empty (5 keys, 3 tokens), a
+/// window and a soft cap, and a batch of 8 tokens whose pieces pass a chunk. Tolerance 1e-5 of
+/// the largest output, as the one-workgroup kernel (the merge reorders f32 sums only).
+#[test]
+fn split_decode_attention_matches_the_reference() {
+    let devs = split_attention_devices();
     let mut rng = StdRng::seed_from_u64(26);
     let (heads, kv_heads, head_dim) = (6usize, 2usize, 40usize);
     // With 6 heads the grid aims at 43 pieces per (head, token) for one token, 6 for eight.

@@ -95,6 +95,14 @@ pub(crate) fn plan_run<'a>(
             quantized = None;
             continue;
         }
+        if let (Op::PagedAttention(a), Some(pieces)) = (&ops[i], scratch.attention)
+            && a.heads <= max_dim
+            && let Some(n) = split_attention::paged_splits(a, scratch.attention_forced)
+        {
+            steps.extend(split_attention::paged_steps(a, n, pieces));
+            quantized = None;
+            continue;
+        }
         if let (Op::Linear(l), Some(scratch)) = (&ops[i], scratch.int8)
             && matvec.int8_for(l)
         {

@@ -443,15 +443,17 @@ impl WgpuBackend {
             .map(|n| self.scratch(&self.parts_scratch, "rows of a part", n, accounting))
             .transpose()?;
         let forced = self.attention == WgpuAttention::Split;
-        let attention_bytes =
-            ops.iter()
-                .filter(|_| self.attention != WgpuAttention::Single)
-                .filter_map(|op| match op {
-                    Op::Attention(a) => split_attention::splits(a, forced)
-                        .map(|n| split_attention::scratch_bytes(a, n)),
-                    _ => None,
-                })
-                .max();
+        let attention_bytes = ops
+            .iter()
+            .filter(|_| self.attention != WgpuAttention::Single)
+            .filter_map(|op| match op {
+                Op::Attention(a) => split_attention::splits(a, forced)
+                    .map(|n| split_attention::scratch_bytes(a.tokens, a.heads, a.head_dim, n)),
+                Op::PagedAttention(a) => split_attention::paged_splits(a, forced)
+                    .map(|n| split_attention::scratch_bytes(a.tokens, a.heads, a.head_dim, n)),
+                _ => None,
+            })
+            .max();
         let attention_scratch = attention_bytes
             .map(|n| self.scratch(&self.attention_scratch, "attention pieces", n, accounting))
             .transpose()?;

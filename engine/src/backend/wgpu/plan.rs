@@ -581,6 +581,10 @@ mod tests {
             matches::<Sample>(),
             matches::<BufferCopy>(),
             declares::<super::super::rows::EmbedRowsParams>(&[shaders::EMBED_ROWS]),
+            declares::<super::super::split_attention::PagedSplitParams>(&[
+                shaders::PAGED_ATTENTION_SPLIT,
+                shaders::PAGED_ATTENTION_MERGE,
+            ]),
             declares::<super::super::fuse::FusedMatvecParams>(&[
                 shaders::LINEAR_MATVEC_FUSED,
                 shaders::LINEAR_MATVEC_FUSED_STREAM,

@@ -9,12 +9,32 @@ use cairn_shaders as shaders;
 
 use super::plan::{Step, WgpuOp};
 use crate::backend::Buffer;
-use crate::kernels::{Attention, OpSpec};
+use crate::kernels::op::params;
+use crate::kernels::{Attention, OpSpec, PagedAttention};
 
-/// Up to this many query tokens an `Attention` counts as decode (a few sequences' next
+params!(
+    /// What the paged split pair reads: `PagedAttentionParams` with the pieces per (head,
+    /// token) in its first padding word.
+    PagedSplitParams {
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        tokens: u32,
+        block: u32,
+        pool_blocks: u32,
+        table_len: u32,
+        scale: f32,
+        window: u32,
+        softcap: f32,
+        splits: u32,
+        _pad1: u32,
+    }
+);
+
+/// Up to this many query tokens an attention counts as decode (a batch of sequences' next
 /// tokens, or a short verification); longer ones are prefill, whose tokens already give
 /// enough workgroups.
-pub(crate) const DECODE_TOKENS: u32 = 8;
+pub(crate) const DECODE_TOKENS: u32 = 16;
 /// Workgroups a split attention aims at: enough to cover a large GPU's compute units twice
 /// (132 multiprocessors on an H100).
 pub(crate) const TARGET_WORKGROUPS: u32 = 256;
@@ -26,16 +46,23 @@ pub(crate) const MIN_PIECE: u32 = 64;
 /// (`--wgpu-attention split`) cuts every decode attention, into as many pieces as the grid
 /// aims at, down to one key a piece: the tests run the merge at every length that way.
 pub(crate) fn splits(a: &Attention<'_>, forced: bool) -> Option<u32> {
-    if a.tokens == 0 || a.tokens > DECODE_TOKENS || a.heads == 0 {
+    pieces(a.heads, a.tokens, a.pos0 + a.tokens, a.window, forced)
+}
+
+/// [`splits`] for paged attention, whose key counts are on the GPU: the keys the table
+/// could name (`table_len` blocks) stand for the longest context, the pieces dividing each
+/// token's own keys when it runs.
+pub(crate) fn paged_splits(a: &PagedAttention<'_>, forced: bool) -> Option<u32> {
+    let keys = a.table_len.min(a.pool_blocks).saturating_mul(a.block);
+    pieces(a.heads, a.tokens, keys, a.window, forced)
+}
+
+fn pieces(heads: u32, tokens: u32, keys: u32, window: u32, forced: bool) -> Option<u32> {
+    if tokens == 0 || tokens > DECODE_TOKENS || heads == 0 {
         return None;
     }
-    let keys = a.pos0 + a.tokens;
-    let keys = if a.window > 0 {
-        keys.min(a.window)
-    } else {
-        keys
-    };
-    let by_grid = TARGET_WORKGROUPS.div_ceil(a.heads * a.tokens);
+    let keys = if window > 0 { keys.min(window) } else { keys };
+    let by_grid = TARGET_WORKGROUPS.div_ceil(heads * tokens);
     if forced {
         return Some(by_grid.min(keys).max(1));
     }
@@ -44,8 +71,51 @@ pub(crate) fn splits(a: &Attention<'_>, forced: bool) -> Option<u32> {
 }
 
 /// Bytes of the pieces' records: head_dim + 2 floats per (token, head, piece).
-pub(crate) fn scratch_bytes(a: &Attention<'_>, splits: u32) -> u64 {
-    u64::from(a.tokens) * u64::from(a.heads) * u64::from(splits) * (u64::from(a.head_dim) + 2) * 4
+pub(crate) fn scratch_bytes(tokens: u32, heads: u32, head_dim: u32, splits: u32) -> u64 {
+    u64::from(tokens) * u64::from(heads) * u64::from(splits) * (u64::from(head_dim) + 2) * 4
+}
+
+/// The two dispatches of paged attention `a` in `splits` pieces, through `scratch` (at least
+/// [`scratch_bytes`]).
+pub(crate) fn paged_steps<'a>(
+    a: &PagedAttention<'a>,
+    splits: u32,
+    scratch: &'a Buffer,
+) -> Vec<Step<'a>> {
+    let o = a.params();
+    let p = PagedSplitParams {
+        heads: o.heads,
+        kv_heads: o.kv_heads,
+        head_dim: o.head_dim,
+        tokens: o.tokens,
+        block: o.block,
+        pool_blocks: o.pool_blocks,
+        table_len: o.table_len,
+        scale: o.scale,
+        window: o.window,
+        softcap: o.softcap,
+        splits,
+        _pad1: 0,
+    };
+    let mut params = [0u32; super::PARAM_WORDS];
+    let bytes = bytemuck::bytes_of(&p);
+    bytemuck::cast_slice_mut::<u32, u8>(&mut params)[..bytes.len()].copy_from_slice(bytes);
+    vec![
+        Step::Dispatch {
+            kernel: shaders::PAGED_ATTENTION_SPLIT,
+            format: None,
+            buffers: vec![a.q, a.k_pool, a.v_pool, a.rows, a.table, scratch],
+            params,
+            groups: [a.heads, a.tokens, splits],
+        },
+        Step::Dispatch {
+            kernel: shaders::PAGED_ATTENTION_MERGE,
+            format: None,
+            buffers: vec![scratch, a.out],
+            params,
+            groups: [a.heads, a.tokens, 1],
+        },
+    ]
 }
 
 /// The two dispatches of `a` in `splits` pieces, through `scratch` (at least
