@@ -113,8 +113,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         scores[li] = s;
         workgroupBarrier();
+        // Only the piece's live keys: a short piece pays for its own keys, not the chunk.
+        let live = min(CHUNK, hi - c0);
         var cm = m;
-        for (var i = 0u; i < CHUNK; i++) {
+        for (var i = 0u; i < live; i++) {
             cm = max(cm, scores[i]);
         }
         workgroupBarrier();
@@ -123,7 +125,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let corr = exp(m - cm);
         var csum = 0.0;
         var ov = 0.0;
-        let live = min(CHUNK, hi - c0);
         for (var i = 0u; i < live; i++) {
             let pw = scores[i];
             csum += pw;
