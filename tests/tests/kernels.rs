@@ -1466,9 +1466,9 @@ fn check_attention_on(
     );
     for d in devs {
         let (bq, bk, bv) = (
-            upload_f32(&d, "q", &q),
-            upload_f32(&d, "k", &kc),
-            upload_f32(&d, "v", &vc),
+            upload_f32(d, "q", &q),
+            upload_f32(d, "k", &kc),
+            upload_f32(d, "v", &vc),
         );
         let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
         d.run(&[Op::Attention(Attention {
