@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use cairn_engine::device::{Selection, discover_blocking_with};
 use cairn_engine::kernels::{Add, Attention, BufferCopy, Linear, MatMul, Op, RmsNorm};
-use cairn_engine::options::{EngineOptions, WgpuMatvec};
+use cairn_engine::options::{EngineOptions, WgpuAttention, WgpuMatvec};
 use cairn_engine::quant::GgmlType;
 use cairn_engine::{BackendKind, Buffer, Device};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
@@ -142,9 +142,15 @@ impl Tier {
 }
 
 /// `CAIRN_WGPU_MATVEC` (rows, stream, subgroup, int8; else auto) picks the wgpu and vulkan
-/// matrix-vector kernels, as `cairn`'s `--wgpu-matvec` does.
+/// matrix-vector kernels, as `cairn`'s `--wgpu-matvec` does; `CAIRN_WGPU_ATTENTION` (split,
+/// single; else auto) their decode attention, as `--wgpu-attention` does.
 fn options() -> EngineOptions {
     let mut o = EngineOptions::default();
+    o.wgpu.attention = match std::env::var("CAIRN_WGPU_ATTENTION").as_deref() {
+        Ok("split") => WgpuAttention::Split,
+        Ok("single") => WgpuAttention::Single,
+        _ => WgpuAttention::ByAdapter,
+    };
     o.wgpu.matvec = match std::env::var("CAIRN_WGPU_MATVEC").as_deref() {
         Ok("rows") => WgpuMatvec::Rows,
         Ok("stream") => WgpuMatvec::Stream,

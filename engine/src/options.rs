@@ -84,6 +84,73 @@ pub struct WgpuOptions {
     /// `linear_matmat` (4 x 4 blocks in registers, no workgroup memory). Off by default: not
     /// yet measured on a GPU.
     pub tiled_prefill: bool,
+    /// The limits devices are opened with: the adapter's own, or WebGPU's defaults.
+    pub limits: WgpuLimits,
+    /// Decode attention split across workgroups by keys (flash-decoding) or one workgroup per
+    /// head.
+    pub attention: WgpuAttention,
+}
+
+/// The limits the `wgpu` and `vulkan` backends open a device with. A tensor larger than the
+/// storage binding limit is cut by rows into several buffers (`Device::upload_rows`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WgpuLimits {
+    /// WebGPU's defaults, the floor every browser and phone guarantees, on any adapter:
+    /// 128 MiB per storage binding, 256 MiB per buffer, 16 KiB of workgroup memory, 256
+    /// invocations per workgroup, 8 storage buffers per stage, and no optional shader feature
+    /// (no shader-f16, no subgroups).
+    pub webgpu_defaults: bool,
+    /// A storage binding (and buffer) limit below the one the device would have: for tests
+    /// that make small models split their tensors. Never raises a limit.
+    pub max_binding_bytes: Option<u64>,
+}
+
+impl WgpuLimits {
+    /// The storage-binding and buffer-size limits after these settings, from the adapter's.
+    pub fn binding_and_buffer(&self, binding: u64, buffer: u64) -> (u64, u64) {
+        let (mut binding, mut buffer) = (binding, buffer);
+        if self.webgpu_defaults {
+            binding = binding.min(WEBGPU_DEFAULT_BINDING);
+            buffer = buffer.min(WEBGPU_DEFAULT_BUFFER);
+        }
+        if let Some(cap) = self.max_binding_bytes {
+            binding = binding.min(cap);
+            buffer = buffer.min(cap);
+        }
+        (binding, buffer)
+    }
+}
+
+/// WebGPU's default `maxStorageBufferBindingSize`.
+pub const WEBGPU_DEFAULT_BINDING: u64 = 128 << 20;
+/// WebGPU's default `maxBufferSize`.
+pub const WEBGPU_DEFAULT_BUFFER: u64 = 256 << 20;
+
+/// How the `wgpu` and `vulkan` backends run decode attention (`Attention` of few tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WgpuAttention {
+    /// One workgroup per (head, token) walks every key (`attention.wgsl`).
+    Single,
+    /// Flash-decoding: the keys are cut into pieces, one workgroup per (head, token, piece)
+    /// computes its piece's maximum, sum and weighted values (`attention_split.wgsl`), and a
+    /// second pass merges them (`attention_merge.wgsl`).
+    Split,
+    /// On GPUs, `Split` where the context gives at least two pieces of 64 keys, else
+    /// `Single`; `Single` on software rasterizers (one workgroup per head already keeps their
+    /// few cores busy; measured in docs/performance.md).
+    #[default]
+    ByAdapter,
+}
+
+impl WgpuAttention {
+    /// What runs on a device that is a software rasterizer or not: `Single`, `Split`
+    /// (every decode attention cut), or `ByAdapter` (cut where the context is long enough).
+    pub fn resolve(self, software: bool) -> WgpuAttention {
+        match self {
+            WgpuAttention::ByAdapter if software => WgpuAttention::Single,
+            other => other,
+        }
+    }
 }
 
 /// The `wgpu` and `vulkan` backends' matrix-vector kernels.
@@ -193,6 +260,35 @@ impl DevHooks {
 mod tests {
     use super::*;
 
+    #[test]
+    fn forced_limits_only_lower_the_adapters() {
+        let none = WgpuLimits::default();
+        assert_eq!(
+            none.binding_and_buffer(1 << 40, 1 << 41),
+            (1 << 40, 1 << 41)
+        );
+        let web = WgpuLimits {
+            webgpu_defaults: true,
+            max_binding_bytes: None,
+        };
+        assert_eq!(
+            web.binding_and_buffer(1 << 40, 1 << 41),
+            (WEBGPU_DEFAULT_BINDING, WEBGPU_DEFAULT_BUFFER)
+        );
+        assert_eq!(
+            web.binding_and_buffer(64 << 20, 64 << 20),
+            (64 << 20, 64 << 20)
+        );
+        let small = WgpuLimits {
+            webgpu_defaults: true,
+            max_binding_bytes: Some(1 << 20),
+        };
+        assert_eq!(
+            small.binding_and_buffer(1 << 40, 1 << 41),
+            (1 << 20, 1 << 20)
+        );
+    }
+
     /// The defaults are the settings the engine used before options existed; a change here
     /// changes what every plain run does.
     #[test]
@@ -217,6 +313,16 @@ mod tests {
         assert_eq!(WgpuFuse::ByAdapter.resolve(true), (false, false));
         assert_eq!(WgpuFuse::NoNorms.resolve(true), (true, false));
         assert!(!o.vulkan.push_constants);
+        assert_eq!(o.wgpu.limits, WgpuLimits::default());
+        assert_eq!(
+            WgpuAttention::ByAdapter.resolve(false),
+            WgpuAttention::ByAdapter
+        );
+        assert_eq!(
+            WgpuAttention::ByAdapter.resolve(true),
+            WgpuAttention::Single
+        );
+        assert_eq!(WgpuAttention::Split.resolve(true), WgpuAttention::Split);
         assert_eq!(o.dev.cuda_kernels, None);
     }
 

@@ -112,8 +112,13 @@ kernels! {
     ADD_INPLACE = "add_inplace", false;
     ADD_BIAS = "add_bias", false;
     EMBED = "embed", true;
+    EMBED_ROWS = "embed_rows", true;
     ATTENTION = "attention", false;
+    ATTENTION_SPLIT = "attention_split", false;
+    ATTENTION_MERGE = "attention_merge", false;
     PAGED_ATTENTION = "paged_attention", false;
+    PAGED_ATTENTION_SPLIT = "paged_attention_split", false;
+    PAGED_ATTENTION_MERGE = "paged_attention_merge", false;
     KV_STORE = "kv_store", false;
     QUANTIZE_Q8 = "quantize_q8", false;
     ARGMAX = "argmax", false;

@@ -43,6 +43,13 @@ fn options() -> cairn_engine::EngineOptions {
         Ok("int8") => WgpuMatvec::Int8,
         _ => WgpuMatvec::ByAdapter,
     };
+    // Decode attention may be pinned (`split` or `single`); else auto, and
+    // `split_decode_attention_matches_the_reference` forces the split.
+    o.wgpu.attention = match std::env::var("CAIRN_WGPU_ATTENTION").as_deref() {
+        Ok("split") => cairn_engine::options::WgpuAttention::Split,
+        Ok("single") => cairn_engine::options::WgpuAttention::Single,
+        _ => cairn_engine::options::WgpuAttention::ByAdapter,
+    };
     // The norms are folded on software rasterizers too, to test that kernel here.
     if off("CAIRN_WGPU_FUSE") {
         o.wgpu.fuse = cairn_engine::options::WgpuFuse::Off;
@@ -1036,6 +1043,9 @@ struct PagedSeq {
 /// CPU, so the valid tokens also run alone on every device.
 #[test]
 fn paged_attention_over_shuffled_blocks_of_several_sequences() {
+    // Every device, then the wgpu and vulkan ones again with decode attention cut by keys
+    // (`paged_attention_split.wgsl` and its merge), forced whatever the context.
+    let split = split_attention_devices();
     let mut rng = StdRng::seed_from_u64(16);
     let (heads, kv_heads) = (6usize, 2usize);
     let seqs = [
@@ -1153,16 +1163,16 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
             }
         }
         assert_eq!((gi, bi), (n_good, bad_rows.len()));
-        for d in devices() {
+        for d in devices().iter().chain(&split) {
             let run = |q: &[f32], rows: &[u32], tokens: usize| {
                 let (bq, bk, bv) = (
-                    upload_f32(&d, "q", q),
-                    upload_f32(&d, "k_pool", &kp),
-                    upload_f32(&d, "v_pool", &vp),
+                    upload_f32(d, "q", q),
+                    upload_f32(d, "k_pool", &kp),
+                    upload_f32(d, "v_pool", &vp),
                 );
                 let br = d.upload("rows", bytemuck::cast_slice(rows)).unwrap();
                 let bt = d.upload("table", bytemuck::cast_slice(&table)).unwrap();
-                let bo = upload_f32(&d, "out", &vec![7.0f32; tokens * row]);
+                let bo = upload_f32(d, "out", &vec![7.0f32; tokens * row]);
                 let p = params(tokens);
                 d.run(&[Op::PagedAttention(PagedAttention {
                     q: &bq,
@@ -1182,21 +1192,21 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
                     window: p.window,
                     softcap: p.softcap,
                 })])
-                .map(|()| read(&d, &bo, tokens * row))
+                .map(|()| read(d, &bo, tokens * row))
             };
             // Online softmax rescales partial sums: 1e-5 relative, as dense attention.
             let got = run(&q[..n_good * row], &good, n_good).unwrap();
             let what = format!(
                 "paged attention head_dim={head_dim} block={block} window={window} softcap={softcap}"
             );
-            assert_close(&what, &d, &got, &want, 1e-5);
+            assert_close(&what, d, &got, &want, 1e-5);
             let mixed = run(&mixed_q, &mixed_rows, n_good + bad_rows.len());
             if d.kind() == BackendKind::Cpu {
                 let err = mixed.unwrap_err().to_string();
                 assert!(err.contains("outside the key/value pool"), "{err}");
             } else {
                 let what = format!("{what} with skipped tokens");
-                assert_close(&what, &d, &mixed.unwrap(), &mixed_want, 1e-5);
+                assert_close(&what, d, &mixed.unwrap(), &mixed_want, 1e-5);
             }
         }
     }
@@ -1428,6 +1438,25 @@ fn check_attention(
     (window, softcap): (usize, f32),
     tol: impl Fn(&Device) -> f32,
 ) {
+    check_attention_on(
+        &devices(),
+        rng,
+        (heads, kv_heads, head_dim),
+        (tokens, pos0),
+        (window, softcap),
+        tol,
+    );
+}
+
+/// [`check_attention`] on `devs`.
+fn check_attention_on(
+    devs: &[Device],
+    rng: &mut StdRng,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    (tokens, pos0): (usize, usize),
+    (window, softcap): (usize, f32),
+    tol: impl Fn(&Device) -> f32,
+) {
     let n_pos = pos0 + tokens;
     let q = rand_vec(rng, tokens * heads * head_dim, 1.0);
     let kc = rand_vec(rng, n_pos * kv_heads * head_dim, 1.0);
@@ -1437,11 +1466,11 @@ fn check_attention(
     k::attention::attention(
         &q, &kc, &vc, &mut want, heads, kv_heads, head_dim, tokens, pos0, scale, window, softcap,
     );
-    for d in devices() {
+    for d in devs {
         let (bq, bk, bv) = (
-            upload_f32(&d, "q", &q),
-            upload_f32(&d, "k", &kc),
-            upload_f32(&d, "v", &vc),
+            upload_f32(d, "q", &q),
+            upload_f32(d, "k", &kc),
+            upload_f32(d, "v", &vc),
         );
         let bo = d.alloc("out", (q.len() * 4) as u64).unwrap();
         d.run(&[Op::Attention(Attention {
@@ -1463,11 +1492,81 @@ fn check_attention(
             &format!(
                 "attention head_dim={head_dim} tokens={tokens} pos0={pos0} window={window} softcap={softcap}"
             ),
-            &d,
-            &read(&d, &bo, q.len()),
+            d,
+            &read(d, &bo, q.len()),
             &want,
-            tol(&d),
+            tol(d),
         );
+    }
+}
+
+/// The wgpu and vulkan devices, opened with decode attention cut by keys whatever the
+/// context (`--wgpu-attention split`).
+fn split_attention_devices() -> Vec<Device> {
+    let mut found = cairn_engine::device::discover_blocking_with(options());
+    found.options_mut().wgpu.attention = cairn_engine::options::WgpuAttention::Split;
+    found
+        .devices
+        .iter()
+        .filter(|i| {
+            matches!(i.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+                && i.support != cairn_engine::Support::Unsupported
+                && i.api != "gl"
+        })
+        .map(|i| pollster::block_on(found.open_info(i.clone())).expect("open device"))
+        .collect()
+}
+
+/// Decode attention cut by keys across workgroups and merged (flash-decoding,
+/// `--wgpu-attention split`), forced on every wgpu and vulkan device, against the reference:
+/// one key (one piece), a piece of exactly the 256-key chunk, 257 keys, a long context cut
+/// into more pieces than keys a piece, pieces past the end left empty (5 keys, 3 tokens), a
+/// window and a soft cap, and a batch of 8 tokens whose pieces pass a chunk. Tolerance 1e-5 of
+/// the largest output, as the one-workgroup kernel (the merge reorders f32 sums only).
+#[test]
+fn split_decode_attention_matches_the_reference() {
+    let devs = split_attention_devices();
+    let mut rng = StdRng::seed_from_u64(26);
+    let (heads, kv_heads, head_dim) = (6usize, 2usize, 40usize);
+    // With 6 heads the grid aims at 43 pieces per (head, token) for one token, 6 for eight.
+    for (tokens, pos0, window, softcap) in [
+        (1usize, 0usize, 0usize, 0.0f32),
+        (1, 255, 0, 0.0),
+        (1, 256, 0, 0.0),
+        (1, 700, 0, 0.5),
+        (3, 2, 0, 0.0),
+        (1, 700, 300, 0.0),
+        (8, 2000, 0, 0.0),
+    ] {
+        check_attention_on(
+            &devs,
+            &mut rng,
+            (heads, kv_heads, head_dim),
+            (tokens, pos0),
+            (window, softcap),
+            |_| 1e-5,
+        );
+    }
+    // The cut ran: a split and a merge dispatch, not the one-workgroup kernel.
+    for d in &devs {
+        let b = upload_f32(d, "qkv", &[0.5; 80]);
+        let o = d.alloc("out", 80 * 4).unwrap();
+        d.run(&[Op::Attention(Attention {
+            q: &b,
+            k_cache: &b,
+            v_cache: &b,
+            out: &o,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 40,
+            tokens: 1,
+            pos0: 1,
+            scale: 1.0,
+            window: 0,
+            softcap: 0.0,
+        })])
+        .unwrap();
+        assert_eq!(d.launches_in_last_run(), Some(2), "{}", d.info().id);
     }
 }
 

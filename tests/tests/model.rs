@@ -746,6 +746,119 @@ fn tiny_logits(
     out
 }
 
+/// Logits of `tokens` (a prompt of [`PREFILL`], then one token a step) on a device opened
+/// from a discovery with `options`, loaded with passes of at most `max_batch` tokens; one
+/// entry per GPU device (wgpu and vulkan, not GL), by id.
+fn tiny_logits_with(
+    options: cairn_engine::options::EngineOptions,
+    file: &cairn_engine::gguf::BytesGguf,
+    tokens: &[u32],
+    max_batch: usize,
+) -> Vec<(String, Vec<Vec<f32>>, u64)> {
+    use cairn_engine::gguf::TensorSource;
+    use cairn_engine::model::{ModelConfig, ShardInput, ShardOutput, Want};
+    let n = ModelConfig::from_gguf(file.gguf())
+        .expect("config")
+        .n_layers;
+    let found = cairn_engine::device::discover_blocking_with(options);
+    let mut out = Vec::new();
+    for info in found.devices.iter().filter(|i| {
+        i.support != Support::Unsupported
+            && i.api != "gl"
+            && matches!(i.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+    }) {
+        let dev = Arc::new(pollster::block_on(found.open_info(info.clone())).expect("open device"));
+        let shard = Shard::load(dev.clone(), file, 0, n, max_batch, &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("loading the tiny model onto {}: {e}", info.id));
+        let mut cache = shard.new_cache(tokens.len()).expect("cache");
+        let mut rows = Vec::new();
+        let mut at = 0;
+        while at < tokens.len() {
+            let take = if at == 0 { PREFILL } else { 1 };
+            let got = pollster::block_on(shard.forward(
+                &mut cache,
+                ShardInput::Tokens(&tokens[at..at + take]),
+                Want::Logits,
+            ))
+            .expect("forward");
+            let ShardOutput::Logits(l) = got else {
+                panic!("asked for logits");
+            };
+            rows.push(l);
+            at += take;
+        }
+        out.push((
+            info.id.clone(),
+            rows,
+            info.limits.max_storage_buffer_binding_size,
+        ));
+    }
+    out
+}
+
+/// Item 6 of issue 22: under WebGPU's default limits, with storage bindings forced down to
+/// 32 KiB, every matrix of the tiny Qwen2 file (untied head: 320 x 256 Q8_0, 87 KiB; F32
+/// matrices of 256 KiB; Q8_0 FFN matrices of 136 KiB) and its 87 KiB embedding are larger
+/// than a binding, so each is held in parts of whole rows: the embedding reads each token's
+/// row from its part, every product runs per part into its slice of the output. The logits
+/// must be those of the same device opened with its own limits (nothing cut), to 1e-5 of
+/// their scale (the same kernels over the same rows; only which buffer holds a row differs),
+/// and the greedy picks the same, at the prompt and at three decode steps.
+#[test]
+fn tiny_model_cut_into_binding_sized_parts_matches_it_whole() {
+    use cairn_engine::options::{EngineOptions, WgpuLimits};
+    const SMALL_BINDING: u64 = 32 << 10;
+    const TOL: f32 = 1e-5;
+    let bytes = cairn_engine::model::tiny::tiny_model("qwen2", TINY_SEED).expect("tiny qwen2");
+    let file = cairn_engine::gguf::BytesGguf::new(bytes).expect("parses");
+    let tokens: Vec<u32> = vec![1, 17, 250, 3, 99, 300, 42];
+    // Passes of 8 tokens keep the activations within 32 KiB.
+    let whole = tiny_logits_with(EngineOptions::default(), &file, &tokens, 8);
+    let mut small = EngineOptions::default();
+    small.wgpu.limits = WgpuLimits {
+        webgpu_defaults: true,
+        max_binding_bytes: Some(SMALL_BINDING),
+    };
+    let cut = tiny_logits_with(small, &file, &tokens, 8);
+    if whole.is_empty() {
+        eprintln!("skipped: no wgpu or vulkan device");
+        return;
+    }
+    assert_eq!(whole.len(), cut.len(), "the same devices both times");
+    let top1 = |l: &[f32]| {
+        l.iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (j, &v)| if v > b.1 { (j, v) } else { b })
+            .0
+    };
+    for ((id, want, _), (cut_id, got, binding)) in whole.iter().zip(&cut) {
+        assert_eq!(id, cut_id);
+        assert_eq!(
+            *binding, SMALL_BINDING,
+            "{id}: the forced binding limit is listed"
+        );
+        assert_eq!(want.len(), got.len());
+        for (pos, (w, g)) in want.iter().zip(got).enumerate() {
+            let scale = 1.0 + w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = w
+                .iter()
+                .zip(g)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                err <= TOL * scale,
+                "{id}: row {pos}: logits in parts differ from whole by {err} (allowed {})",
+                TOL * scale
+            );
+            assert_eq!(top1(w), top1(g), "{id}: row {pos}: greedy pick");
+        }
+        eprintln!(
+            "{id}: {} rows of logits agree in parts and whole",
+            want.len()
+        );
+    }
+}
+
 fn family_matches_llama_cpp(family: &str) {
     let path = format!(
         "{}/data/{family}-reference.json",

@@ -15,6 +15,7 @@ pub(crate) mod cuda;
 #[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
 #[path = "cuda_off.rs"]
 pub(crate) mod cuda;
+pub(crate) mod row_parts;
 mod validate;
 #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
 pub(crate) mod vulkan;
@@ -132,6 +133,8 @@ pub(crate) enum Storage {
     Cpu(cpu::CpuStorage),
     Wgpu(::wgpu::Buffer),
     Cuda(cuda::CudaStorage),
+    /// A tensor too large for one buffer, in buffers of whole rows (`wgpu` and `vulkan`).
+    Rows(row_parts::RowParts),
 }
 
 /// Memory on one device. Dropping it frees the memory (GPU memory once queued work using it
@@ -168,9 +171,14 @@ impl std::fmt::Debug for Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        // A tensor in parts is accounted by its parts, which drop with it.
+        let counted = match self.storage {
+            Storage::Rows(_) => 0,
+            _ => self.size,
+        };
         self.accounting
             .live_bytes
-            .fetch_sub(self.size, Ordering::Relaxed);
+            .fetch_sub(counted, Ordering::Relaxed);
         if self.accounting.track_drops.load(Ordering::Relaxed)
             && let Ok(mut d) = self.accounting.dropped.lock()
         {
@@ -301,9 +309,55 @@ impl Device {
         Ok(buf)
     }
 
+    /// A buffer holding `data`, rows of `row_bytes` bytes each (a weight matrix). Where it is
+    /// larger than one buffer on a `wgpu` or `vulkan` device, it is held as several buffers of
+    /// whole rows, which `Linear` (as its weights) and `Embed` (as its table) take; elsewhere
+    /// as `upload`.
+    pub fn upload_rows(&self, label: &str, data: &[u8], row_bytes: u64) -> Result<Buffer> {
+        let total = data.len() as u64;
+        let max = self.max_buffer_bytes();
+        let rows = match &self.inner {
+            Inner::Wgpu(_) => row_parts::rows_per_part(total, row_bytes, max),
+            _ => None,
+        };
+        let Some(rows_per_part) = rows else {
+            return self.upload(label, data);
+        };
+        let part_bytes = (rows_per_part * row_bytes) as usize;
+        let parts = data
+            .chunks(part_bytes)
+            .enumerate()
+            .map(|(i, rows)| self.upload(&format!("{label} (part {i})"), rows))
+            .collect::<Result<Vec<_>>>()?;
+        tracing::debug!(
+            label,
+            parts = parts.len(),
+            rows_per_part,
+            "tensor cut by rows"
+        );
+        Ok(Buffer {
+            // Its bytes are its parts'.
+            id: self.accounting.add(0),
+            size: total,
+            label: label.to_string(),
+            storage: Storage::Rows(row_parts::RowParts {
+                parts,
+                rows_per_part,
+                row_bytes,
+            }),
+            accounting: self.accounting.clone(),
+        })
+    }
+
     /// Writes `data` at `offset`; ordered after every op already run and before later ones.
     pub fn write(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range("write", buf, offset, data.len() as u64)?;
+        if let Storage::Rows(r) = &buf.storage {
+            for (part, at, range) in r.pieces(offset, data.len() as u64) {
+                self.write(part, at, &data[range])?;
+            }
+            return Ok(());
+        }
         match (&self.inner, &buf.storage) {
             (Inner::Cpu(_), Storage::Cpu(s)) => {
                 s.write(offset, data);
@@ -379,6 +433,13 @@ impl Device {
     /// Reads `len` bytes at `offset` once all earlier work has finished.
     pub async fn read(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
         self.check_range("read", buf, offset, len)?;
+        if let Storage::Rows(r) = &buf.storage {
+            let mut out = Vec::with_capacity(len as usize);
+            for (part, at, range) in r.pieces(offset, len) {
+                out.extend(Box::pin(self.read(part, at, range.len() as u64)).await?);
+            }
+            return Ok(out);
+        }
         match (&self.inner, &buf.storage) {
             (Inner::Cpu(_), Storage::Cpu(s)) => Ok(s.read(offset, len)),
             (Inner::Wgpu(b), Storage::Wgpu(s)) => b.read(s, offset, len).await,

@@ -100,8 +100,15 @@ fn check_fit(
 ) -> Result<()> {
     let info = dev.info();
     let max = dev.max_buffer_bytes();
-    if let Some(t) = file.tensors.iter().max_by_key(|t| t.n_bytes)
-        && t.n_bytes > max
+    // wgpu and vulkan hold a larger tensor as several buffers of whole rows: there a row is
+    // what must fit.
+    let parts = matches!(dev.kind(), BackendKind::Wgpu | BackendKind::Vulkan);
+    let unit = |t: &cairn_engine::gguf::TensorInfo| {
+        let rows = t.dims.iter().skip(1).product::<u64>().max(1);
+        if parts { t.n_bytes / rows } else { t.n_bytes }
+    };
+    if let Some(t) = file.tensors.iter().max_by_key(|t| unit(t))
+        && unit(t) > max
     {
         let dims: Vec<String> = t.dims.iter().rev().map(|d| d.to_string()).collect();
         bail!(

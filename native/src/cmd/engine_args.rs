@@ -2,8 +2,8 @@
 //! has always had (the engine itself reads none): `EngineOptions` for discovery.
 
 use cairn_engine::options::{
-    CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuFuse, WgpuMatvec,
-    WgpuOptions,
+    CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuAttention, WgpuFuse,
+    WgpuLimits, WgpuMatvec, WgpuOptions,
 };
 use clap::builder::BoolishValueParser;
 
@@ -29,6 +29,21 @@ pub struct EngineArgs {
     /// (`linear_matmat_tiled`) instead of 4 x 4 register blocks (false, the default).
     #[arg(long, env = "CAIRN_WGPU_TILED_PREFILL", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub wgpu_tiled_prefill: bool,
+    /// wgpu and vulkan: open devices with the adapter's own limits, or with WebGPU's
+    /// defaults (`default`: 128 MiB per storage binding, 16 KiB of workgroup memory, 256
+    /// invocations, no shader-f16 or subgroups), the floor of every browser and phone.
+    /// Tensors larger than a binding are cut by rows into several buffers.
+    #[arg(long, env = "CAIRN_WGPU_LIMITS", value_enum, default_value_t = WgpuLimitsArg::Adapter)]
+    pub wgpu_limits: WgpuLimitsArg,
+    /// wgpu and vulkan: cap storage bindings (and buffers) at this many bytes, below the
+    /// device's own limit: makes small models split their tensors, for tests.
+    #[arg(long, env = "CAIRN_WGPU_MAX_BINDING")]
+    pub wgpu_max_binding: Option<u64>,
+    /// wgpu and vulkan: decode attention (`split`: keys cut across workgroups and merged,
+    /// flash-decoding; `single`: one workgroup per head; `auto`: split on GPUs, single on
+    /// software rasterizers).
+    #[arg(long, env = "CAIRN_WGPU_ATTENTION", value_enum, default_value_t = WgpuAttentionArg::Auto)]
+    pub wgpu_attention: WgpuAttentionArg,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
     #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_graphs: bool,
@@ -80,6 +95,21 @@ pub enum WgpuMatvecArg {
     Auto,
 }
 
+/// `WgpuLimits::webgpu_defaults` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuLimitsArg {
+    Adapter,
+    Default,
+}
+
+/// `WgpuAttention` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuAttentionArg {
+    Split,
+    Single,
+    Auto,
+}
+
 /// `CudaFuse` for the command line; `0` and `1`, the variable's old values, still work.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FuseArg {
@@ -114,6 +144,15 @@ impl EngineArgs {
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
                 tiled_prefill: self.wgpu_tiled_prefill,
+                limits: WgpuLimits {
+                    webgpu_defaults: self.wgpu_limits == WgpuLimitsArg::Default,
+                    max_binding_bytes: self.wgpu_max_binding,
+                },
+                attention: match self.wgpu_attention {
+                    WgpuAttentionArg::Split => WgpuAttention::Split,
+                    WgpuAttentionArg::Single => WgpuAttention::Single,
+                    WgpuAttentionArg::Auto => WgpuAttention::ByAdapter,
+                },
             },
             cuda: CudaOptions {
                 graphs: self.cuda_graphs,
@@ -228,6 +267,17 @@ mod tests {
             WgpuMatvec::Int8
         );
         assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
+        let limited = parse(&["--wgpu-limits", "default", "--wgpu-max-binding", "1048576"]);
+        assert!(limited.wgpu.limits.webgpu_defaults);
+        assert_eq!(limited.wgpu.limits.max_binding_bytes, Some(1 << 20));
+        assert_eq!(
+            parse(&["--wgpu-attention", "split"]).wgpu.attention,
+            WgpuAttention::Split
+        );
+        assert_eq!(
+            parse(&["--wgpu-attention", "single"]).wgpu.attention,
+            WgpuAttention::Single
+        );
         assert_eq!(
             o.cuda,
             CudaOptions {

@@ -96,7 +96,9 @@ fn open_backend(
 ) -> Result<WgpuBackend> {
     let props = props::query(adapter)
         .ok_or_else(|| BackendError::Unsupported(format!("{}: not a Vulkan adapter", info.id)))?;
-    let features = adapter.features() & device::WANTED;
+    // What the options force (WebGPU's defaults, a smaller binding) is in `info` already.
+    let features =
+        super::wgpu::discover::device_features(adapter.features() & device::WANTED, info);
     if !features.contains(device::REQUIRED) {
         return Err(BackendError::Unsupported(format!(
             "{}: the driver lacks {:?}",
@@ -104,7 +106,7 @@ fn open_backend(
             device::REQUIRED - features
         )));
     }
-    let limits = adapter.limits();
+    let limits = super::wgpu::discover::device_limits(adapter, info);
     let open = device::open_raw(adapter, &props, features, &limits)?;
     // SAFETY: `open` was made from this adapter's HAL adapter with exactly `features`, which
     // the adapter supports.

@@ -4,7 +4,7 @@
 use crate::backend::BackendKind;
 use crate::device::info::DeviceLimits;
 use crate::device::{DeviceInfo, Support, Vendor};
-use crate::options::EngineOptions;
+use crate::options::{EngineOptions, WgpuLimits};
 
 /// Every adapter wgpu offers, described, in enumeration order, each with its adapter.
 pub(crate) async fn discover(opts: &EngineOptions) -> Vec<(DeviceInfo, wgpu::Adapter)> {
@@ -32,10 +32,83 @@ pub(crate) async fn discover(opts: &EngineOptions) -> Vec<(DeviceInfo, wgpu::Ada
     let mut found: Vec<(DeviceInfo, wgpu::Adapter)> = Vec::new();
     for adapter in adapters {
         let earlier: Vec<&str> = found.iter().map(|(d, _)| d.id.as_str()).collect();
-        let info = describe_adapter(&adapter, &earlier, packed_dot);
+        let mut info = describe_adapter(&adapter, &earlier, packed_dot);
+        force_limits(&mut info, &opts.wgpu.limits);
         found.push((info, adapter));
     }
     found
+}
+
+/// What `limits` forces on a device: its description says what it will be opened with
+/// (`WgpuBackend::open` and the `vulkan` backend request the limits and features listed here).
+pub(crate) fn force_limits(info: &mut DeviceInfo, limits: &WgpuLimits) {
+    let l = &mut info.limits;
+    (l.max_storage_buffer_binding_size, l.max_buffer_size) =
+        limits.binding_and_buffer(l.max_storage_buffer_binding_size, l.max_buffer_size);
+    if limits.webgpu_defaults {
+        let d = wgpu::Limits::default();
+        l.max_compute_workgroup_storage_size = l
+            .max_compute_workgroup_storage_size
+            .min(d.max_compute_workgroup_storage_size);
+        l.max_compute_invocations_per_workgroup = l
+            .max_compute_invocations_per_workgroup
+            .min(d.max_compute_invocations_per_workgroup);
+        l.max_compute_workgroup_size_x = l
+            .max_compute_workgroup_size_x
+            .min(d.max_compute_workgroup_size_x);
+        l.max_storage_buffers_per_shader_stage = l
+            .max_storage_buffers_per_shader_stage
+            .min(d.max_storage_buffers_per_shader_stage);
+        l.max_compute_workgroups_per_dimension = l
+            .max_compute_workgroups_per_dimension
+            .min(d.max_compute_workgroups_per_dimension);
+        // Optional features are off in WebGPU unless asked for; a phone may lack all of them.
+        info.features
+            .retain(|f| !matches!(f.as_str(), "shader-f16" | "subgroups" | "subgroup-barrier"));
+    }
+}
+
+/// The limits to open `adapter` with: its own, lowered to what `info` lists (see
+/// [`force_limits`]).
+pub(crate) fn device_limits(adapter: &wgpu::Adapter, info: &DeviceInfo) -> wgpu::Limits {
+    let mut l = adapter.limits();
+    let d = &info.limits;
+    l.max_storage_buffer_binding_size = l
+        .max_storage_buffer_binding_size
+        .min(d.max_storage_buffer_binding_size);
+    l.max_buffer_size = l.max_buffer_size.min(d.max_buffer_size);
+    l.max_compute_workgroup_storage_size = l
+        .max_compute_workgroup_storage_size
+        .min(d.max_compute_workgroup_storage_size);
+    l.max_compute_invocations_per_workgroup = l
+        .max_compute_invocations_per_workgroup
+        .min(d.max_compute_invocations_per_workgroup);
+    l.max_compute_workgroup_size_x = l
+        .max_compute_workgroup_size_x
+        .min(d.max_compute_workgroup_size_x);
+    l.max_storage_buffers_per_shader_stage = l
+        .max_storage_buffers_per_shader_stage
+        .min(d.max_storage_buffers_per_shader_stage);
+    l.max_compute_workgroups_per_dimension = l
+        .max_compute_workgroups_per_dimension
+        .min(d.max_compute_workgroups_per_dimension);
+    l
+}
+
+/// `wanted` less the features `info` does not list (see [`force_limits`]).
+pub(crate) fn device_features(wanted: wgpu::Features, info: &DeviceInfo) -> wgpu::Features {
+    let has = |f: &str| info.features.iter().any(|g| g == f);
+    let mut out = wanted;
+    for (f, name) in [
+        (wgpu::Features::SHADER_F16, "shader-f16"),
+        (wgpu::Features::SUBGROUP, "subgroups"),
+        (wgpu::Features::SUBGROUP_BARRIER, "subgroup-barrier"),
+    ] {
+        if !has(name) {
+            out.remove(f);
+        }
+    }
+    out
 }
 
 /// wgpu's other settings come from its own variables (`WGPU_VALIDATION`, ...); the backends

@@ -16,6 +16,7 @@
 use cairn_shaders as shaders;
 
 use super::plan::{self, Matvec, Step, grid};
+use super::{rows, split_attention};
 use crate::backend::{Buffer, Result};
 use crate::kernels::op::{params, row_bytes};
 use crate::kernels::{self, Op, OpSpec, with_op};
@@ -47,6 +48,19 @@ pub(crate) const MODE_STORE: u32 = 16;
 /// follow the other products: 3 and 4 ops on).
 const LOOKAHEAD: usize = 6;
 
+/// The scratch buffers a run's steps may use, each where the run needs it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Scratch<'a> {
+    /// The packed-integer kernels' activations.
+    pub(crate) int8: Option<&'a Buffer>,
+    /// A part's rows of products over weights in parts (`rows.rs`).
+    pub(crate) parts: Option<&'a Buffer>,
+    /// The pieces of decode attention cut by keys (`split_attention.rs`); `None`: not cut.
+    pub(crate) attention: Option<&'a Buffer>,
+    /// Every decode attention is cut (`--wgpu-attention split`), not only long ones.
+    pub(crate) attention_forced: bool,
+}
+
 /// Every op of a run as the steps that run it, fused where `fuse` allows
 /// (`norms`: RMS norms too). Products on the packed-integer kernels ([`Matvec::int8_for`])
 /// are not fused: they round their activations into `scratch` first, once for consecutive
@@ -57,7 +71,7 @@ pub(crate) fn plan_run<'a>(
     fuse: bool,
     norms: bool,
     matvec: Matvec,
-    scratch: Option<&'a Buffer>,
+    scratch: Scratch<'a>,
 ) -> Result<Vec<Step<'a>>> {
     let mut steps = Vec::with_capacity(ops.len());
     let mut taken = vec![false; ops.len()];
@@ -67,7 +81,29 @@ pub(crate) fn plan_run<'a>(
         if taken[i] {
             continue;
         }
-        if let (Op::Linear(l), Some(scratch)) = (&ops[i], scratch)
+        // Tensors in parts by rows run part by part, unfused.
+        if let Some(parts) = rows::plan_parts(&ops[i], max_dim, matvec, scratch.parts)? {
+            steps.extend(parts);
+            quantized = None;
+            continue;
+        }
+        // Decode attention cut by keys, where it is on (its scratch is there) and pays.
+        if let (Op::Attention(a), Some(pieces)) = (&ops[i], scratch.attention)
+            && let Some(n) = split_attention::splits(a, scratch.attention_forced)
+        {
+            steps.extend(split_attention::steps(a, n, pieces));
+            quantized = None;
+            continue;
+        }
+        if let (Op::PagedAttention(a), Some(pieces)) = (&ops[i], scratch.attention)
+            && a.heads <= max_dim
+            && let Some(n) = split_attention::paged_splits(a, scratch.attention_forced)
+        {
+            steps.extend(split_attention::paged_steps(a, n, pieces));
+            quantized = None;
+            continue;
+        }
+        if let (Op::Linear(l), Some(scratch)) = (&ops[i], scratch.int8)
             && matvec.int8_for(l)
         {
             let key = (l.x.id(), l.cols, l.tokens);
@@ -95,7 +131,11 @@ pub(crate) fn plan_run<'a>(
 /// The one-token product in `op`, if it is one.
 fn matvec<'o, 'a>(op: &'o Op<'a>) -> Option<&'o kernels::Linear<'a>> {
     match op {
-        Op::Linear(l) if l.tokens == 1 && l.rows > 0 && l.cols > 0 => Some(l),
+        Op::Linear(l)
+            if l.tokens == 1 && l.rows > 0 && l.cols > 0 && rows::parts_of(l.w).is_none() =>
+        {
+            Some(l)
+        }
         _ => None,
     }
 }
@@ -420,7 +460,18 @@ mod tests {
             subgroups: false,
             int8: true,
         };
-        let steps = plan_run(&ops, 65535, true, true, int8, Some(scratch)).unwrap();
+        let steps = plan_run(
+            &ops,
+            65535,
+            true,
+            true,
+            int8,
+            Scratch {
+                int8: Some(scratch),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let (q, p) = ("quantize_q8", "linear_matvec_stream_i8");
         assert_eq!(
             shape(&steps),
@@ -452,7 +503,7 @@ mod tests {
             [b.xn.id(), scratch.id()]
         );
         // Without a scratch buffer (or off), nothing changes.
-        let plain = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
+        let plain = plan_run(&ops, 65535, true, true, Matvec::Rows, Scratch::default()).unwrap();
         assert!(!shape(&plain).iter().any(|s| s == q));
     }
 
@@ -478,7 +529,7 @@ mod tests {
                 n: 64,
             }),
         ];
-        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, Scratch::default()).unwrap();
         assert_eq!(shape(&steps), ["fused1", "fused4", "fused2"]);
         let ids = |s: &Step| match s {
             Step::Dispatch { buffers, .. } => buffers.iter().map(|b| b.id()).collect::<Vec<_>>(),
@@ -499,7 +550,7 @@ mod tests {
         );
         // Off, every op is its own dispatch.
         assert_eq!(
-            plan_run(&ops, 65535, false, false, Matvec::Rows, None)
+            plan_run(&ops, 65535, false, false, Matvec::Rows, Scratch::default())
                 .unwrap()
                 .len(),
             ops.len()
@@ -566,7 +617,7 @@ mod tests {
     fn a_decode_attention_half_folds_into_four_dispatches() {
         let b = bufs();
         let ops = attention_half(&b);
-        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, Scratch::default()).unwrap();
         assert_eq!(shape(&steps), ["fused9", "fused24", "fused16", "attention"]);
         let Step::Dispatch {
             params, buffers, ..
@@ -601,7 +652,7 @@ mod tests {
                 n: 64,
             }),
         );
-        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, Scratch::default()).unwrap();
         assert_eq!(
             shape(&steps),
             [
@@ -621,7 +672,7 @@ mod tests {
             panic!("rope k")
         };
         r.neox = true;
-        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, None).unwrap();
+        let steps = plan_run(&ops, 65535, true, true, Matvec::Rows, Scratch::default()).unwrap();
         assert_eq!(
             shape(&steps),
             [
@@ -705,7 +756,7 @@ mod tests {
             ],
         ];
         for (i, ops) in cases.iter().enumerate() {
-            let steps = plan_run(ops, 65535, true, true, Matvec::Rows, None).unwrap();
+            let steps = plan_run(ops, 65535, true, true, Matvec::Rows, Scratch::default()).unwrap();
             assert_eq!(steps.len(), 2, "case {i}: {:?}", shape(&steps));
         }
     }

@@ -12,6 +12,8 @@ pub mod check;
 pub(crate) mod discover;
 mod fuse;
 mod plan;
+mod rows;
+mod split_attention;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use super::{Accounting, BackendError, Buffer, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
-use crate::options::{WgpuMatvec, WgpuOptions};
+use crate::options::{WgpuAttention, WgpuMatvec, WgpuOptions};
 use plan::{Matvec, Step};
 
 const PARAM_SLOT: u64 = 256;
@@ -108,6 +110,13 @@ pub struct WgpuBackend {
     /// Where the packed-integer kernels' activations are rounded to (`quantize_q8`), grown
     /// to the largest a run has needed.
     int8_scratch: Mutex<Option<Arc<Buffer>>>,
+    /// Where products over weights in parts by rows write a part's rows (`rows.rs`).
+    parts_scratch: Mutex<Option<Arc<Buffer>>>,
+    /// Decode attention cut by keys across workgroups (`split_attention.rs`): never
+    /// (`Single`), always (`Split`), or where it pays (`ByAdapter`)...
+    attention: WgpuAttention,
+    /// ...through this buffer.
+    attention_scratch: Mutex<Option<Arc<Buffer>>>,
     /// Dispatches and buffer copies of the latest `run`.
     last_dispatches: AtomicUsize,
     last_copies: AtomicUsize,
@@ -124,9 +133,10 @@ impl WgpuBackend {
         // native-only.
         #[cfg(not(target_arch = "wasm32"))]
         let wanted = wanted | wgpu::Features::SUBGROUP;
-        let required_features = adapter.features() & wanted;
-        // Ask for everything the adapter allows: weight matrices need large storage bindings.
-        let required_limits = adapter.limits();
+        let required_features = discover::device_features(adapter.features() & wanted, info);
+        // Ask for everything the adapter allows (weight matrices need large storage bindings),
+        // or what the options force on it, which discovery wrote into `info`.
+        let required_limits = discover::device_limits(adapter, info);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some(&format!("cairn {}", info.id)),
@@ -176,6 +186,9 @@ impl WgpuBackend {
             matvec: Matvec::Rows,
             tiled_prefill: false,
             int8_scratch: Mutex::new(None),
+            parts_scratch: Mutex::new(None),
+            attention: WgpuAttention::Single,
+            attention_scratch: Mutex::new(None),
             last_dispatches: AtomicUsize::new(0),
             last_copies: AtomicUsize::new(0),
             errors,
@@ -211,7 +224,8 @@ impl WgpuBackend {
             },
         };
         self.tiled_prefill = opts.tiled_prefill;
-        tracing::debug!(id = %info.id, matvec = ?self.matvec, tiled_prefill = self.tiled_prefill, "wgpu kernels");
+        self.attention = opts.attention.resolve(info.is_software());
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, tiled_prefill = self.tiled_prefill, attention = ?self.attention, "wgpu kernels");
         self
     }
 
@@ -376,22 +390,33 @@ impl WgpuBackend {
         }
     }
 
-    /// A buffer of at least `bytes` for the packed-integer kernels' activations: the one
-    /// kept from earlier runs, or a larger one that replaces it.
-    fn int8_scratch(&self, bytes: u64, accounting: &Arc<Accounting>) -> Result<Arc<Buffer>> {
-        let mut slot = self
-            .int8_scratch
+    /// A buffer of at least `bytes` in `slot` (the packed-integer kernels' activations, the
+    /// products over weights in parts): the one kept from earlier runs, or a larger one that
+    /// replaces it.
+    fn scratch(
+        &self,
+        slot: &Mutex<Option<Arc<Buffer>>>,
+        label: &str,
+        bytes: u64,
+        accounting: &Arc<Accounting>,
+    ) -> Result<Arc<Buffer>> {
+        let mut slot = slot
             .lock()
             .map_err(|_| BackendError::Gpu("poisoned".into()))?;
         if let Some(b) = slot.as_ref().filter(|b| b.size >= bytes) {
             return Ok(b.clone());
         }
-        let bytes = bytes.next_power_of_two().max(64 << 10);
+        // Rounded up so a few sizes serve every run, within what one binding takes.
+        let bytes = bytes
+            .next_power_of_two()
+            .max(64 << 10)
+            .min(self.max_binding_bytes())
+            .max(bytes);
         let buf = Arc::new(Buffer {
-            storage: Storage::Wgpu(self.alloc("int8 activations", bytes)?),
+            storage: Storage::Wgpu(self.alloc(label, bytes)?),
             id: accounting.add(bytes),
             size: bytes,
-            label: "int8 activations".into(),
+            label: label.into(),
             accounting: accounting.clone(),
         });
         *slot = Some(buf.clone());
@@ -409,7 +434,28 @@ impl WgpuBackend {
             })
             .max();
         let scratch = int8_bytes
-            .map(|n| self.int8_scratch(n, accounting))
+            .map(|n| self.scratch(&self.int8_scratch, "int8 activations", n, accounting))
+            .transpose()?;
+        let parts_scratch = ops
+            .iter()
+            .filter_map(rows::scratch_bytes)
+            .max()
+            .map(|n| self.scratch(&self.parts_scratch, "rows of a part", n, accounting))
+            .transpose()?;
+        let forced = self.attention == WgpuAttention::Split;
+        let attention_bytes = ops
+            .iter()
+            .filter(|_| self.attention != WgpuAttention::Single)
+            .filter_map(|op| match op {
+                Op::Attention(a) => split_attention::splits(a, forced)
+                    .map(|n| split_attention::scratch_bytes(a.tokens, a.heads, a.head_dim, n)),
+                Op::PagedAttention(a) => split_attention::paged_splits(a, forced)
+                    .map(|n| split_attention::scratch_bytes(a.tokens, a.heads, a.head_dim, n)),
+                _ => None,
+            })
+            .max();
+        let attention_scratch = attention_bytes
+            .map(|n| self.scratch(&self.attention_scratch, "attention pieces", n, accounting))
             .transpose()?;
         let steps = fuse::plan_run(
             ops,
@@ -417,7 +463,12 @@ impl WgpuBackend {
             self.fuse,
             self.fuse_norms,
             self.matvec,
-            scratch.as_deref(),
+            fuse::Scratch {
+                int8: scratch.as_deref(),
+                parts: parts_scratch.as_deref(),
+                attention: attention_scratch.as_deref(),
+                attention_forced: forced,
+            },
         )?;
         let steps = if self.tiled_prefill {
             steps.into_iter().map(plan::tiled_prefill).collect()
@@ -626,6 +677,11 @@ impl WgpuBackend {
 fn raw(b: &Buffer) -> Result<&wgpu::Buffer> {
     match &b.storage {
         Storage::Wgpu(w) => Ok(w),
+        Storage::Rows(_) => Err(BackendError::Unsupported(format!(
+            "{} is held in parts by rows (larger than a binding); only a product's weights or \
+             an embedding table may be",
+            b.label()
+        ))),
         _ => Err(BackendError::ForeignBuffer {
             label: b.label().to_string(),
         }),

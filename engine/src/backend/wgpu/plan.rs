@@ -410,7 +410,12 @@ impl<'a> WgpuOp<'a> for Embed<'a> {
 }
 
 impl<'a> WgpuOp<'a> for Attention<'a> {
-    const KERNELS: &'static [Kernel] = &[shaders::ATTENTION];
+    // The split pair runs decode attention cut by keys (`split_attention.rs`).
+    const KERNELS: &'static [Kernel] = &[
+        shaders::ATTENTION,
+        shaders::ATTENTION_SPLIT,
+        shaders::ATTENTION_MERGE,
+    ];
 
     fn step(&self, _: u32) -> Result<Step<'a>> {
         let buffers = vec![self.q, self.k_cache, self.v_cache, self.out];
@@ -575,6 +580,11 @@ mod tests {
             matches::<Argmax>(),
             matches::<Sample>(),
             matches::<BufferCopy>(),
+            declares::<super::super::rows::EmbedRowsParams>(&[shaders::EMBED_ROWS]),
+            declares::<super::super::split_attention::PagedSplitParams>(&[
+                shaders::PAGED_ATTENTION_SPLIT,
+                shaders::PAGED_ATTENTION_MERGE,
+            ]),
             declares::<super::super::fuse::FusedMatvecParams>(&[
                 shaders::LINEAR_MATVEC_FUSED,
                 shaders::LINEAR_MATVEC_FUSED_STREAM,
