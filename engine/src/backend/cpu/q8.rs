@@ -136,6 +136,13 @@ impl Q8 {
         }
     }
 
+    /// Every token's values at once: `(qs, d, sum, bsums, cols)`, token-major (what the
+    /// prefill tiles read; `sum` is empty for the 256-element layout, `bsums` for the other).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn parts(&self) -> (&[i8], &[f32], &[f32], &[i16], usize) {
+        (&self.qs, &self.d, &self.sum, &self.bsums, self.cols)
+    }
+
     pub(crate) fn row(&self, t: usize) -> Q8Row<'_> {
         let Some(layout) = self.layout else {
             return Q8Row {

@@ -13,8 +13,10 @@
 //! rounding only (the unit tests hold it to 1e-5 of `Σ|w·x|`, as every SIMD path).
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
-use super::{Dot4Fn, DotFn};
+use super::tile::{Acts, TILE, Tile, word};
+use super::{Dot4Fn, DotFn, TileFn};
 use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
 use crate::quant::GgmlType;
 use crate::quant::kquants::scale_min_k4;
@@ -479,4 +481,86 @@ fn q6_k(w: &[u8], x: Q8Row<'_>) -> f32 {
 /// Activations as the bytes the loads take.
 fn cast(x: &[i8]) -> &[u8] {
     bytemuck::cast_slice(x)
+}
+
+/// The prefill kernel over unpacked tiles (`tile.rs`), or `None` without the instructions.
+pub(super) fn tile() -> Option<TileFn> {
+    if !available() {
+        return None;
+    }
+    // SAFETY: the features the kernel is compiled for were detected just above; it touches
+    // memory through bounds-checked slices, and its stores write 16 floats into a
+    // `[f32; 16]`.
+    Some(|t, x, tokens, out| unsafe { tile_tokens(t, x, tokens, out) })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn tile_tokens(t: &Tile, x: &Acts<'_>, tokens: Range<usize>, out: &mut [[f32; TILE]]) {
+    if t.groups == 8 {
+        tile_pieces::<8>(t, x, tokens, out)
+    } else {
+        assert_eq!(t.groups, 4);
+        tile_pieces::<4>(t, x, tokens, out)
+    }
+}
+
+/// Tokens at once against a tile: eight i32 and eight f32 accumulators of 16 rows each
+/// stay in registers (AVX-512 has 32), each weight vector is loaded once for eight tokens.
+const TILE_TOKENS: usize = 8;
+
+/// The tile against `tokens` of `x`, `out[t - tokens.start]` each token's 16 rows. `G` words
+/// (four elements each) per piece.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn tile_pieces<const G: usize>(
+    t: &Tile,
+    x: &Acts<'_>,
+    tokens: Range<usize>,
+    out: &mut [[f32; TILE]],
+) {
+    let (nb, len, cols) = (t.blocks, 4 * G, x.cols);
+    assert!(x.blocks == nb && cols == nb * len);
+    assert!(t.q.len() >= nb * G * TILE && t.dw.len() >= nb * TILE && t.mw.len() >= nb * TILE);
+    assert!(x.qs.len() >= tokens.end * cols && x.d.len() >= tokens.end * nb);
+    assert!(x.s.len() >= tokens.end * nb && out.len() >= tokens.len());
+    let mut t0 = tokens.start;
+    while t0 < tokens.end {
+        let n = (tokens.end - t0).min(TILE_TOKENS);
+        // Past the last token the last one again (its results are not stored).
+        let ts: [usize; TILE_TOKENS] = std::array::from_fn(|k| t0 + k.min(n - 1));
+        let xq = ts.map(|tk| &x.qs[tk * cols..][..cols]);
+        let xd = ts.map(|tk| &x.d[tk * nb..][..nb]);
+        let xs = ts.map(|tk| &x.s[tk * nb..][..nb]);
+        let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
+        for b in 0..nb {
+            let qb = &t.q[b * G * TILE..][..G * TILE];
+            let xb = xq.map(|q| &q[b * len..][..len]);
+            let mut sum = [_mm512_setzero_si512(); TILE_TOKENS];
+            for g in 0..G {
+                let w = load512(bytemuck::cast_slice(&qb[g * TILE..][..TILE]));
+                for k in 0..TILE_TOKENS {
+                    let v = _mm512_set1_epi32(word(xb[k], 4 * g));
+                    sum[k] = _mm512_dpbusd_epi32(sum[k], w, v);
+                }
+            }
+            let dw = load_ps(&t.dw[b * TILE..]);
+            let mw = load_ps(&t.mw[b * TILE..]);
+            for k in 0..TILE_TOKENS {
+                let step = _mm512_mul_ps(dw, _mm512_set1_ps(xd[k][b]));
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[k]), step, acc[k]);
+                acc[k] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[k][b]), acc[k]);
+            }
+        }
+        for (o, a) in out[t0 - tokens.start..][..n].iter_mut().zip(acc) {
+            // SAFETY: `o` is 16 writable floats; storeu has no alignment requirement.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
+        }
+        t0 += n;
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load_ps(v: &[f32]) -> __m512 {
+    assert!(v.len() >= 16);
+    // SAFETY: 16 readable floats (checked above); loadu has no alignment requirement.
+    unsafe { _mm512_loadu_ps(v.as_ptr()) }
 }
