@@ -125,7 +125,7 @@ pub(crate) fn linear(
         return;
     }
 
-    if let Some((kernel, format)) = isa.tile(wtype) {
+    if let Some((kernel, format)) = isa.tile(wtype).filter(|_| tiles_on()) {
         let tiled = Tiled {
             kernel,
             format,
@@ -224,6 +224,12 @@ impl Tiled<'_> {
             });
         });
     }
+}
+
+/// TEMPORARY (measurement): `CAIRN_CPU_TILES=off` runs the four-token path.
+fn tiles_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CAIRN_CPU_TILES").as_deref() != Ok("off"))
 }
 
 /// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.

@@ -423,8 +423,7 @@ fn tile_pieces<const G: usize>(
                 let mut sum = [_mm256_setzero_si256(); TILE_TOKENS];
                 for g in (0..G).step_by(2) {
                     let w0 = load256(bytemuck::cast_slice(&qb[g * TILE + 8 * half..][..8]));
-                    let w1 =
-                        load256(bytemuck::cast_slice(&qb[(g + 1) * TILE + 8 * half..][..8]));
+                    let w1 = load256(bytemuck::cast_slice(&qb[(g + 1) * TILE + 8 * half..][..8]));
                     for k in 0..TILE_TOKENS {
                         let p0 = _mm256_maddubs_epi16(w0, _mm256_set1_epi32(word(xb[k], 4 * g)));
                         let p1 =

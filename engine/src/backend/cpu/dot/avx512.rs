@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::tile::{Acts, TILE, Tile, word};
+use super::tile::{Acts, TILE, Tile};
 use super::{Dot4Fn, DotFn, TileFn};
 use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
 use crate::quant::GgmlType;
@@ -509,7 +509,9 @@ fn tile_tokens(t: &Tile, x: &Acts<'_>, tokens: Range<usize>, out: &mut [[f32; TI
 const TILE_TOKENS: usize = 8;
 
 /// The tile against `tokens` of `x`, `out[t - tokens.start]` each token's 16 rows. `G` words
-/// (four elements each) per piece.
+/// (four elements) per piece. The loops index through pointers checked once up front: with
+/// slices, the bounds checks and the slices' lengths took more registers and instructions
+/// than the products.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn tile_pieces<const G: usize>(
     t: &Tile,
@@ -522,32 +524,41 @@ fn tile_pieces<const G: usize>(
     assert!(t.q.len() >= nb * G * TILE && t.dw.len() >= nb * TILE && t.mw.len() >= nb * TILE);
     assert!(x.qs.len() >= tokens.end * cols && x.d.len() >= tokens.end * nb);
     assert!(x.s.len() >= tokens.end * nb && out.len() >= tokens.len());
+    let (q, dw, mw) = (t.q.as_ptr(), t.dw.as_ptr(), t.mw.as_ptr());
     let mut t0 = tokens.start;
     while t0 < tokens.end {
         let n = (tokens.end - t0).min(TILE_TOKENS);
         // Past the last token the last one again (its results are not stored).
-        let ts: [usize; TILE_TOKENS] = std::array::from_fn(|k| t0 + k.min(n - 1));
-        let xq = ts.map(|tk| &x.qs[tk * cols..][..cols]);
-        let xd = ts.map(|tk| &x.d[tk * nb..][..nb]);
-        let xs = ts.map(|tk| &x.s[tk * nb..][..nb]);
+        let tk: [usize; TILE_TOKENS] = std::array::from_fn(|k| t0 + k.min(n - 1));
+        let xq: [*const i8; TILE_TOKENS] = std::array::from_fn(|k| x.qs[tk[k] * cols..].as_ptr());
+        let xd: [*const f32; TILE_TOKENS] = std::array::from_fn(|k| x.d[tk[k] * nb..].as_ptr());
+        let xs: [*const f32; TILE_TOKENS] = std::array::from_fn(|k| x.s[tk[k] * nb..].as_ptr());
         let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
         for b in 0..nb {
-            let qb = &t.q[b * G * TILE..][..G * TILE];
-            let xb = xq.map(|q| &q[b * len..][..len]);
             let mut sum = [_mm512_setzero_si512(); TILE_TOKENS];
             for g in 0..G {
-                let w = load512(bytemuck::cast_slice(&qb[g * TILE..][..TILE]));
+                // SAFETY (this block): `b < nb` and `g < G`, so the tile's word
+                // `(b·G + g)·16 + 15` and each token's byte `b·len + 4g + 3 < cols` are in
+                // the slices checked above, as are each token's `d` and `s` at `b < nb`.
+                let w = unsafe { _mm512_loadu_si512(q.add((b * G + g) * TILE).cast()) };
                 for k in 0..TILE_TOKENS {
-                    let v = _mm512_set1_epi32(word(xb[k], 4 * g));
-                    sum[k] = _mm512_dpbusd_epi32(sum[k], w, v);
+                    let v = unsafe { xq[k].add(b * len + 4 * g).cast::<i32>().read_unaligned() };
+                    sum[k] = _mm512_dpbusd_epi32(sum[k], w, _mm512_set1_epi32(v));
                 }
             }
-            let dw = load_ps(&t.dw[b * TILE..]);
-            let mw = load_ps(&t.mw[b * TILE..]);
+            // SAFETY: as above; 16 floats of the tile's steps and offsets at `b·16`.
+            let (dwv, mwv) = unsafe {
+                (
+                    _mm512_loadu_ps(dw.add(b * TILE)),
+                    _mm512_loadu_ps(mw.add(b * TILE)),
+                )
+            };
             for k in 0..TILE_TOKENS {
-                let step = _mm512_mul_ps(dw, _mm512_set1_ps(xd[k][b]));
+                // SAFETY: as above.
+                let (d, s) = unsafe { (*xd[k].add(b), *xs[k].add(b)) };
+                let step = _mm512_mul_ps(dwv, _mm512_set1_ps(d));
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[k]), step, acc[k]);
-                acc[k] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[k][b]), acc[k]);
+                acc[k] = _mm512_fmadd_ps(mwv, _mm512_set1_ps(s), acc[k]);
             }
         }
         for (o, a) in out[t0 - tokens.start..][..n].iter_mut().zip(acc) {
@@ -556,11 +567,4 @@ fn tile_pieces<const G: usize>(
         }
         t0 += n;
     }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn load_ps(v: &[f32]) -> __m512 {
-    assert!(v.len() >= 16);
-    // SAFETY: 16 readable floats (checked above); loadu has no alignment requirement.
-    unsafe { _mm512_loadu_ps(v.as_ptr()) }
 }

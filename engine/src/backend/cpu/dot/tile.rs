@@ -37,30 +37,22 @@ pub(crate) struct Format {
     len: usize,
     /// Elements per piece with one step and offset: 32, or 16.
     pub(crate) sub: usize,
-    unpack: fn(&[u8], &mut [u32], &mut [f32], &mut [f32]),
+    ty: GgmlType,
 }
 
 impl Format {
     /// The tile layout of `ty`, where there is one (every block-quantized format).
     pub(crate) fn of(ty: GgmlType) -> Option<Format> {
-        let (sub, unpack): (usize, fn(&[u8], &mut [u32], &mut [f32], &mut [f32])) = match ty {
+        let sub = match ty {
             GgmlType::F32 | GgmlType::F16 => return None,
-            GgmlType::Q4_0 => (32, q4_0),
-            GgmlType::Q4_1 => (32, q4_1),
-            GgmlType::Q5_0 => (32, q5_0),
-            GgmlType::Q5_1 => (32, q5_1),
-            GgmlType::Q8_0 => (32, q8_0),
-            GgmlType::Q2_K => (16, q2_k),
-            GgmlType::Q3_K => (16, q3_k),
-            GgmlType::Q4_K => (32, q4_k),
-            GgmlType::Q5_K => (32, q5_k),
-            GgmlType::Q6_K => (16, q6_k),
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K => 16,
+            _ => 32,
         };
         Some(Format {
             bytes: ty.block_bytes(),
             len: ty.block_len(),
             sub,
-            unpack,
+            ty,
         })
     }
 }
@@ -83,6 +75,30 @@ pub(crate) struct Tile {
 impl Tile {
     /// Unpacks rows `rows` (at most [`TILE`]) of `w`, `row_bytes` each.
     pub(crate) fn fill(&mut self, f: Format, w: &[u8], row_bytes: usize, rows: Range<usize>) {
+        // One copy of the loop per format, so the unpacking inlines into it.
+        match f.ty {
+            GgmlType::F32 | GgmlType::F16 => {}
+            GgmlType::Q4_0 => self.fill_with(f, w, row_bytes, rows, q4_0),
+            GgmlType::Q4_1 => self.fill_with(f, w, row_bytes, rows, q4_1),
+            GgmlType::Q5_0 => self.fill_with(f, w, row_bytes, rows, q5_0),
+            GgmlType::Q5_1 => self.fill_with(f, w, row_bytes, rows, q5_1),
+            GgmlType::Q8_0 => self.fill_with(f, w, row_bytes, rows, q8_0),
+            GgmlType::Q2_K => self.fill_with(f, w, row_bytes, rows, q2_k),
+            GgmlType::Q3_K => self.fill_with(f, w, row_bytes, rows, q3_k),
+            GgmlType::Q4_K => self.fill_with(f, w, row_bytes, rows, q4_k),
+            GgmlType::Q5_K => self.fill_with(f, w, row_bytes, rows, q5_k),
+            GgmlType::Q6_K => self.fill_with(f, w, row_bytes, rows, q6_k),
+        }
+    }
+
+    fn fill_with(
+        &mut self,
+        f: Format,
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        unpack: impl Fn(&[u8], &mut [u32], &mut [f32], &mut [f32]),
+    ) {
         debug_assert!(rows.len() <= TILE && row_bytes.is_multiple_of(f.bytes));
         let per_block = f.len / f.sub;
         let groups = f.sub / 4;
@@ -107,7 +123,7 @@ impl Tile {
         for (r, row) in rows.enumerate() {
             let row = &w[row * row_bytes..][..row_bytes];
             for (i, block) in row.chunks_exact(f.bytes).enumerate() {
-                (f.unpack)(block, words, dw, mw);
+                unpack(block, words, dw, mw);
                 let first = i * per_block;
                 for (j, &v) in words.iter().enumerate() {
                     self.q[(first * groups + j) * TILE + r] = v;
@@ -208,14 +224,29 @@ fn nibbles(b: &[u8], at: usize, words: &mut [u32]) {
     }
 }
 
+/// Four bits as four bytes, 16 in byte `i` where bit `i` is set.
+const SPREAD: [u32; 16] = {
+    let mut t = [0u32; 16];
+    let mut i = 0;
+    while i < 16 {
+        let mut b = 0;
+        while b < 4 {
+            if i & (1 << b) != 0 {
+                t[i] |= 0x10 << (8 * b);
+            }
+            b += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
 /// Q5's fifth bits (one per element, 32 in the u32 at `at`) as 16 added to each element.
 #[inline(always)]
 fn fifth_bits(b: &[u8], at: usize, words: &mut [u32]) {
     let qh = u32_at(b, at);
     for (g, w) in words[..8].iter_mut().enumerate() {
-        // Four bits to bit 0 of four bytes: the shifted copies do not overlap, so no carries.
-        let four = (qh >> (4 * g)) & 0x0f;
-        *w |= ((four.wrapping_mul(0x0020_4081)) & BIT0) << 4;
+        *w |= SPREAD[((qh >> (4 * g)) & 0x0f) as usize];
     }
 }
 
