@@ -127,6 +127,7 @@ pub(crate) fn linear(
 
     if let Some((kernel, format)) = isa.tile(wtype).filter(|_| tiles_on()) {
         let tiled = Tiled {
+            isa,
             kernel,
             format,
             wtype,
@@ -178,6 +179,7 @@ thread_local! {
 /// A prompt's product over unpacked tiles (`dot/tile.rs`): one task per 16 weight rows,
 /// which unpacks them once and runs every token of the prompt against them.
 struct Tiled<'a> {
+    isa: Isa,
     kernel: TileFn,
     format: tile::Format,
     wtype: GgmlType,
@@ -203,7 +205,7 @@ impl Tiled<'_> {
             par_tasks(rows.div_ceil(TILE), work, |i| {
                 let (r0, r1) = (i * TILE, ((i + 1) * TILE).min(rows));
                 TILE_SCRATCH.with_borrow_mut(|(tile, res)| {
-                    tile.fill(self.format, self.w, self.row_bytes, r0..r1);
+                    (self.isa).fill_tile(tile, self.format, self.w, self.row_bytes, r0..r1);
                     res.resize(tokens, [0.0; TILE]);
                     (self.kernel)(tile, &x, 0..tokens, res);
                     for &(t, xt) in &with_outliers {

@@ -439,7 +439,7 @@ fn prefill_tiles_match_the_scalar_kernel() {
                     let mut deq = vec![0f32; cols];
                     for r0 in (0..rows).step_by(TILE) {
                         let r1 = (r0 + TILE).min(rows);
-                        tile.fill(format, &w, row_bytes, r0..r1);
+                        isa.fill_tile(&mut tile, format, &w, row_bytes, r0..r1);
                         kernel(&tile, &acts, first..tokens, &mut out);
                         for r in r0..r1 {
                             let wr = &w[r * row_bytes..][..row_bytes];

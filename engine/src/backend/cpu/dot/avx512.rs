@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::tile::{Acts, TILE, Tile};
+use super::tile::{self, Acts, TILE, Tile};
 use super::{Dot4Fn, DotFn, TileFn};
 use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
 use crate::quant::GgmlType;
@@ -566,5 +566,120 @@ fn tile_pieces<const G: usize>(
             unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
         }
         t0 += n;
+    }
+}
+
+/// Unpacks rows `rows` of a 32-element format into `t` sixteen rows at a time: each of a
+/// block's words is one gather across the rows (`tile.rs`'s portable loop does a row at a
+/// time and was a tenth of a prompt's time). `None` (nothing done) for the K-quants, or where
+/// a tile's rows span more than `i32` offsets.
+pub(super) fn fill(
+    t: &mut Tile,
+    f: tile::Format,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+) -> Option<()> {
+    let (qs, qh, min) = match f.ty {
+        GgmlType::Q4_0 => (2, None, Min::Offset(-8.0)),
+        GgmlType::Q4_1 => (4, None, Min::Stored),
+        GgmlType::Q5_0 => (6, Some(2), Min::Offset(-16.0)),
+        GgmlType::Q5_1 => (8, Some(4), Min::Stored),
+        GgmlType::Q8_0 => (2, None, Min::Offset(-128.0)),
+        _ => return None,
+    };
+    if !available()
+        || rows.is_empty()
+        || rows.len() > TILE
+        || !row_bytes.is_multiple_of(f.bytes)
+        || i32::try_from(TILE * row_bytes).is_err()
+    {
+        return None;
+    }
+    let rows_bytes = &w[rows.start * row_bytes..rows.end * row_bytes];
+    let n = rows.len();
+    // SAFETY: the features were detected above; every gather reads 4 bytes at
+    // `row · row_bytes + block · f.bytes + at` with `row < n` and `at + 4 <= f.bytes`, inside
+    // `rows_bytes` (`n · row_bytes` bytes).
+    unsafe { fill32(t, f, rows_bytes, row_bytes, n, qs, qh, min) };
+    Some(())
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fill32(
+    t: &mut Tile,
+    f: tile::Format,
+    w: &[u8],
+    row_bytes: usize,
+    n: usize,
+    qs: usize,
+    qh: Option<usize>,
+    min: Min,
+) {
+    let (q, dw, mw) = t.prepare(f, row_bytes, n);
+    let blocks = row_bytes / f.bytes;
+    assert!(q.len() >= blocks * 8 * TILE && dw.len() >= blocks * TILE && mw.len() >= blocks * TILE);
+    assert!(w.len() >= n * row_bytes && qs + 16 <= f.bytes);
+    // Rows past the last repeat it (their lanes are never stored).
+    let rb = row_bytes as i32;
+    let last = n as i32 - 1;
+    let idx = _mm512_mullo_epi32(
+        _mm512_min_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(last),
+        ),
+        _mm512_set1_epi32(rb),
+    );
+    let low4 = _mm512_set1_epi32(0x0f0f_0f0f);
+    let bit0 = _mm512_set1_epi32(0x0101_0101);
+    let spread = _mm512_set1_epi32(0x0020_4081);
+    let base = w.as_ptr();
+    for b in 0..blocks {
+        // SAFETY (the gathers): the caller's; `at` below is within the block.
+        let at = |off: usize| unsafe {
+            _mm512_i32gather_epi32::<1>(idx, base.add(b * f.bytes + off).cast())
+        };
+        let out = &mut q[b * 8 * TILE..][..8 * TILE];
+        let head = at(0);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        let m = match min {
+            Min::Stored => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))),
+            Min::Offset(k) => _mm512_mul_ps(d, _mm512_set1_ps(k)),
+            Min::None => _mm512_setzero_ps(),
+        };
+        let high = qh.map(|o| at(o));
+        let mut words = [_mm512_setzero_si512(); 8];
+        if f.ty == GgmlType::Q8_0 {
+            for (g, v) in words.iter_mut().enumerate() {
+                *v = _mm512_xor_si512(at(qs + 4 * g), _mm512_set1_epi32(0x8080_8080_u32 as i32));
+            }
+        } else {
+            for k in 0..4 {
+                let v = at(qs + 4 * k);
+                words[k] = _mm512_and_si512(v, low4);
+                words[k + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+            }
+        }
+        if let Some(h) = high {
+            for (g, v) in words.iter_mut().enumerate() {
+                // Four bits to bit 4 of four bytes (the shifted copies do not overlap).
+                let four = _mm512_and_si512(
+                    _mm512_srlv_epi32(h, _mm512_set1_epi32(4 * g as i32)),
+                    _mm512_set1_epi32(0x0f),
+                );
+                let bits = _mm512_and_si512(_mm512_mullo_epi32(four, spread), bit0);
+                *v = _mm512_or_si512(*v, _mm512_slli_epi32(bits, 4));
+            }
+        }
+        for (g, v) in words.into_iter().enumerate() {
+            // SAFETY: `out` holds 8 · 16 words.
+            unsafe { _mm512_storeu_si512(out[g * TILE..][..TILE].as_mut_ptr().cast(), v) };
+        }
+        // SAFETY: 16 floats each at `b · 16`, inside the slices checked above.
+        unsafe {
+            _mm512_storeu_ps(dw[b * TILE..][..TILE].as_mut_ptr(), d);
+            _mm512_storeu_ps(mw[b * TILE..][..TILE].as_mut_ptr(), m);
+        }
     }
 }

@@ -212,6 +212,25 @@ impl Isa {
     }
 }
 
+impl Isa {
+    /// Unpacks rows `rows` of `w` into `t` (`Tile::fill`), with this instruction set's own
+    /// unpacking where it has one for the format.
+    pub(crate) fn fill_tile(
+        self,
+        t: &mut Tile,
+        f: tile::Format,
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self == Isa::Avx512 && avx512::fill(t, f, w, row_bytes, rows.clone()).is_some() {
+            return;
+        }
+        t.fill(f, w, row_bytes, rows)
+    }
+}
+
 /// What the AVX2 kernels (and attention's AVX2 f32 helpers) need.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2() -> bool {

@@ -33,11 +33,11 @@ pub(crate) const TILE: usize = 16;
 #[derive(Clone, Copy)]
 pub(crate) struct Format {
     /// Bytes and elements of one of the file's blocks.
-    bytes: usize,
+    pub(crate) bytes: usize,
     len: usize,
     /// Elements per piece with one step and offset: 32, or 16.
     pub(crate) sub: usize,
-    ty: GgmlType,
+    pub(crate) ty: GgmlType,
 }
 
 impl Format {
@@ -89,6 +89,28 @@ impl Tile {
             GgmlType::Q5_K => self.fill_with(f, w, row_bytes, rows, q5_k),
             GgmlType::Q6_K => self.fill_with(f, w, row_bytes, rows, q6_k),
         }
+    }
+
+    /// Sizes the tile for `rows.len()` rows of `row_bytes` in format `f` (contents
+    /// unspecified) and returns its quants, steps and offsets.
+    pub(crate) fn prepare(
+        &mut self,
+        f: Format,
+        row_bytes: usize,
+        rows: usize,
+    ) -> (&mut [u32], &mut [f32], &mut [f32]) {
+        let per_block = f.len / f.sub;
+        self.rows = rows;
+        self.blocks = row_bytes / f.bytes * per_block;
+        self.groups = f.sub / 4;
+        self.q.resize(self.blocks * self.groups * TILE, 0);
+        self.dw.resize(self.blocks * TILE, 0.0);
+        self.mw.resize(self.blocks * TILE, 0.0);
+        (
+            &mut self.q[..self.blocks * self.groups * TILE],
+            &mut self.dw[..self.blocks * TILE],
+            &mut self.mw[..self.blocks * TILE],
+        )
     }
 
     fn fill_with(
