@@ -1,10 +1,13 @@
 //! `y = W·x` on the cpu backend: the activations quantized once per op into a reused
 //! scratch, then integer dot products against the weights in place, spread over the pool.
 //!
-//! Decode (few tokens) splits the output rows into tiles, one task each. Prefill splits the
-//! tokens into blocks, one task each, and inside a task walks the weights a tile of rows at
-//! a time, running every token of the block against a tile while it sits in cache: each
-//! weight byte is fetched from memory once per block of tokens, not once per token.
+//! Decode (few tokens) splits the output rows into tiles, one task each. Prefill (more than
+//! `DECODE_TOKENS`) takes 16 weight rows per task, unpacks them once into a tile whose
+//! vectors hold four elements of each of the 16 rows (`dot/tile.rs`), and runs every token
+//! of the prompt against it while it sits in L1, eight tokens per pass on AVX-512. Where an
+//! instruction set has no tile kernel (NEON, wasm, the scalar reference) prefill splits the
+//! tokens into blocks instead and walks the weights a tile of rows at a time, four tokens
+//! per weight block where a four-token kernel exists.
 
 use super::dot::tile::{self, Acts, TILE, Tile};
 use super::dot::{Isa, TileFn};
@@ -228,7 +231,9 @@ impl Tiled<'_> {
     }
 }
 
-/// TEMPORARY (measurement): `CAIRN_CPU_TILES=off` runs the four-token path.
+/// `CAIRN_CPU_TILES=off` runs prefill the way it ran before the tiles (token blocks and the
+/// four-token kernels): to measure one against the other in one binary, as `CAIRN_CPU_ISA`
+/// does for instruction sets.
 fn tiles_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("CAIRN_CPU_TILES").as_deref() != Ok("off"))

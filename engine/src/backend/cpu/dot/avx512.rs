@@ -648,7 +648,7 @@ unsafe fn fill32(
             Min::Offset(k) => _mm512_mul_ps(d, _mm512_set1_ps(k)),
             Min::None => _mm512_setzero_ps(),
         };
-        let high = qh.map(|o| at(o));
+        let high = qh.map(&at);
         let mut words = [_mm512_setzero_si512(); 8];
         if f.ty == GgmlType::Q8_0 {
             for (g, v) in words.iter_mut().enumerate() {
