@@ -201,14 +201,14 @@ impl Isa {
     /// instruction set has one.
     pub(crate) fn tile(self, ty: GgmlType) -> Option<(TileFn, tile::Format)> {
         let format = tile::Format::of(ty)?;
-        let f = match self {
+        let kernel: Option<TileFn> = match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::tile()?,
+            Isa::Avx512 => avx512::tile(),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::tile(ty)?,
-            _ => return None,
+            Isa::Avx2 => avx2::tile(ty),
+            _ => None,
         };
-        Some((f, format))
+        Some((kernel?, format))
     }
 }
 

@@ -91,6 +91,7 @@ impl Tile {
         }
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     /// Sizes the tile for `rows.len()` rows of `row_bytes` in format `f` (contents
     /// unspecified) and returns its quants, steps and offsets.
     pub(crate) fn prepare(
@@ -161,6 +162,7 @@ impl Tile {
 
 /// The prompt's activations as the tile kernels read them: every token's int8 values, and
 /// per piece of `sub` elements its step `d` and `s = d·Σq`, token-major.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Acts<'a> {
     pub(crate) qs: &'a [i8],
     pub(crate) d: &'a [f32],
@@ -219,6 +221,7 @@ impl<'a> Acts<'a> {
 }
 
 /// Four activation bytes as one i32 (what the kernels broadcast to every lane).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn word(x: &[i8], at: usize) -> i32 {
     let v = &x[at..at + 4];
