@@ -569,10 +569,10 @@ fn tile_pieces<const G: usize>(
     }
 }
 
-/// Unpacks rows `rows` of a 32-element format into `t` sixteen rows at a time: each of a
-/// block's words is one gather across the rows (`tile.rs`'s portable loop does a row at a
-/// time and was a tenth of a prompt's time). `None` (nothing done) for the K-quants, or where
-/// a tile's rows span more than `i32` offsets.
+/// Unpacks rows `rows` of a 32-element format, Q4_K or Q6_K into `t` sixteen rows at a
+/// time: each of a block's words is one gather across the rows (`tile.rs`'s portable loop
+/// does a row at a time and was a tenth of a prompt's time). `None` (nothing done) for the
+/// other K-quants, or where a tile's rows span more than `i32` offsets.
 pub(super) fn fill(
     t: &mut Tile,
     f: tile::Format,
@@ -580,12 +580,13 @@ pub(super) fn fill(
     row_bytes: usize,
     rows: Range<usize>,
 ) -> Option<()> {
-    let (qs, qh, min) = match f.ty {
-        GgmlType::Q4_0 => (2, None, Min::Offset(-8.0)),
-        GgmlType::Q4_1 => (4, None, Min::Stored),
-        GgmlType::Q5_0 => (6, Some(2), Min::Offset(-16.0)),
-        GgmlType::Q5_1 => (8, Some(4), Min::Stored),
-        GgmlType::Q8_0 => (2, None, Min::Offset(-128.0)),
+    let blocks32 = match f.ty {
+        GgmlType::Q4_0 => Some((2, None, Min::Offset(-8.0))),
+        GgmlType::Q4_1 => Some((4, None, Min::Stored)),
+        GgmlType::Q5_0 => Some((6, Some(2), Min::Offset(-16.0))),
+        GgmlType::Q5_1 => Some((8, Some(4), Min::Stored)),
+        GgmlType::Q8_0 => Some((2, None, Min::Offset(-128.0))),
+        GgmlType::Q4_K | GgmlType::Q6_K => None,
         _ => return None,
     };
     if !available()
@@ -598,11 +599,166 @@ pub(super) fn fill(
     }
     let rows_bytes = &w[rows.start * row_bytes..rows.end * row_bytes];
     let n = rows.len();
-    // SAFETY: the features were detected above; every gather reads 4 bytes at
+    // SAFETY (all three): the features were detected above; every gather reads 4 bytes at
     // `row · row_bytes + block · f.bytes + at` with `row < n` and `at + 4 <= f.bytes`, inside
     // `rows_bytes` (`n · row_bytes` bytes).
-    unsafe { fill32(t, f, rows_bytes, row_bytes, n, qs, qh, min) };
+    unsafe {
+        match (blocks32, f.ty) {
+            (Some((qs, qh, min)), _) => fill32(t, f, rows_bytes, row_bytes, n, qs, qh, min),
+            (None, GgmlType::Q4_K) => fill_q4_k(t, f, rows_bytes, row_bytes, n),
+            (None, _) => fill_q6_k(t, f, rows_bytes, row_bytes, n),
+        }
+    };
     Some(())
+}
+
+/// Byte offsets of a tile's 16 rows (rows past the last repeat it: their lanes are never
+/// stored).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn row_offsets(n: usize, row_bytes: usize) -> __m512i {
+    _mm512_mullo_epi32(
+        _mm512_min_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(n as i32 - 1),
+        ),
+        _mm512_set1_epi32(row_bytes as i32),
+    )
+}
+
+/// Byte `k` (0..4) of each lane, as i32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn byte(v: __m512i, k: u32) -> __m512i {
+    _mm512_and_si512(
+        _mm512_srlv_epi32(v, _mm512_set1_epi32(8 * k as i32)),
+        _mm512_set1_epi32(0xff),
+    )
+}
+
+/// [`fill`] for Q4_K: the 6-bit scales and minimums decoded on 16 rows at once.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fill_q4_k(t: &mut Tile, f: tile::Format, w: &[u8], row_bytes: usize, n: usize) {
+    let (q, dw, mw) = t.prepare(f, row_bytes, n);
+    let supers = row_bytes / 144;
+    assert!(q.len() >= supers * 64 * TILE && dw.len() >= supers * 8 * TILE);
+    assert!(mw.len() >= supers * 8 * TILE && w.len() >= n * row_bytes);
+    let idx = row_offsets(n, row_bytes);
+    let base = w.as_ptr();
+    let (low4, low6) = (_mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(63));
+    for b in 0..supers {
+        // SAFETY: the caller's; every `off + 4 <= 144`.
+        let at = |off: usize| unsafe {
+            _mm512_i32gather_epi32::<1>(idx, base.add(b * 144 + off).cast())
+        };
+        let head = at(0);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+        let s = [at(4), at(8), at(12)];
+        for j in 0..8u32 {
+            let (sc, m) = if j < 4 {
+                (
+                    _mm512_and_si512(byte(s[0], j), low6),
+                    _mm512_and_si512(byte(s[1], j), low6),
+                )
+            } else {
+                let (lo, k) = (byte(s[2], j - 4), j - 4);
+                (
+                    _mm512_or_si512(
+                        _mm512_and_si512(lo, _mm512_set1_epi32(0x0f)),
+                        _mm512_slli_epi32(_mm512_srli_epi32(byte(s[0], k), 6), 4),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_srli_epi32(lo, 4),
+                        _mm512_slli_epi32(_mm512_srli_epi32(byte(s[1], k), 6), 4),
+                    ),
+                )
+            };
+            let at_piece = (b * 8 + j as usize) * TILE;
+            let step = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+            let offset = _mm512_mul_ps(
+                _mm512_sub_ps(_mm512_setzero_ps(), dmin),
+                _mm512_cvtepi32_ps(m),
+            );
+            // SAFETY: 16 floats at `at_piece`, inside the slices checked above.
+            unsafe {
+                _mm512_storeu_ps(dw[at_piece..][..TILE].as_mut_ptr(), step);
+                _mm512_storeu_ps(mw[at_piece..][..TILE].as_mut_ptr(), offset);
+            }
+        }
+        for c in 0..4 {
+            for g in 0..8 {
+                let v = at(16 + 32 * c + 4 * g);
+                let lo = _mm512_and_si512(v, low4);
+                let hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+                for (h, word) in [lo, hi].into_iter().enumerate() {
+                    let sub = 2 * c + h;
+                    let o = ((b * 8 + sub) * 8 + g) * TILE;
+                    // SAFETY: 16 words at `o`, inside `q` (checked above).
+                    unsafe { _mm512_storeu_si512(q[o..][..TILE].as_mut_ptr().cast(), word) };
+                }
+            }
+        }
+    }
+}
+
+/// [`fill`] for Q6_K: sixteen 16-element pieces per super-block, signed 8-bit scales.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fill_q6_k(t: &mut Tile, f: tile::Format, w: &[u8], row_bytes: usize, n: usize) {
+    let (q, dw, mw) = t.prepare(f, row_bytes, n);
+    let supers = row_bytes / 210;
+    assert!(q.len() >= supers * 64 * TILE && dw.len() >= supers * 16 * TILE);
+    assert!(mw.len() >= supers * 16 * TILE && w.len() >= n * row_bytes);
+    let idx = row_offsets(n, row_bytes);
+    let base = w.as_ptr();
+    let (low4, low2) = (
+        _mm512_set1_epi32(0x0f0f_0f0f),
+        _mm512_set1_epi32(0x0303_0303),
+    );
+    for b in 0..supers {
+        // SAFETY: the caller's; every `off + 4 <= 210`.
+        let at = |off: usize| unsafe {
+            _mm512_i32gather_epi32::<1>(idx, base.add(b * 210 + off).cast())
+        };
+        // The step is bytes 208..210: the high half of the word at 206 (one at 208 would
+        // read past the block).
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(at(206), 16)));
+        for w4 in 0..4 {
+            let sc = at(192 + 4 * w4);
+            for k in 0..4 {
+                // Byte k, sign-extended: to the top, then an arithmetic shift down.
+                let v = _mm512_srai_epi32(_mm512_sllv_epi32(sc, _mm512_set1_epi32(24 - 8 * k)), 24);
+                let step = _mm512_mul_ps(d, _mm512_cvtepi32_ps(v));
+                let o = (b * 16 + 4 * w4 + k as usize) * TILE;
+                // SAFETY: 16 floats at `o`, inside the slices checked above.
+                unsafe {
+                    _mm512_storeu_ps(dw[o..][..TILE].as_mut_ptr(), step);
+                    _mm512_storeu_ps(
+                        mw[o..][..TILE].as_mut_ptr(),
+                        _mm512_mul_ps(step, _mm512_set1_ps(-32.0)),
+                    );
+                }
+            }
+        }
+        for half in 0..2 {
+            for m in 0..8 {
+                let h = at(128 + 32 * half + 4 * m);
+                let l = [at(64 * half + 4 * m), at(64 * half + 32 + 4 * m)];
+                for k in 0..4 {
+                    let low = _mm512_and_si512(
+                        _mm512_srlv_epi32(l[k % 2], _mm512_set1_epi32(4 * (k / 2) as i32)),
+                        low4,
+                    );
+                    let high = _mm512_and_si512(
+                        _mm512_srlv_epi32(h, _mm512_set1_epi32(2 * k as i32)),
+                        low2,
+                    );
+                    let word = _mm512_or_si512(low, _mm512_slli_epi32(high, 4));
+                    let o = (b * 64 + 32 * half + 8 * k + m) * TILE;
+                    // SAFETY: 16 words at `o`, inside `q` (checked above).
+                    unsafe { _mm512_storeu_si512(q[o..][..TILE].as_mut_ptr().cast(), word) };
+                }
+            }
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -621,16 +777,7 @@ unsafe fn fill32(
     let blocks = row_bytes / f.bytes;
     assert!(q.len() >= blocks * 8 * TILE && dw.len() >= blocks * TILE && mw.len() >= blocks * TILE);
     assert!(w.len() >= n * row_bytes && qs + 16 <= f.bytes);
-    // Rows past the last repeat it (their lanes are never stored).
-    let rb = row_bytes as i32;
-    let last = n as i32 - 1;
-    let idx = _mm512_mullo_epi32(
-        _mm512_min_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(last),
-        ),
-        _mm512_set1_epi32(rb),
-    );
+    let idx = row_offsets(n, row_bytes);
     let low4 = _mm512_set1_epi32(0x0f0f_0f0f);
     let bit0 = _mm512_set1_epi32(0x0101_0101);
     let spread = _mm512_set1_epi32(0x0020_4081);
