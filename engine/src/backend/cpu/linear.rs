@@ -1,12 +1,16 @@
 //! `y = W·x` on the cpu backend: the activations quantized once per op into a reused
 //! scratch, then integer dot products against the weights in place, spread over the pool.
 //!
-//! Decode (few tokens) splits the output rows into tiles, one task each. Prefill splits the
-//! tokens into blocks, one task each, and inside a task walks the weights a tile of rows at
-//! a time, running every token of the block against a tile while it sits in cache: each
-//! weight byte is fetched from memory once per block of tokens, not once per token.
+//! Decode (few tokens) splits the output rows into tiles, one task each. Prefill (more than
+//! `DECODE_TOKENS`) takes 16 weight rows per task, unpacks them once into a tile whose
+//! vectors hold four elements of each of the 16 rows (`dot/tile.rs`), and runs every token
+//! of the prompt against it while it sits in L1, eight tokens per pass on AVX-512. Where an
+//! instruction set has no tile kernel (NEON, wasm, the scalar reference) prefill splits the
+//! tokens into blocks instead and walks the weights a tile of rows at a time, four tokens
+//! per weight block where a four-token kernel exists.
 
-use super::dot::Isa;
+use super::dot::tile::{self, Acts, TILE, Tile};
+use super::dot::{Isa, TileFn};
 use super::q8::{Layout, Q8, Q8Row};
 use crate::kernels::linear as reference;
 use crate::quant::GgmlType;
@@ -124,6 +128,20 @@ pub(crate) fn linear(
         return;
     }
 
+    if let Some((kernel, format)) = isa.tile(wtype).filter(|_| tiles_on()) {
+        let tiled = Tiled {
+            isa,
+            kernel,
+            format,
+            wtype,
+            w,
+            row_bytes,
+            q8,
+            outliers,
+        };
+        return tiled.run(y, rows, tokens, work);
+    }
+
     let per = tokens.div_ceil(threads() * 2).max(1);
     par_chunks(y, per * rows, work, |first, out| {
         let t0 = first / rows;
@@ -150,6 +168,94 @@ pub(crate) fn linear(
             }
         }
     });
+}
+
+thread_local! {
+    /// A prefill task's unpacked tile and its results (`tokens × 16`); only grow.
+    static TILE_SCRATCH: std::cell::RefCell<(Tile, Vec<[f32; TILE]>)> =
+        std::cell::RefCell::new((Tile::default(), Vec::new()));
+    /// The K-quants' activations in pieces of 32 or 16 (`Acts::new`), on the op's thread.
+    static PIECES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// A prompt's product over unpacked tiles (`dot/tile.rs`): one task per 16 weight rows,
+/// which unpacks them once and runs every token of the prompt against them.
+struct Tiled<'a> {
+    isa: Isa,
+    kernel: TileFn,
+    format: tile::Format,
+    wtype: GgmlType,
+    w: &'a [u8],
+    row_bytes: usize,
+    q8: &'a Q8,
+    /// Whether tokens may carry outliers (the 256-element layout).
+    outliers: bool,
+}
+
+impl Tiled<'_> {
+    fn run(&self, y: &mut [f32], rows: usize, tokens: usize, work: usize) {
+        PIECES.with_borrow_mut(|(d, s)| {
+            let x = Acts::new(self.q8, self.format.sub, tokens, d, s);
+            // Tokens with outliers, and their rows of the op's activations.
+            let with_outliers: Vec<(usize, Q8Row<'_>)> = (0..tokens)
+                .filter(|_| self.outliers)
+                .map(|t| (t, self.q8.row(t)))
+                .filter(|(_, r)| !r.outliers.is_empty())
+                .collect();
+            let len = y.len();
+            let out = ChunkBase(y.as_mut_ptr());
+            par_tasks(rows.div_ceil(TILE), work, |i| {
+                let (r0, r1) = (i * TILE, ((i + 1) * TILE).min(rows));
+                TILE_SCRATCH.with_borrow_mut(|(tile, res)| {
+                    (self.isa).fill_tile(tile, self.format, self.w, self.row_bytes, r0..r1);
+                    res.resize(tokens, [0.0; TILE]);
+                    (self.kernel)(tile, &x, 0..tokens, res);
+                    for &(t, xt) in &with_outliers {
+                        for (r, v) in (r0..r1).zip(res[t].iter_mut()) {
+                            let wr = &self.w[r * self.row_bytes..][..self.row_bytes];
+                            *v += outlier_products(self.wtype, wr, xt);
+                        }
+                    }
+                    for (t, v) in res.iter().enumerate() {
+                        let at = t * rows + r0;
+                        assert!(at + (r1 - r0) <= len);
+                        // SAFETY: task `i` alone writes rows `r0..r1` of each token (inside
+                        // `y`, checked above), and `y` is borrowed while the tasks run.
+                        let o = unsafe { std::slice::from_raw_parts_mut(out.at(at), r1 - r0) };
+                        o.copy_from_slice(&v[..r1 - r0]);
+                    }
+                });
+            });
+        });
+    }
+}
+
+/// `CAIRN_CPU_TILES=off` runs prefill the way it ran before the tiles (token blocks and the
+/// four-token kernels): to measure one against the other in one binary, as `CAIRN_CPU_ISA`
+/// does for instruction sets.
+fn tiles_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CAIRN_CPU_TILES").as_deref() != Ok("off"))
+}
+
+/// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.
+fn par_tasks(tasks: usize, work: usize, f: impl Fn(usize) + Sync) {
+    #[cfg(not(target_arch = "wasm32"))]
+    if work >= PARALLEL_WORK && tasks > 1 {
+        if let Some(team) = super::team::team()
+            && team.run(tasks, &f)
+        {
+            return;
+        }
+        if let Some(pool) = reference::pool() {
+            use rayon::prelude::*;
+            pool.install(|| (0..tasks).into_par_iter().for_each(&f));
+            return;
+        }
+    }
+    let _ = work;
+    (0..tasks).for_each(f);
 }
 
 /// The part of `w · x` that `x`'s int8 values leave out: each outlier's rest times its
@@ -217,15 +323,13 @@ pub(super) fn par_chunks(
     }
 }
 
-/// Where `par_chunks`' output starts, shared by its tasks (each writes its own piece).
-#[cfg(not(target_arch = "wasm32"))]
+/// Where `par_chunks`' (or a prefill's) output starts, shared by its tasks (each writes its
+/// own piece).
 struct ChunkBase(*mut f32);
 
-// SAFETY: the tasks that share it write disjoint pieces (see `par_chunks`).
-#[cfg(not(target_arch = "wasm32"))]
+// SAFETY: the tasks that share it write disjoint pieces (see `par_chunks`, `Tiled::run`).
 unsafe impl Sync for ChunkBase {}
 
-#[cfg(not(target_arch = "wasm32"))]
 impl ChunkBase {
     /// # Safety
     /// `first` is within the output.

@@ -136,6 +136,13 @@ impl Q8 {
         }
     }
 
+    /// Every token's values at once: `(qs, d, sum, bsums, cols)`, token-major (what the
+    /// prefill tiles read; `sum` is empty for the 256-element layout, `bsums` for the other).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn parts(&self) -> (&[i8], &[f32], &[f32], &[i16], usize) {
+        (&self.qs, &self.d, &self.sum, &self.bsums, self.cols)
+    }
+
     pub(crate) fn row(&self, t: usize) -> Q8Row<'_> {
         let Some(layout) = self.layout else {
             return Q8Row {
@@ -174,22 +181,128 @@ fn quantize_block(
 ) -> f32 {
     let amax = match outliers {
         Some(outliers) => step_and_outliers(x, first_col, outliers),
-        None => x.iter().fold(0f32, |a, v| a.max(v.abs())),
+        None => amax(x),
     };
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    round_block(x, q, id);
+    d
+}
+
+/// The largest magnitude in `x` (NaN ignored).
+fn amax(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if x.len().is_multiple_of(32) && super::dot::has_avx2() {
+        // SAFETY: the features `simd` is compiled for were detected just above.
+        return unsafe { simd::amax(x) };
+    }
+    x.iter().fold(0f32, |a, v| a.max(v.abs()))
+}
+
+/// `q = x·id` rounded to the nearest integer and clamped to -127..=127. Outliers land on
+/// ±127, which `rest` counts from (never -128: the SIMD kernels take magnitudes of int8
+/// values); NaN becomes 0.
+fn round_block(x: &[f32], q: &mut [i8], id: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if x.len().is_multiple_of(32) && q.len() >= x.len() && super::dot::has_avx2() {
+        // SAFETY: as in `amax`.
+        return unsafe { simd::round(x, q, id) };
+    }
     for (q, v) in q.iter_mut().zip(x) {
-        // Outliers land on ±127, which `rest` counts from (never -128: the SIMD kernels take
-        // magnitudes of int8 values); NaN becomes 0.
         *q = (v * id).round().clamp(-127.0, 127.0) as i8;
     }
-    d
+}
+
+/// AVX2 forms of `amax`, `round_block` and the outlier test: the scalar loops were a tenth
+/// of a prompt's time once its products ran over tiles (a `roundf` call per element). The
+/// rounding goes to the nearest even integer at ties, where the scalar loop rounds away
+/// from zero: either is within half a step, the bound every test holds products to.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn load(x: &[f32]) -> __m256 {
+        assert!(x.len() >= 8);
+        // SAFETY: 8 readable floats (checked above); loadu has no alignment requirement.
+        unsafe { _mm256_loadu_ps(x.as_ptr()) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn abs(v: __m256) -> __m256 {
+        _mm256_andnot_ps(_mm256_set1_ps(-0.0), v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn amax(x: &[f32]) -> f32 {
+        let mut m = _mm256_setzero_ps();
+        for c in x.chunks_exact(8) {
+            // `max_ps` returns its second operand where either is NaN: NaN is skipped.
+            m = _mm256_max_ps(abs(load(c)), m);
+        }
+        let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)))
+    }
+
+    /// How many elements of `x` times `ratio` are at least `amax`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn count_within(x: &[f32], amax: f32, ratio: f32) -> u32 {
+        let (r, a) = (_mm256_set1_ps(ratio), _mm256_set1_ps(amax));
+        x.chunks_exact(8)
+            .map(|c| {
+                let big = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_mul_ps(abs(load(c)), r), a);
+                (_mm256_movemask_ps(big) as u32).count_ones()
+            })
+            .sum()
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn round(x: &[f32], q: &mut [i8], id: f32) {
+        let (idv, hi, lo) = (
+            _mm256_set1_ps(id),
+            _mm256_set1_ps(127.0),
+            _mm256_set1_ps(-127.0),
+        );
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (xc, qc) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+            let r: [__m256i; 4] = std::array::from_fn(|i| {
+                let v = _mm256_mul_ps(load(&xc[8 * i..]), idv);
+                // NaN to 0, then clamp and round.
+                let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+                let v = _mm256_max_ps(_mm256_min_ps(v, hi), lo);
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(v))
+            });
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(r[0], r[1]),
+                _mm256_packs_epi32(r[2], r[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, order);
+            // SAFETY: `qc` is 32 writable bytes; storeu has no alignment requirement.
+            unsafe { _mm256_storeu_si256(qc.as_mut_ptr().cast(), p) };
+        }
+    }
 }
 
 /// The magnitude that sets a super-block's step: its largest, or where that is more than
 /// `OUTLIER_RATIO` times the third largest, the third largest, with the larger ones pushed to
 /// `outliers`.
 fn step_and_outliers(x: &[f32], first_col: usize, outliers: &mut Vec<Outlier>) -> f32 {
+    // Most super-blocks have no outlier: three elements within OUTLIER_RATIO of the largest
+    // say so without sorting.
+    #[cfg(target_arch = "x86_64")]
+    if x.len().is_multiple_of(32) && super::dot::has_avx2() {
+        // SAFETY: the features `simd` is compiled for were detected just above.
+        let (largest, count) = unsafe {
+            let largest = simd::amax(x);
+            (largest, simd::count_within(x, largest, OUTLIER_RATIO))
+        };
+        if count > OUTLIERS as u32 {
+            return largest;
+        }
+    }
     // The OUTLIERS + 1 largest magnitudes, largest first.
     let mut top = [0f32; OUTLIERS + 1];
     for v in x {

@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::dot::Isa;
+use super::dot::tile::{Acts, TILE, Tile};
 use super::linear::{linear, outlier_products};
 use super::q8::{Layout, OUTLIER_RATIO, Q8};
 use crate::kernels::linear as reference;
@@ -245,7 +246,15 @@ fn linear_tiles_and_threads_agree_with_the_reference() {
         } else {
             2 * ty.block_len()
         };
-        for (rows, tokens) in [(1, 1), (37, 1), (300, 1), (37, 3), (53, 9), (300, 17)] {
+        for (rows, tokens) in [
+            (1, 1),
+            (37, 1),
+            (300, 1),
+            (37, 3),
+            (53, 9),
+            (300, 17),
+            (37, 41),
+        ] {
             let w = quantized_rows(&mut rng, ty, rows, cols);
             let x = activations(&mut rng, tokens * cols, 32);
             let mut y = vec![f32::NAN; rows * tokens];
@@ -397,6 +406,59 @@ fn four_token_kernels_match_the_one_token_kernels() {
                         isa.name(),
                         ty.name()
                     );
+                }
+            }
+        }
+    }
+}
+
+/// The prefill tiles give each (row, token) what the scalar kernel gives it, on every format
+/// with a tile kernel: tiles cut short (rows no multiple of 16), token counts and ranges off
+/// the kernels' blocks of four or eight.
+#[test]
+fn prefill_tiles_match_the_scalar_kernel() {
+    let mut rng = StdRng::seed_from_u64(28);
+    let mut tile = Tile::default();
+    for isa in Isa::available() {
+        for ty in quantized() {
+            let Some((kernel, format)) = isa.tile(ty) else {
+                continue;
+            };
+            let (scalar, layout) = Isa::Scalar.dot(ty).expect("quantized");
+            for cols in col_counts(ty) {
+                for (rows, tokens) in [(1, 1), (5, 3), (16, 8), (21, 13)] {
+                    let w = random_rows(&mut rng, ty, rows, cols);
+                    let x = activations(&mut rng, tokens * cols, layout.block());
+                    let mut q8 = Q8::default();
+                    q8.quantize(layout, &x, cols, tokens);
+                    let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+                    let (mut d, mut s) = (Vec::new(), Vec::new());
+                    let acts = Acts::new(&q8, format.sub, tokens, &mut d, &mut s);
+                    let first = tokens / 3;
+                    let mut out = vec![[f32::NAN; TILE]; tokens - first];
+                    let mut deq = vec![0f32; cols];
+                    for r0 in (0..rows).step_by(TILE) {
+                        let r1 = (r0 + TILE).min(rows);
+                        isa.fill_tile(&mut tile, format, &w, row_bytes, r0..r1);
+                        kernel(&tile, &acts, first..tokens, &mut out);
+                        for r in r0..r1 {
+                            let wr = &w[r * row_bytes..][..row_bytes];
+                            dequantize_row(ty, wr, &mut deq);
+                            for t in first..tokens {
+                                let xt = &x[t * cols..][..cols];
+                                let scale = magnitude(&deq, xt) * 1.5 + 1e-3;
+                                let want = scalar(wr, q8.row(t));
+                                let got = out[t - first][r - r0];
+                                assert!(
+                                    f64::from((got - want).abs()) <= 1e-5 * scale,
+                                    "{} {} cols {cols} rows {rows} tokens {tokens} at \
+                                     ({t}, {r}): {got} vs scalar {want}",
+                                    isa.name(),
+                                    ty.name()
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -4,8 +4,10 @@
 //! scalar one.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
-use super::{Dot4Fn, DotFn};
+use super::tile::{Acts, TILE, Tile, word};
+use super::{Dot4Fn, DotFn, TileFn};
 use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
 use crate::quant::GgmlType;
 use crate::quant::kquants::scale_min_k4;
@@ -357,4 +359,100 @@ fn q6_k(w: &[u8], x: Q8Row<'_>) -> f32 {
         bias += d * (32 * offset) as f32;
     }
     hsum(acc) - bias
+}
+
+/// The prefill kernel over unpacked tiles (`tile.rs`) for `ty`, or `None` without the
+/// instructions or for Q8_0 (its quants unpack to 0..=255, where `maddubs` saturates).
+pub(super) fn tile(ty: GgmlType) -> Option<TileFn> {
+    if ty == GgmlType::Q8_0
+        || !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+    {
+        return None;
+    }
+    // SAFETY: the features the kernel is compiled for were detected just above; it touches
+    // memory through bounds-checked slices, and its stores write 8 floats into half of a
+    // `[f32; 16]`.
+    Some(|t, x, tokens, out| unsafe { tile_tokens(t, x, tokens, out) })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_tokens(t: &Tile, x: &Acts<'_>, tokens: Range<usize>, out: &mut [[f32; TILE]]) {
+    if t.groups == 8 {
+        tile_pieces::<8>(t, x, tokens, out)
+    } else {
+        assert_eq!(t.groups, 4);
+        tile_pieces::<4>(t, x, tokens, out)
+    }
+}
+
+/// Tokens at once against half a tile (8 rows): four i32 and four f32 accumulators, within
+/// AVX2's 16 registers.
+const TILE_TOKENS: usize = 4;
+
+/// The tile against `tokens` of `x`, eight rows at a time. Two words' `maddubs` results are
+/// added as i16 before widening: every format's unpacked quants are at most 63 (Q8_0 has no
+/// tile here), so four products of at most 63·127 stay inside i16.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_pieces<const G: usize>(
+    t: &Tile,
+    x: &Acts<'_>,
+    tokens: Range<usize>,
+    out: &mut [[f32; TILE]],
+) {
+    let (nb, len, cols) = (t.blocks, 4 * G, x.cols);
+    assert!(x.blocks == nb && cols == nb * len && G.is_multiple_of(2));
+    assert!(t.q.len() >= nb * G * TILE && t.dw.len() >= nb * TILE && t.mw.len() >= nb * TILE);
+    assert!(x.qs.len() >= tokens.end * cols && x.d.len() >= tokens.end * nb);
+    assert!(x.s.len() >= tokens.end * nb && out.len() >= tokens.len());
+    let ones = _mm256_set1_epi16(1);
+    let mut t0 = tokens.start;
+    while t0 < tokens.end {
+        let n = (tokens.end - t0).min(TILE_TOKENS);
+        // Past the last token the last one again (its results are not stored).
+        let ts: [usize; TILE_TOKENS] = std::array::from_fn(|k| t0 + k.min(n - 1));
+        let xq = ts.map(|tk| &x.qs[tk * cols..][..cols]);
+        let xd = ts.map(|tk| &x.d[tk * nb..][..nb]);
+        let xs = ts.map(|tk| &x.s[tk * nb..][..nb]);
+        for half in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); TILE_TOKENS];
+            for b in 0..nb {
+                let qb = &t.q[b * G * TILE..][..G * TILE];
+                let xb = xq.map(|q| &q[b * len..][..len]);
+                let mut sum = [_mm256_setzero_si256(); TILE_TOKENS];
+                for g in (0..G).step_by(2) {
+                    let w0 = load256(bytemuck::cast_slice(&qb[g * TILE + 8 * half..][..8]));
+                    let w1 = load256(bytemuck::cast_slice(&qb[(g + 1) * TILE + 8 * half..][..8]));
+                    for k in 0..TILE_TOKENS {
+                        let p0 = _mm256_maddubs_epi16(w0, _mm256_set1_epi32(word(xb[k], 4 * g)));
+                        let p1 =
+                            _mm256_maddubs_epi16(w1, _mm256_set1_epi32(word(xb[k], 4 * g + 4)));
+                        let p = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones);
+                        sum[k] = _mm256_add_epi32(sum[k], p);
+                    }
+                }
+                let dw = load_ps(&t.dw[b * TILE + 8 * half..]);
+                let mw = load_ps(&t.mw[b * TILE + 8 * half..]);
+                for k in 0..TILE_TOKENS {
+                    let step = _mm256_mul_ps(dw, _mm256_set1_ps(xd[k][b]));
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[k]), step, acc[k]);
+                    acc[k] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[k][b]), acc[k]);
+                }
+            }
+            for (o, a) in out[t0 - tokens.start..][..n].iter_mut().zip(acc) {
+                // SAFETY: `o[8 * half..]` is 8 writable floats; storeu has no alignment
+                // requirement.
+                unsafe { _mm256_storeu_ps(o[8 * half..].as_mut_ptr(), a) };
+            }
+        }
+        t0 += n;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_ps(v: &[f32]) -> __m256 {
+    assert!(v.len() >= 8);
+    // SAFETY: 8 readable floats (checked above); loadu has no alignment requirement.
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
 }

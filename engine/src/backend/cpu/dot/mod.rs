@@ -1,7 +1,10 @@
 //! Integer dot products of one weight row (GGUF blocks, read in place) against one token's
 //! int8 activations, per format, with the instruction set chosen once at run time.
 
+use std::ops::Range;
 use std::sync::OnceLock;
+
+use tile::{Acts, TILE, Tile};
 
 use super::q8::{Layout, Q8Row};
 use crate::quant::GgmlType;
@@ -15,12 +18,17 @@ mod neon;
 pub(crate) mod scalar;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
+pub(crate) mod tile;
 
 /// A weight row's bytes (whole blocks) against the activations of as many elements.
 pub(crate) type DotFn = fn(&[u8], Q8Row<'_>) -> f32;
 
 /// One weight row against four tokens' activations.
 pub(crate) type Dot4Fn = fn(&[u8], [Q8Row<'_>; 4]) -> [f32; 4];
+
+/// A prefill tile's rows against a range of the prompt's tokens, each token's 16 results
+/// into one entry of the output (`tile.rs`).
+pub(crate) type TileFn = fn(&Tile, &Acts<'_>, Range<usize>, &mut [[f32; TILE]]);
 
 /// Which code the dot products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +193,41 @@ impl Isa {
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Isa::Simd128 => None,
         }
+    }
+}
+
+impl Isa {
+    /// The prefill kernel over unpacked tiles for `ty` and how its blocks unpack, where this
+    /// instruction set has one.
+    pub(crate) fn tile(self, ty: GgmlType) -> Option<(TileFn, tile::Format)> {
+        let format = tile::Format::of(ty)?;
+        let kernel: Option<TileFn> = match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::tile(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::tile(ty),
+            _ => None,
+        };
+        Some((kernel?, format))
+    }
+}
+
+impl Isa {
+    /// Unpacks rows `rows` of `w` into `t` (`Tile::fill`), with this instruction set's own
+    /// unpacking where it has one for the format.
+    pub(crate) fn fill_tile(
+        self,
+        t: &mut Tile,
+        f: tile::Format,
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self == Isa::Avx512 && avx512::fill(t, f, w, row_bytes, rows.clone()).is_some() {
+            return;
+        }
+        t.fill(f, w, row_bytes, rows)
     }
 }
 
