@@ -83,7 +83,7 @@ pub(crate) fn paged_attention(
 /// Query heads per task: a whole group once there are enough tasks for every thread.
 fn heads_per_task(heads: usize, kv_heads: usize, tokens: usize) -> usize {
     let kv_heads = kv_heads.max(1);
-    if heads % kv_heads != 0 {
+    if !heads.is_multiple_of(kv_heads) {
         return 1;
     }
     #[cfg(not(target_arch = "wasm32"))]
@@ -197,6 +197,8 @@ mod tests {
             (6, 2, 33, 1, 20, 0.5),
             (6, 2, 33, 4, 7, 0.0),
             (4, 4, 12, 3, 0, 0.5),
+            (2, 1, 128, 12, 5, 0.0),
+            (4, 2, 128, 1, 5, 0.0),
         ] {
             // Keys per sequence: past `per_seq` new rows, these many positions.
             let lens = [1usize, 16, 37, 64];
