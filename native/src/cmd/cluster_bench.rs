@@ -66,6 +66,12 @@ pub struct Args {
     /// --split`): `layers` or `tensor`.
     #[arg(long, default_value = "layers", requires = "one_worker")]
     split: String,
+    /// How the layers are cut between the workers: `layers` (the same count each) or
+    /// `bytes` (about the same weight bytes each, the output head counted on the last stage:
+    /// a decode step reads every weight once, so equal bytes is about equal time, which is
+    /// what keeps every stage of a pipeline busy under concurrent requests).
+    #[arg(long, default_value = "layers", value_parser = ["layers", "bytes"])]
+    balance: String,
     /// Skip killing a worker on the largest cluster.
     #[arg(long)]
     no_recovery: bool,
@@ -184,6 +190,58 @@ fn even_split(layers: usize, n: usize) -> Vec<(usize, usize)> {
     (0..n)
         .map(|i| (layers * i / n, layers * (i + 1) / n))
         .collect()
+}
+
+/// `n` contiguous layer ranges, each ending where the running total of `bytes` (per layer;
+/// `tail` more after the last, the output head) first reaches its share, every range at
+/// least one layer.
+fn byte_split(bytes: &[u64], tail: u64, n: usize) -> Vec<(usize, usize)> {
+    let layers = bytes.len();
+    let total: u64 = bytes.iter().sum::<u64>() + tail;
+    let mut out = Vec::with_capacity(n);
+    let (mut start, mut sum) = (0, 0u64);
+    for k in 0..n {
+        let left = n - k - 1;
+        let mut end = start + 1;
+        sum += bytes.get(start).copied().unwrap_or(0);
+        // Stop at the layer that brings the total nearest to this stage's share.
+        let goal = total as f64 * (k + 1) as f64 / n as f64;
+        while end + left < layers {
+            let next = sum + bytes[end];
+            if (next as f64 - goal).abs() >= (sum as f64 - goal).abs() {
+                break;
+            }
+            sum = next;
+            end += 1;
+        }
+        if left == 0 {
+            end = layers;
+        }
+        out.push((start, end));
+        start = end;
+    }
+    out
+}
+
+/// Weight bytes per layer of `file`, and the output head's (the token embedding where the
+/// head is tied to it).
+fn layer_bytes(file: &cairn_engine::gguf::GgufFile, layers: usize) -> (Vec<u64>, u64) {
+    let mut per = vec![0u64; layers];
+    for t in &file.tensors {
+        let layer = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|i| i.parse::<usize>().ok());
+        if let Some(i) = layer.filter(|&i| i < layers) {
+            per[i] += t.n_bytes;
+        }
+    }
+    let head = file
+        .tensor("output.weight")
+        .or_else(|| file.tensor("token_embd.weight"))
+        .map_or(0, |t| t.n_bytes);
+    (per, head)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -557,10 +615,16 @@ pub fn run(a: Args) -> Result<()> {
 
 async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value> {
     let (model, what) = model_file(a, tmp)?;
-    let cfg = {
+    let (cfg, (bytes, head)) = {
         let f = cairn_engine::gguf::MappedGguf::open(&model)
             .with_context(|| format!("opening {}", model.display()))?;
-        ModelConfig::from_gguf(&f.file)?
+        let cfg = ModelConfig::from_gguf(&f.file)?;
+        let bytes = layer_bytes(&f.file, cfg.n_layers);
+        (cfg, bytes)
+    };
+    let split = |n: usize| match a.balance.as_str() {
+        "bytes" => byte_split(&bytes, head, n),
+        _ => even_split(cfg.n_layers, n),
     };
     let say = |s: String| {
         if !a.json {
@@ -595,7 +659,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             for i in 0..n {
                 c.add_worker(a, exe, &model, logs, &format!("{tag}-worker{i}"), None)?;
             }
-            c.place(&even_split(cfg.n_layers, n)).await?
+            c.place(&split(n)).await?
         };
         let preview = c
             .api
@@ -873,7 +937,27 @@ fn print_table(v: &Value) {
 
 #[cfg(test)]
 mod tests {
-    use super::even_split;
+    use super::{byte_split, even_split};
+
+    /// Equal layers split evenly; a heavy tail (the output head) takes layers off the last
+    /// range; every range keeps at least one layer.
+    #[test]
+    fn byte_split_balances_bytes() {
+        assert_eq!(byte_split(&[10; 30], 0, 2), vec![(0, 15), (15, 30)]);
+        // 30 layers of 10 and a head of 130: 430 in all, 215 a stage.
+        assert_eq!(byte_split(&[10; 30], 130, 2), vec![(0, 21), (21, 30)]);
+        assert_eq!(byte_split(&[10; 4], 1000, 3).last(), Some(&(3, 4)));
+        for layers in 1..20 {
+            for n in 1..=layers {
+                let s = byte_split(&vec![7; layers], 50, n);
+                assert_eq!(s.len(), n);
+                assert_eq!(s[0].0, 0);
+                assert_eq!(s[n - 1].1, layers);
+                assert!(s.windows(2).all(|w| w[0].1 == w[1].0));
+                assert!(s.iter().all(|(a, b)| b > a), "{layers} over {n}: {s:?}");
+            }
+        }
+    }
 
     #[test]
     fn even_split_covers_every_layer_once() {

@@ -194,14 +194,12 @@ impl CpuBackend {
             fm(&mut o),
             shape,
             [a.scale, a.softcap],
+            block,
             |t| {
                 let n = rows[2 * t + 1] as usize;
                 crate::kernels::attention::first_key(n, window)..n
             },
-            |t, j| {
-                let start = rows[2 * t] as usize;
-                table[start + j / block] as usize * block + j % block
-            },
+            |t, b| table[rows[2 * t] as usize + b] as usize,
         );
         Ok(())
     }
