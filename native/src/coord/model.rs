@@ -43,9 +43,10 @@ impl ServedModel {
         let last_only = shard_weight_bytes(&file, &config, n - 1, n).saturating_sub(layers);
         let ctx = ctx.clamp(1, config.context_length.max(1));
         let kv_bytes_per_layer = config.kv_bytes_per_token_layer() * (ctx * parallel.max(1)) as u64;
-        // The largest a worker's backend takes (cuda's), whichever device the stage lands on.
-        let max_batch = cairn_engine::model::shard::DEFAULT_MAX_BATCH
-            .max(cairn_engine::model::shard::CUDA_MAX_BATCH) as u64;
+        // Most backends' rows a pass. A cuda device's shard takes twice as many
+        // (`CUDA_MAX_BATCH`), whose extra scratch (54 MB for an 8B model) is small against a
+        // GPU's memory; counting it for every device would refuse placements on small ones.
+        let max_batch = cairn_engine::model::shard::DEFAULT_MAX_BATCH as u64;
         let dim = config.dim as u64;
         let scratch_bytes = 4
             * (max_batch * (5 * dim + 2 * config.ffn_dim as u64 + config.q_dim() as u64)
