@@ -128,7 +128,16 @@ pub(crate) fn linear(
         return;
     }
 
-    if let Some((kernel, format)) = isa.tile(wtype).filter(|_| tiles_on()) {
+    // The K-quants stay on the token-block path for now: with tiles, the Q4_K_M file missed a
+    // position of the teacher-forced test against llama.cpp
+    // (q4_k_m_from_cairn_quantize_matches_llama_cpp_on_every_backend: case russian, position
+    // 27, llama.cpp's margin 0.80, ours 0.03 the other way), which that path passes. Their tile
+    // kernels still run in the unit tests against the scalar kernel.
+    let k_quant = matches!(
+        wtype,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+    );
+    if let Some((kernel, format)) = isa.tile(wtype).filter(|_| tiles_on() && !k_quant) {
         let tiled = Tiled {
             isa,
             kernel,
