@@ -58,6 +58,14 @@ impl CudaBackend {
         match self.0 {}
     }
 
+    pub(crate) fn run_pieces(&self, _pieces: &[super::peer::Piece<'_>]) -> Result<()> {
+        match self.0 {}
+    }
+
+    pub(crate) fn enable_peers(_devices: &[&CudaBackend]) -> bool {
+        false
+    }
+
     pub(crate) fn launches_in_last_run(&self) -> Option<usize> {
         match self.0 {}
     }

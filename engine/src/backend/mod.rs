@@ -15,6 +15,7 @@ pub(crate) mod cuda;
 #[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
 #[path = "cuda_off.rs"]
 pub(crate) mod cuda;
+pub mod peer;
 pub(crate) mod row_parts;
 mod validate;
 #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
@@ -388,6 +389,89 @@ impl Device {
             Inner::Wgpu(b) => b.run(ops, &self.accounting),
             Inner::Cuda(b) => b.run(ops),
         }
+    }
+
+    /// Lets each of `devices` read every other's memory directly: true where all of them are
+    /// CUDA devices (at most [`peer::MAX_PEER_DEVICES`]) and the driver allows peer access
+    /// between every pair; false otherwise, and a tensor split then sums through copies.
+    pub fn enable_peers(devices: &[&Device]) -> bool {
+        if devices.len() < 2 || devices.len() > peer::MAX_PEER_DEVICES {
+            return false;
+        }
+        let cudas: Option<Vec<&cuda::CudaBackend>> = devices
+            .iter()
+            .map(|d| match &d.inner {
+                Inner::Cuda(b) => Some(&**b),
+                _ => None,
+            })
+            .collect();
+        cudas.is_some_and(|c| cuda::CudaBackend::enable_peers(&c))
+    }
+
+    /// Runs one device's share of a tensor-parallel pass: its ops, with [`peer::PeerSum`]s
+    /// between them that wait on the GPU for the other devices (see `peer.rs`). Only where
+    /// [`Device::enable_peers`] said yes for the split's devices.
+    pub fn run_pieces(&self, pieces: &[peer::Piece<'_>]) -> Result<()> {
+        for piece in pieces {
+            match piece {
+                peer::Piece::Ops(ops) => {
+                    for op in ops {
+                        for u in with_op!(op, o => validate::validate(o))? {
+                            if !u.buf.same_device(&self.accounting) {
+                                return Err(BackendError::ForeignBuffer {
+                                    label: u.buf.label.clone(),
+                                });
+                            }
+                        }
+                    }
+                }
+                peer::Piece::Sum(sum) => self.check_sum(sum)?,
+            }
+        }
+        match &self.inner {
+            Inner::Cuda(b) => b.run_pieces(pieces),
+            _ => Err(BackendError::Unsupported(format!(
+                "{}: sums across devices on the GPU need cuda peer access",
+                self.info.id
+            ))),
+        }
+    }
+
+    fn check_sum(&self, sum: &peer::PeerSum<'_>) -> Result<()> {
+        let invalid = |reason: String| BackendError::InvalidOp {
+            op: "peer_sum",
+            reason,
+        };
+        let devices = sum.parts.len();
+        if devices != sum.flags.len() || !(2..=peer::MAX_PEER_DEVICES).contains(&devices) {
+            return Err(invalid(format!(
+                "{} partials and {} flag buffers for a sum over 2 to {} devices",
+                devices,
+                sum.flags.len(),
+                peer::MAX_PEER_DEVICES
+            )));
+        }
+        let me = sum.index as usize;
+        if me >= devices {
+            return Err(invalid(format!("device {me} of {devices}")));
+        }
+        let bytes = u64::from(sum.n) * 4;
+        for (what, buf, len) in [
+            ("peer_sum hidden states", sum.h, bytes),
+            ("peer_sum own partial", sum.parts[me], bytes),
+            ("peer_sum own flags", sum.flags[me], peer::PEER_FLAG_BYTES),
+        ] {
+            self.check_range(what, buf, 0, len)?;
+        }
+        for (part, flags) in sum.parts.iter().zip(&sum.flags) {
+            if part.size < bytes || flags.size < peer::PEER_FLAG_BYTES {
+                return Err(invalid(format!(
+                    "{} or {} is smaller than the sum needs",
+                    part.label, flags.label
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The most rows a pass of batched decode steps should hold here, where more would be

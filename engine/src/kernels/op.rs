@@ -220,7 +220,7 @@ pub(crate) mod cuda_declarations {
 
     /// Parameter structs in common.cuh that are no op's: the cuda backend's own, checked
     /// where they are written (backend/cuda/fuse.rs).
-    const BACKEND_PARAMS: &[&str] = &["FusedLinearParams"];
+    const BACKEND_PARAMS: &[&str] = &["FusedLinearParams", "PeerSumParams"];
 
     /// `struct Name { type member; ... };` declarations in CUDA C: name, then (type, member).
     pub(crate) fn c_structs(src: &str) -> Vec<(String, Vec<(String, String)>)> {

@@ -993,17 +993,41 @@ impl Shard {
         i: usize,
         ops: &mut Vec<Op<'a>>,
     ) {
+        self.encode_ffn_into(s, t, i, &s.o, ops);
+    }
+
+    /// [`Shard::encode_ffn`] with the down product into `out` (a tensor split's peer sums
+    /// alternate two buffers, so a device may write its next partial while the others still
+    /// read its last).
+    pub(super) fn encode_ffn_into<'a>(
+        &'a self,
+        s: &'a Scratch,
+        t: usize,
+        i: usize,
+        out: &'a Buffer,
+        ops: &mut Vec<Op<'a>>,
+    ) {
         let w = &self.weights.layers[i];
         ops.push(self.pre_norm(s, &w.ffn_norm, t));
         ops.push(self.lin(&w.w_gate, &s.xn, &s.g, t));
         ops.push(self.lin(&w.w_up, &s.xn, &s.u, t));
-        let (gate, up, out, n) = (&s.g, &s.u, &s.a, (t * self.local.ffn) as u32);
+        let (gate, up, act, n) = (&s.g, &s.u, &s.a, (t * self.local.ffn) as u32);
         ops.push(if self.cfg.family.gemma() {
-            Op::GeluMul(GeluMul { gate, up, out, n })
+            Op::GeluMul(GeluMul {
+                gate,
+                up,
+                out: act,
+                n,
+            })
         } else {
-            Op::SiluMul(SiluMul { gate, up, out, n })
+            Op::SiluMul(SiluMul {
+                gate,
+                up,
+                out: act,
+                n,
+            })
         });
-        ops.push(self.lin(&w.w_down, &s.a, &s.o, t));
+        ops.push(self.lin(&w.w_down, act, out, t));
     }
 
     fn encode_head<'a>(

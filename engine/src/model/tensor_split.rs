@@ -12,7 +12,10 @@
 //!
 //! The all-reduce gathers the partials onto the first device with [`Device::copy_to`] (peer
 //! to peer between CUDA devices, through host memory elsewhere), sums them there in device
-//! order, and copies the sum back. Norms are small and replicated; the embedding and the
+//! order, and copies the sum back. Where every device can read the others' memory (CUDA peer
+//! access), the sums happen on the GPUs instead (backend/peer.rs): each device's pass is queued
+//! at once, and at each half-layer every device publishes that its partial is ready, waits for
+//! the others', and adds all of them to its hidden states itself. Norms are small and replicated; the embedding and the
 //! output head live on the first device only, which embeds the tokens and hands the rows to
 //! the others, and samples at the end.
 //!
@@ -21,11 +24,13 @@
 //! whose head groups do not line up.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::kv_pool::KvPool;
 use super::shard::{BatchItem, Kv, Scratch, next_pass};
 use super::stack::StackItem;
 use super::{ModelConfig, ModelError, Shard, ShardOutput};
+use crate::backend::peer::{PEER_FLAG_BYTES, PeerSum, Piece};
 use crate::backend::{Buffer, Device};
 use crate::gguf::GgufFile;
 use crate::kernels::{Add, Op};
@@ -152,9 +157,30 @@ pub fn plan(
 }
 
 /// What a tensor-parallel stage holds besides its parts: on the first device, a buffer per
-/// other device that its partial sums land in.
+/// other device that its partial sums land in; and where the devices can read each other's
+/// memory, what the sums on the GPUs need instead ([`PeerSums`]).
 pub(super) struct TensorSplit {
     gather: Vec<Buffer>,
+    peer: Option<PeerSums>,
+}
+
+/// The sums of a split whose devices read each other's memory (backend/peer.rs): each
+/// device's pass is queued at once and its half-layers meet on the GPUs, with no host step
+/// between them. Attention's partials go to the scratch's `o`, the feed-forward's to
+/// `second`, so a device can write its next partial while the others still read its last.
+struct PeerSums {
+    /// Per device, on it: the feed-forward's partial sums.
+    second: Vec<Buffer>,
+    /// Per device, on it: the flag words the others publish their epochs into.
+    flags: Vec<Buffer>,
+    /// The next sum's epoch; every device's sums take the same, one per sum.
+    epoch: AtomicU32,
+}
+
+/// `CAIRN_PEER_SUM=off` sums a split's partials through copies and the host even where the
+/// devices could read each other (for measuring one against the other).
+fn peer_sums_wanted() -> bool {
+    std::env::var("CAIRN_PEER_SUM").as_deref() != Ok("off")
 }
 
 impl TensorSplit {
@@ -168,7 +194,33 @@ impl TensorSplit {
                     .alloc(&format!("partial sums of device {p}"), bytes)
             })
             .collect::<Result<_, _>>()?;
-        Ok(TensorSplit { gather })
+        // Gemma's post norms need the whole sum before the residual add, which the peer sum
+        // fuses; those families keep the copies.
+        let post_norms = (0..lead.layer_count()).any(|i| lead.post_norm(i, 0).is_some());
+        let devices: Vec<&Device> = lanes.iter().map(|l| &**l.device()).collect();
+        let peer = if !post_norms && peer_sums_wanted() && Device::enable_peers(&devices) {
+            let mut second = Vec::with_capacity(lanes.len());
+            let mut flags = Vec::with_capacity(lanes.len());
+            for (p, lane) in lanes.iter().enumerate() {
+                let dev = lane.device();
+                second.push(dev.alloc(&format!("feed-forward partial sums of device {p}"), bytes)?);
+                let f = dev.alloc(&format!("peer sum flags of device {p}"), PEER_FLAG_BYTES)?;
+                dev.write(&f, 0, &[0u8; PEER_FLAG_BYTES as usize])?;
+                flags.push(f);
+            }
+            tracing::info!(
+                devices = lanes.len(),
+                "tensor split sums on the GPUs over peer access"
+            );
+            Some(PeerSums {
+                second,
+                flags,
+                epoch: AtomicU32::new(1),
+            })
+        } else {
+            None
+        };
+        Ok(TensorSplit { gather, peer })
     }
 }
 
@@ -278,7 +330,67 @@ pub(super) async fn forward_batch(
                 copy(lead, &scratch[0].h, &lanes[p], &scratch[p].h, bytes, p).await?;
             }
         }
-        for i in 0..layers {
+        if let Some(peer) = &split.peer {
+            // Epoch 0 is never taken before the counter wraps: flags start at 0.
+            let first = peer.epoch.fetch_add(2 * layers as u32, Ordering::Relaxed);
+            let n = (t * dim) as u32;
+            let flags: Vec<&Buffer> = peer.flags.iter().collect();
+            let attention: Vec<&Buffer> = scratch.iter().map(|s| &s.o).collect();
+            let ffn: Vec<&Buffer> = peer.second.iter().collect();
+            let encode = |p: usize| {
+                let lane = &lanes[p];
+                let h: &Buffer = &scratch[p].h;
+                let sum = |of_ffn: bool, epoch: u32| PeerSum {
+                    h,
+                    parts: if of_ffn {
+                        ffn.clone()
+                    } else {
+                        attention.clone()
+                    },
+                    flags: flags.clone(),
+                    index: p as u32,
+                    epoch,
+                    first,
+                    n,
+                };
+                let mut pieces = Vec::with_capacity(4 * layers);
+                for i in 0..layers {
+                    let epoch = first.wrapping_add(2 * i as u32);
+                    let mut ops = Vec::new();
+                    lane.encode_attention(&scratch[p], kvs[p], t, i, &mut ops);
+                    pieces.push(Piece::Ops(ops));
+                    pieces.push(Piece::Sum(sum(false, epoch)));
+                    let mut ops = Vec::new();
+                    lane.encode_ffn_into(&scratch[p], t, i, &peer.second[p], &mut ops);
+                    pieces.push(Piece::Ops(ops));
+                    pieces.push(Piece::Sum(sum(true, epoch.wrapping_add(1))));
+                }
+                lane.device().run_pieces(&pieces).map_err(at(p))
+            };
+            // Planning a device's pass costs the host about as long as a few of its layers
+            // take on the GPU, and the first device's sums wait for the last device's pass to
+            // be queued: the devices are planned and queued on threads of their own.
+            // (No threads in a browser; no peer sums there either.)
+            #[cfg(target_arch = "wasm32")]
+            let queued: Vec<Result<(), LaneError>> = (0..lanes.len()).map(encode).collect();
+            #[cfg(not(target_arch = "wasm32"))]
+            let queued: Vec<Result<(), LaneError>> = std::thread::scope(|scope| {
+                let others: Vec<_> = (1..lanes.len())
+                    .map(|p| scope.spawn(move || encode(p)))
+                    .collect();
+                let mut all = vec![encode(0)];
+                for (p, h) in others.into_iter().enumerate() {
+                    all.push(h.join().unwrap_or_else(|_| {
+                        Err((p + 1, ModelError::WrongInput("a device's pass panicked")))
+                    }));
+                }
+                all
+            });
+            for q in queued {
+                q?;
+            }
+        }
+        for i in (0..layers).filter(|_| split.peer.is_none()) {
             for (p, lane) in lanes.iter().enumerate() {
                 let mut ops = Vec::new();
                 if i > 0 {
@@ -299,7 +411,9 @@ pub(super) async fn forward_batch(
         // The last residual and the head on the first device: the next pass starts the
         // others' hidden states afresh.
         let mut ops = Vec::new();
-        lead.encode_residual(&scratch[0], t, lead.post_norm(layers - 1, 1), &mut ops);
+        if split.peer.is_none() {
+            lead.encode_residual(&scratch[0], t, lead.post_norm(layers - 1, 1), &mut ops);
+        }
         let heads = lead
             .encode_pass_heads(&scratch[0], bufs[0], &per_lane[0], &pass, &rows, &mut ops)
             .map_err(at(0))?;

@@ -458,10 +458,37 @@ pub(crate) fn enable_peer_access(ctx: &Context, peer: &Context) -> bool {
         return false;
     }
     // SAFETY: `peer.ctx` is a live context; enabling twice reports "already enabled".
-    matches!(
+    let enabled = matches!(
         unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) },
         sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-    )
+    );
+    // Peer access covers memory from cuMemAlloc; stream-ordered allocations come from the
+    // peer's memory pool, whose own access list must name this device too (copies work
+    // without it, kernels reading the peer's memory do not: an illegal address).
+    enabled && (!peer.pools || grant_pool_access(peer.dev, ctx.dev))
+}
+
+/// Lets device `reader` read and write what `owner`'s current memory pool hands out.
+fn grant_pool_access(owner: sys::CUdevice, reader: sys::CUdevice) -> bool {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `owner` is a device the driver handed out; writes one handle.
+    if unsafe { sys::cuDeviceGetMemPool(&mut pool, owner) }
+        .result()
+        .is_err()
+    {
+        return false;
+    }
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: reader,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: a live pool and one valid descriptor.
+    unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }
+        .result()
+        .is_ok()
 }
 
 /// Queues on `dst`'s stream a copy from `src`'s device, after what `src` has queued; `src`'s

@@ -5,7 +5,9 @@
 //! its parameter words. Decode steps differ only in parameters (positions, KV offsets, the
 //! sampling step), which live in a pinned host buffer that the graph's first node copies to
 //! the device each time it runs; so the second step with the same key captures a graph and
-//! every later one replays it after rewriting the parameters.
+//! every later one replays it after rewriting the parameters. "The same key" means one of the
+//! last few runs', not only the last one's: a step may be several runs (a tensor-parallel
+//! stage runs the embedding, the layers and the head apart on its first device).
 
 use super::driver::{self, Context, DevicePtr, Function, GraphExec, ParamSlot};
 use super::launch::PARAM_WORDS;
@@ -13,7 +15,16 @@ use crate::backend::Result;
 
 /// How many captured graphs are kept (a model shard needs one per distinct step shape:
 /// decode with and without sampling, the last prefill chunk...).
-const MAX_GRAPHS: usize = 8;
+const MAX_GRAPHS: usize = 16;
+
+/// Parameter words a direct run's slot holds at least (4,096 launches, 256 KiB pinned): a
+/// slot that must grow is freed, and freeing waits for the device, which must never happen
+/// while a tensor-parallel pass has queued half its devices (the others' sums would wait for
+/// the rest until they give up).
+const DIRECT_SLOT_WORDS: usize = 4096 * PARAM_WORDS;
+
+/// How many recent runs' keys a run's key is compared with before it is captured.
+const RECENT_KEYS: usize = 4;
 
 /// A launch with everything resolved to driver handles.
 pub(crate) struct Resolved {
@@ -113,7 +124,8 @@ pub(crate) struct Executor {
     direct: [Option<ParamSlot>; 2],
     next_direct: usize,
     graphs: Lru<Graph>,
-    last_key: Option<Vec<u64>>,
+    /// Keys of the latest runs that were not replays, newest last.
+    recent: std::collections::VecDeque<Vec<u64>>,
     pub(crate) graphs_enabled: bool,
     pub(crate) stats: Stats,
 }
@@ -124,7 +136,7 @@ impl Executor {
             direct: [None, None],
             next_direct: 0,
             graphs: Lru::new(MAX_GRAPHS),
-            last_key: None,
+            recent: std::collections::VecDeque::with_capacity(RECENT_KEYS),
             graphs_enabled,
             stats: Stats::default(),
         }
@@ -149,13 +161,13 @@ impl Executor {
                 self.stats.replays += 1;
                 return Ok(());
             }
-            if self.last_key.as_ref() == Some(&key) {
+            if let Some(at) = self.recent.iter().position(|k| *k == key) {
+                self.recent.remove(at);
                 match self.capture(ctx, launches, &params) {
                     Ok(g) => {
                         g.exec.launch(ctx)?;
                         g.slot.mark_taken(ctx)?;
                         self.stats.captures += 1;
-                        self.last_key = None;
                         // An evicted graph may still be running: its slot waits in Drop.
                         drop(self.graphs.insert(key, g));
                         return Ok(());
@@ -168,7 +180,10 @@ impl Executor {
                     }
                 }
             } else {
-                self.last_key = Some(key);
+                if self.recent.len() == RECENT_KEYS {
+                    self.recent.pop_front();
+                }
+                self.recent.push_back(key);
             }
         }
         self.run_direct(ctx, launches, &params)
@@ -192,7 +207,9 @@ impl Executor {
             entry => {
                 // Dropping the old slot waits for its last copy.
                 *entry = None;
-                entry.insert(ParamSlot::new(params.len().next_power_of_two())?)
+                entry.insert(ParamSlot::new(
+                    params.len().next_power_of_two().max(DIRECT_SLOT_WORDS),
+                )?)
             }
         };
         slot.fill(params)?;

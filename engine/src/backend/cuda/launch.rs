@@ -2,6 +2,7 @@
 //! are the op's own `Params`.
 //! Pure logic: no driver calls, so it is tested without a GPU.
 
+use crate::backend::peer::{MAX_PEER_DEVICES, PeerSum};
 use crate::backend::{BackendError, Buffer, Result};
 use crate::kernels::{
     Add, AddBias, Argmax, Attention, AttentionParams, BufferCopy, Embed, GeluMul, KvStore, Linear,
@@ -100,6 +101,7 @@ pub(crate) enum Kernel {
     Argmax,
     Sample,
     Copy,
+    PeerSum,
 }
 
 impl Kernel {
@@ -145,6 +147,7 @@ impl Kernel {
             Kernel::Argmax => "argmax",
             Kernel::Sample => "sample",
             Kernel::Copy => "copy_words",
+            Kernel::PeerSum => "peer_sum",
         }
     }
 }
@@ -236,6 +239,48 @@ fn launch<'a>(
 }
 
 const OPS: ModuleKey = ModuleKey::Ops;
+
+/// Blocks of a peer sum at most: every block waits for the other devices' flags before it
+/// adds, so all of them must be resident at once (a waiting block must not hold back one that
+/// has yet to start); 64 blocks of 256 fit any GPU this backend runs on.
+const PEER_SUM_MAX_BLOCKS: u32 = 64;
+
+/// The launch of a peer sum (backend/peer.rs; `peer_sum` in kernels/ops.cu): the hidden
+/// states, then [`MAX_PEER_DEVICES`] partials and as many flag buffers, unused slots filled
+/// with the hidden states (never read: `devices` bounds the kernel's loops). The sum must have
+/// passed `Device::run_pieces`' checks.
+pub(crate) fn peer_sum<'a>(sum: &PeerSum<'a>) -> Launch<'a> {
+    let mut buffers = Vec::with_capacity(1 + 2 * MAX_PEER_DEVICES);
+    buffers.push(sum.h);
+    for list in [&sum.parts, &sum.flags] {
+        buffers.extend(list.iter().copied());
+        buffers.extend(std::iter::repeat_n(sum.h, MAX_PEER_DEVICES - list.len()));
+    }
+    let params = [
+        sum.n,
+        sum.index,
+        sum.parts.len() as u32,
+        sum.epoch,
+        sum.first,
+    ];
+    let mut w = [0u32; PARAM_WORDS];
+    w[..params.len()].copy_from_slice(&params);
+    Launch {
+        kernel: Kernel::PeerSum,
+        module: OPS,
+        grid: [
+            blocks(sum.n.into(), 256).clamp(1, PEER_SUM_MAX_BLOCKS),
+            1,
+            1,
+        ],
+        block: [256, 1, 1],
+        shared: 0,
+        scratch: 0,
+        staging: 0,
+        buffers,
+        params: w,
+    }
+}
 
 impl<'a> CudaOp<'a> for MatMul<'a> {
     fn launch(&self) -> Result<Launch<'a>> {
@@ -670,6 +715,39 @@ mod tests {
 
     fn cpu() -> Device {
         Device::new_cpu(crate::device::info::describe_cpu())
+    }
+
+    /// A peer sum passes the hidden states, then eight partial and eight flag pointers in
+    /// device order, unused ones padded with the hidden states (the kernel's loops stop at
+    /// `devices`), and never more blocks than can all wait at once.
+    #[test]
+    fn peer_sums_pass_every_device_in_order_and_cap_their_blocks() {
+        let d = cpu();
+        let h = d.alloc("h", 4 * 4096 * 512).unwrap();
+        let parts: Vec<Buffer> = (0..3)
+            .map(|_| d.alloc("p", 4 * 4096 * 512).unwrap())
+            .collect();
+        let flags: Vec<Buffer> = (0..3).map(|_| d.alloc("f", 32).unwrap()).collect();
+        let sum = |n| PeerSum {
+            h: &h,
+            parts: parts.iter().collect(),
+            flags: flags.iter().collect(),
+            index: 1,
+            epoch: 7,
+            first: 5,
+            n,
+        };
+        let l = peer_sum(&sum(4096 * 512));
+        let ids: Vec<u64> = l.buffers.iter().map(|b| b.id()).collect();
+        let mut want = vec![h.id()];
+        for list in [&parts, &flags] {
+            want.extend(list.iter().map(|b| b.id()));
+            want.extend(std::iter::repeat_n(h.id(), MAX_PEER_DEVICES - 3));
+        }
+        assert_eq!(ids, want);
+        assert_eq!(&l.params[..5], &[4096 * 512, 1, 3, 7, 5]);
+        assert_eq!(l.grid, [PEER_SUM_MAX_BLOCKS, 1, 1]);
+        assert_eq!(peer_sum(&sum(576)).grid, [3, 1, 1]);
     }
 
     #[test]

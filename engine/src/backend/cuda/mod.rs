@@ -20,6 +20,7 @@ mod launch;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::peer::Piece;
 use super::{BackendError, Buffer, Device, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
@@ -231,6 +232,10 @@ impl CudaBackend {
             std::collections::hash_map::Entry::Vacant(e) => {
                 let t0 = std::time::Instant::now();
                 let ptx = compile::ptx(key, self.cc, &self.variant)?;
+                // A module belongs to the context current when it is loaded: with several
+                // devices in one process that may be another device's (a launch of its
+                // functions here would fail with an invalid handle).
+                self.ctx.bind()?;
                 let module = Module::load_ptx(&ptx)?;
                 tracing::debug!(module = %compile::module_name(key), ms = t0.elapsed().as_secs_f64() * 1e3, "cuda module compiled");
                 e.insert((module, HashMap::new()))
@@ -246,12 +251,46 @@ impl CudaBackend {
 
     pub(crate) fn run(&self, ops: &[Op<'_>]) -> Result<()> {
         let t0 = std::time::Instant::now();
+        let mut launches = Vec::with_capacity(ops.len());
+        self.plan_into(ops, &mut launches)?;
+        self.execute(t0, ops.len(), &launches)
+    }
+
+    /// One device's share of a tensor-parallel pass (backend/peer.rs): its ops planned piece
+    /// by piece (fusion stays inside a piece), the peer sums between them, all one run, so a
+    /// decode step's is captured as one graph and replayed.
+    pub(crate) fn run_pieces(&self, pieces: &[Piece<'_>]) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        let mut launches = Vec::new();
+        let mut ops = 0;
+        for piece in pieces {
+            match piece {
+                Piece::Ops(o) => {
+                    ops += o.len();
+                    self.plan_into(o, &mut launches)?;
+                }
+                Piece::Sum(sum) => launches.push(launch::peer_sum(sum)),
+            }
+        }
+        self.execute(t0, ops, &launches)
+    }
+
+    /// Lets every pair of `devices` read each other's memory; false where one pair cannot.
+    pub(crate) fn enable_peers(devices: &[&CudaBackend]) -> bool {
+        devices.iter().enumerate().all(|(i, a)| {
+            devices.iter().enumerate().all(|(j, b)| {
+                i == j || (a.ctx.ctx != b.ctx.ctx && driver::enable_peer_access(&a.ctx, &b.ctx))
+            })
+        })
+    }
+
+    /// `ops` as launches, after fusion and the backend's kernel choices, appended to `launches`.
+    fn plan_into<'a>(&self, ops: &[Op<'a>], launches: &mut Vec<launch::Launch<'a>>) -> Result<()> {
         let items = if self.fusion.on {
             fuse::fuse(ops, self.fusion.norms)
         } else {
             ops.iter().map(fuse::Item::One).collect()
         };
-        let mut launches = Vec::with_capacity(items.len());
         for item in &items {
             let l = match item {
                 fuse::Item::One(op) => match launch::plan(op)? {
@@ -277,12 +316,23 @@ impl CudaBackend {
             };
             launches.push(l);
         }
+        Ok(())
+    }
+
+    /// Resolves `launches` to driver handles and queues them (direct, or a graph's capture or
+    /// replay); `t0` is when planning began, `ops` how many ops they came from (for the trace).
+    fn execute(
+        &self,
+        t0: std::time::Instant,
+        ops: usize,
+        launches: &[launch::Launch<'_>],
+    ) -> Result<()> {
         let scratch_bytes = launches.iter().map(|l| l.scratch).max().unwrap_or(0);
         let scratch_ptr = self.grown(&self.scratch, "cuda scratch", scratch_bytes)?;
         let staging_bytes = launches.iter().map(|l| l.staging).max().unwrap_or(0);
         let staging_ptr = self.grown(&self.staging, "cuda staging", staging_bytes)?;
         let mut resolved = Vec::with_capacity(launches.len());
-        for l in &launches {
+        for l in launches {
             let function = self.function(l.module, l.kernel)?;
             let mut buffers = l
                 .buffers
@@ -315,7 +365,8 @@ impl CudaBackend {
         let ran = ex.run(&self.ctx, &resolved);
         // Host time of a run: planning (fusion, kernel choice, lookups) and queueing.
         tracing::trace!(
-            ops = ops.len(),
+            device = %self.id,
+            ops,
             launches = resolved.len(),
             plan_us = (t1 - t0).as_micros() as u64,
             queue_us = t1.elapsed().as_micros() as u64,
@@ -519,5 +570,95 @@ mod tests {
         );
         eprintln!("peer access {peer:?}; copies direct {direct}, {direct_back}");
         assert_eq!((direct, direct_back), peer);
+    }
+    /// With two CUDA devices that can read each other's memory, a peer sum (backend/peer.rs)
+    /// adds both devices' partials to each one's hidden states, exactly and identically, over
+    /// several passes, and the device queued first waits on the GPU for the one queued late.
+    #[test]
+    fn peer_sums_between_two_cuda_devices_wait_for_each_other() {
+        use crate::backend::peer::{PEER_FLAG_BYTES, PeerSum, Piece};
+        let (infos, _) = discover();
+        if infos.len() < 2 {
+            eprintln!("{} cuda device(s); two needed, skipped", infos.len());
+            return;
+        }
+        let found = crate::device::discover_blocking();
+        let devs = [
+            pollster::block_on(found.open_info(infos[0].clone())).expect("open 0"),
+            pollster::block_on(found.open_info(infos[1].clone())).expect("open 1"),
+        ];
+        if !Device::enable_peers(&[&devs[0], &devs[1]]) {
+            eprintln!("no peer access between cuda:0 and cuda:1; skipped");
+            return;
+        }
+        let n = 5000usize;
+        let h0: Vec<f32> = (0..n).map(|i| (i % 13) as f32).collect();
+        let parts: Vec<Vec<f32>> = (0..2)
+            .map(|d| (0..n).map(|i| ((i + d) % 5) as f32 - 2.0).collect())
+            .collect();
+        let h: Vec<Buffer> = devs
+            .iter()
+            .map(|d| d.upload("h", bytemuck::cast_slice(&h0)).expect("upload"))
+            .collect();
+        let first: Vec<Buffer> = devs
+            .iter()
+            .zip(&parts)
+            .map(|(d, p)| d.upload("part", bytemuck::cast_slice(p)).expect("upload"))
+            .collect();
+        let second: Vec<Buffer> = devs
+            .iter()
+            .map(|d| d.alloc("part2", 4 * n as u64).expect("alloc"))
+            .collect();
+        let flags: Vec<Buffer> = devs
+            .iter()
+            .map(|d| {
+                d.upload("flags", &[0u8; PEER_FLAG_BYTES as usize])
+                    .expect("upload")
+            })
+            .collect();
+        let passes = 3u32;
+        for pass in 0..passes {
+            let epoch = 1 + 2 * pass;
+            for (i, dev) in devs.iter().enumerate() {
+                if i == 1 {
+                    // The first device is already waiting on the GPU.
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                let sum = |of_second: bool, epoch: u32| {
+                    let parts = if of_second { &second } else { &first };
+                    Piece::Sum(PeerSum {
+                        h: &h[i],
+                        parts: parts.iter().collect(),
+                        flags: flags.iter().collect(),
+                        index: i as u32,
+                        epoch,
+                        first: 1 + 2 * pass,
+                        n: n as u32,
+                    })
+                };
+                let pieces = [
+                    sum(false, epoch),
+                    Piece::Ops(vec![Op::Add(Add {
+                        a: &first[i],
+                        b: &first[i],
+                        out: &second[i],
+                        n: n as u32,
+                    })]),
+                    sum(true, epoch + 1),
+                ];
+                dev.run_pieces(&pieces).expect("run pieces");
+            }
+        }
+        // Each pass adds p0 + p1, then twice that.
+        let want: Vec<f32> = (0..n)
+            .map(|i| h0[i] + 3.0 * passes as f32 * (parts[0][i] + parts[1][i]))
+            .collect();
+        for (i, dev) in devs.iter().enumerate() {
+            assert_eq!(
+                dev.read_f32_blocking(&h[i]).expect("read"),
+                want,
+                "hidden states on cuda device {i}"
+            );
+        }
     }
 }

@@ -39,6 +39,8 @@ struct SampleKernelParams {
     u32 _pad;
 };
 struct CopyParams { u32 src_lo; u32 src_hi; u32 dst_lo; u32 dst_hi; u32 n_lo; u32 n_hi; };
+// A tensor-parallel peer sum's (ops.cu `peer_sum`), as backend/cuda/launch.rs writes it.
+struct PeerSumParams { u32 n; u32 index; u32 devices; u32 epoch; u32 first; };
 // The fused matrix-vector kernels' (linear.cu), as backend/cuda/fuse.rs writes them.
 struct FusedLinearParams {
     u32 rows0; u32 cols; u32 tokens; u32 row_bytes; u32 rows1; u32 rows2; u32 flags; float eps;

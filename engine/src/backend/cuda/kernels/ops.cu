@@ -29,8 +29,15 @@ to_f16(const CountParams* __restrict__ p, const float* __restrict__ x, uint4* __
     if ((size_t)i * 8 >= p->n) return;
     const float4 a = reinterpret_cast<const float4*>(x)[2 * (size_t)i];
     const float4 b = reinterpret_cast<const float4*>(x)[2 * (size_t)i + 1];
+#if __CUDA_ARCH__ >= 800
     out[i] = make_uint4(pack_f16x2(a.x, a.y), pack_f16x2(a.z, a.w), pack_f16x2(b.x, b.y),
                         pack_f16x2(b.z, b.w));
+#else
+    // Tensor cores (and so this kernel's launches) are taken from compute 8.0 up only; the
+    // kernel still compiles for older GPUs, whose ops module holds it.
+    (void)a;
+    (void)b;
+#endif
 }
 
 // The several-token split matrix-vector products (linear_matvec_split_tokens_q8) take their
@@ -782,4 +789,83 @@ copy_words(const CopyParams* __restrict__ p, const u32* src, u32* dst) {
     const u64 n = (u64)p->n_lo | ((u64)p->n_hi << 32);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         dst[dof + i] = src[so + i];
+}
+
+// A tensor-parallel pass's sum across the GPUs of one host (backend/peer.rs): h += the sum of
+// every device's partial, in device order (so every device computes the same floats), once
+// every device has reached the same sum. Device d's partial and flag words live on device d
+// and are read and written here over peer access (NVLink or PCIe). Block 0 first publishes
+// this device's epoch into every other device's flags (slot `index`); every block then waits
+// until its own flags hold the epoch from every other device. A device is at most one sum
+// ahead of another (it cannot pass its next sum before this one is published everywhere), so
+// the comparison is on the signed difference, which survives the counter wrapping.
+//
+// A wait gives up after about five seconds: a device whose pass was never queued (its host
+// call failed, and the pass fails on the host) must not keep this GPU spinning. The epoch it
+// gave up at goes into the device's own slot of its flags, and the pass's later sums (epochs
+// from `first`, the pass's first) do not wait; the pass's first sum resets the slot.
+#define PEER_MAX 8
+#define PEER_TIMEOUT_CYCLES 10000000000LL
+
+__device__ __forceinline__ u32 peer_flag_load(const u32* f) {
+#if __CUDA_ARCH__ >= 700
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+    return v;
+#else
+    const u32 v = *(const volatile u32*)f;
+    __threadfence_system();
+    return v;
+#endif
+}
+
+__device__ __forceinline__ void peer_flag_store(u32* f, u32 v) {
+#if __CUDA_ARCH__ >= 700
+    asm volatile("st.release.sys.global.u32 [%0], %1;" : : "l"(f), "r"(v) : "memory");
+#else
+    __threadfence_system();
+    *(volatile u32*)f = v;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+peer_sum(const PeerSumParams* __restrict__ p, float* h,
+         const float* p0, const float* p1, const float* p2, const float* p3,
+         const float* p4, const float* p5, const float* p6, const float* p7,
+         u32* f0, u32* f1, u32* f2, u32* f3, u32* f4, u32* f5, u32* f6, u32* f7) {
+    const float* parts[PEER_MAX] = {p0, p1, p2, p3, p4, p5, p6, p7};
+    u32* flags[PEER_MAX] = {f0, f1, f2, f3, f4, f5, f6, f7};
+    const u32 n = p->n, me = p->index, devices = p->devices, epoch = p->epoch;
+    if (threadIdx.x == 0) {
+        if (blockIdx.x == 0) {
+            // The partial was written by earlier kernels of this stream: complete, and made
+            // visible to the other devices by the release.
+            __threadfence_system();
+            for (u32 d = 0; d < devices; d++)
+                if (d != me) peer_flag_store(flags[d] + me, epoch);
+        }
+        u32* gave_up = flags[me] + me;
+        if (epoch == p->first && blockIdx.x == 0) *(volatile u32*)gave_up = p->first - 1;
+        const long long t0 = clock64();
+        bool waiting = (int)(*(volatile u32*)gave_up - p->first) < 0;
+        for (u32 d = 0; d < devices && waiting; d++) {
+            if (d == me) continue;
+            while ((int)(peer_flag_load(flags[me] + d) - epoch) < 0) {
+                if (clock64() - t0 > PEER_TIMEOUT_CYCLES) {
+                    *(volatile u32*)gave_up = epoch;
+                    waiting = false;
+                    break;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (u32 d = 0; d < devices; d++) {
+            // Volatile: another device's memory, written after this kernel may have started.
+            s += d == me ? parts[d][i] : *(const volatile float*)(parts[d] + i);
+        }
+        h[i] += s;
+    }
 }
