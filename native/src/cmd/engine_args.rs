@@ -92,6 +92,7 @@ pub enum WgpuMatvecArg {
     Stream,
     Subgroup,
     Int8,
+    Repacked,
     Auto,
 }
 
@@ -141,6 +142,7 @@ impl EngineArgs {
                     WgpuMatvecArg::Stream => WgpuMatvec::Stream,
                     WgpuMatvecArg::Subgroup => WgpuMatvec::Subgroup,
                     WgpuMatvecArg::Int8 => WgpuMatvec::Int8,
+                    WgpuMatvecArg::Repacked => WgpuMatvec::Repacked,
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
                 tiled_prefill: self.wgpu_tiled_prefill,

@@ -12,6 +12,7 @@ pub mod check;
 pub(crate) mod discover;
 mod fuse;
 mod plan;
+mod repack;
 mod rows;
 mod split_attention;
 
@@ -107,6 +108,10 @@ pub struct WgpuBackend {
     matvec: Matvec,
     /// Prompt-sized products on `linear_matmat_tiled`.
     tiled_prefill: bool,
+    /// Q4_0, Q4_1 and Q8_0 weights are repacked at upload (`repack.rs`)...
+    repack: bool,
+    /// ...and these buffers (by id) hold them so.
+    repacked: Mutex<HashSet<u64>>,
     /// Where the packed-integer kernels' activations are rounded to (`quantize_q8`), grown
     /// to the largest a run has needed.
     int8_scratch: Mutex<Option<Arc<Buffer>>>,
@@ -185,6 +190,8 @@ impl WgpuBackend {
             fuse_norms: true,
             matvec: Matvec::Rows,
             tiled_prefill: false,
+            repack: false,
+            repacked: Mutex::new(HashSet::new()),
             int8_scratch: Mutex::new(None),
             parts_scratch: Mutex::new(None),
             attention: WgpuAttention::Single,
@@ -218,6 +225,13 @@ impl WgpuBackend {
                 subgroups,
                 int8: packed,
             },
+            WgpuMatvec::Repacked => {
+                self.repack = true;
+                Matvec::Stream {
+                    subgroups,
+                    int8: false,
+                }
+            }
             _ => Matvec::Stream {
                 subgroups,
                 int8: false,
@@ -225,8 +239,46 @@ impl WgpuBackend {
         };
         self.tiled_prefill = opts.tiled_prefill;
         self.attention = opts.attention.resolve(info.is_software());
-        tracing::debug!(id = %info.id, matvec = ?self.matvec, tiled_prefill = self.tiled_prefill, attention = ?self.attention, "wgpu kernels");
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, tiled_prefill = self.tiled_prefill, attention = ?self.attention, "wgpu kernels");
         self
+    }
+
+    /// Whether weights of `format` (a GGML type name) are uploaded repacked (`repack.rs`).
+    pub(crate) fn repacks(&self, format: &str) -> bool {
+        self.repack && repack::repacks(format)
+    }
+
+    /// `data`, whole blocks of `format`, repacked ([`Self::repacks`]) into a new buffer that
+    /// every kernel then reads in that layout.
+    pub(crate) fn upload_repacked(
+        &self,
+        label: &str,
+        format: &str,
+        data: &[u8],
+    ) -> Result<(wgpu::Buffer, u64)> {
+        let bytes = repack::repack(format, data).ok_or_else(|| {
+            BackendError::Unsupported(format!(
+                "{label}: {} bytes are not whole blocks of {format}",
+                data.len()
+            ))
+        })?;
+        let buf = self.alloc(label, bytes.len() as u64)?;
+        self.write(&buf, 0, &bytes)?;
+        Ok((buf, bytes.len() as u64))
+    }
+
+    /// Records that the buffer `id` holds repacked weights.
+    pub(crate) fn mark_repacked(&self, id: u64) -> Result<()> {
+        self.repacked
+            .lock()
+            .map_err(|_| BackendError::Gpu("poisoned".into()))?
+            .insert(id);
+        Ok(())
+    }
+
+    /// The bytes a repacked part of `native` bytes of `format` takes.
+    pub(crate) fn repacked_len(format: &str, native: u64) -> u64 {
+        repack::repacked_len(format, native as usize).map_or(native, |n| n as u64)
     }
 
     /// Decode rows (sequences) one pass takes: the batch kernels' limit, or one where a
@@ -470,11 +522,18 @@ impl WgpuBackend {
                 attention_forced: forced,
             },
         )?;
-        let steps = if self.tiled_prefill {
+        let mut steps: Vec<Step<'_>> = if self.tiled_prefill {
             steps.into_iter().map(plan::tiled_prefill).collect()
         } else {
             steps
         };
+        if self.repack {
+            let repacked = self
+                .repacked
+                .lock()
+                .map_err(|_| BackendError::Gpu("poisoned".into()))?;
+            repack::retarget(&mut steps, |id| repacked.contains(&id));
+        }
         let n_dispatch = steps
             .iter()
             .filter(|s| matches!(s, Step::Dispatch { .. }))
@@ -492,7 +551,17 @@ impl WgpuBackend {
             .bind_groups
             .lock()
             .map_err(|_| BackendError::Gpu("poisoned".into()))?;
-        cache.evict(&accounting.take_dropped());
+        let dropped = accounting.take_dropped();
+        cache.evict(&dropped);
+        if self.repack && !dropped.is_empty() {
+            let mut repacked = self
+                .repacked
+                .lock()
+                .map_err(|_| BackendError::Gpu("poisoned".into()))?;
+            for id in &dropped {
+                repacked.remove(id);
+            }
+        }
         if cache.groups.len() > MAX_CACHED_BIND_GROUPS {
             cache.groups.clear();
         }
