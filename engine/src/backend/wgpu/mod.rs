@@ -477,6 +477,7 @@ impl WgpuBackend {
 
     pub(crate) fn run(&self, ops: &[Op<'_>], accounting: &Arc<Accounting>) -> Result<()> {
         self.check_errors()?;
+        let t0 = HostClock::now();
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
         let int8_bytes = ops
             .iter()
@@ -534,6 +535,7 @@ impl WgpuBackend {
                 .map_err(|_| BackendError::Gpu("poisoned".into()))?;
             repack::retarget(&mut steps, |id| repacked.contains(&id));
         }
+        let t_plan = HostClock::now();
         let n_dispatch = steps
             .iter()
             .filter(|s| matches!(s, Step::Dispatch { .. }))
@@ -634,6 +636,7 @@ impl WgpuBackend {
         if uniform_params {
             self.queue.write_buffer(&params_buf, 0, &param_bytes);
         }
+        let t_bind = HostClock::now();
 
         let mut enc = self
             .device
@@ -658,12 +661,25 @@ impl WgpuBackend {
                 label: Some("cairn ops"),
                 timestamp_writes: None,
             });
+            // Consecutive dispatches of one pipeline (Q, K and V; gate and up) set it once:
+            // each call is validated and tracked by wgpu, about 2 us a dispatch on lavapipe's
+            // host (docs/performance.md).
+            let mut current: Option<(&str, Option<&str>)> = None;
             while i < steps.len() {
-                let Step::Dispatch { groups, .. } = &steps[i] else {
+                let Step::Dispatch {
+                    groups,
+                    kernel,
+                    format,
+                    ..
+                } = &steps[i]
+                else {
                     break;
                 };
                 if let Some((compiled, bg, params, di)) = &bind_groups[i] {
-                    pass.set_pipeline(&compiled.pipeline);
+                    if current != Some((kernel.name, *format)) {
+                        pass.set_pipeline(&compiled.pipeline);
+                        current = Some((kernel.name, *format));
+                    }
                     match compiled.params {
                         ParamMode::Uniform => pass.set_bind_group(0, bg, &[]),
                         ParamMode::DynamicUniform => {
@@ -679,7 +695,21 @@ impl WgpuBackend {
                 i += 1;
             }
         }
-        self.queue.submit([enc.finish()]);
+        let cmd = enc.finish();
+        let t_encode = HostClock::now();
+        self.queue.submit([cmd]);
+        // Host time of a run, for issue 22's dispatch-bound steps: planning (fusion, kernel
+        // choice, repacked retargeting), pipelines, bind groups and parameters, encoding the
+        // passes, and the submission (`RUST_LOG=cairn_engine::backend::wgpu=trace`).
+        tracing::trace!(
+            ops = ops.len(),
+            dispatches = n_dispatch,
+            plan_us = HostClock::us(t0, t_plan),
+            bind_us = HostClock::us(t_plan, t_bind),
+            encode_us = HostClock::us(t_bind, t_encode),
+            submit_us = HostClock::us(t_encode, HostClock::now()),
+            "wgpu run"
+        );
         self.check_errors()
     }
 
@@ -740,6 +770,32 @@ impl WgpuBackend {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| BackendError::Gpu(format!("poll: {e}")))?;
         Ok(())
+    }
+}
+
+/// A host clock for the run's trace event: `Instant` natively; nothing in a browser, where
+/// `Instant::now` panics (wasm32 has no clock in std).
+struct HostClock;
+
+impl HostClock {
+    #[cfg(not(target_arch = "wasm32"))]
+    fn now() -> Option<std::time::Instant> {
+        Some(std::time::Instant::now())
+    }
+    #[cfg(target_arch = "wasm32")]
+    fn now() -> Option<()> {
+        None
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    fn us(a: Option<std::time::Instant>, b: Option<std::time::Instant>) -> u64 {
+        match (a, b) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a).as_micros() as u64,
+            _ => 0,
+        }
+    }
+    #[cfg(target_arch = "wasm32")]
+    fn us(_: Option<()>, _: Option<()>) -> u64 {
+        0
     }
 }
 
