@@ -268,6 +268,10 @@ mod tests {
             parse(&["--wgpu-matvec", "int8"]).wgpu.matvec,
             WgpuMatvec::Int8
         );
+        assert_eq!(
+            parse(&["--wgpu-matvec", "repacked"]).wgpu.matvec,
+            WgpuMatvec::Repacked
+        );
         assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
         let limited = parse(&["--wgpu-limits", "default", "--wgpu-max-binding", "1048576"]);
         assert!(limited.wgpu.limits.webgpu_defaults);
