@@ -156,6 +156,7 @@ fn options() -> EngineOptions {
         Ok("stream") => WgpuMatvec::Stream,
         Ok("subgroup") => WgpuMatvec::Subgroup,
         Ok("int8") => WgpuMatvec::Int8,
+        Ok("repacked") => WgpuMatvec::Repacked,
         _ => WgpuMatvec::ByAdapter,
     };
     o
@@ -526,7 +527,13 @@ impl Bench<'_> {
                 let k = self.dispatches(bytes as f64, self.tier.target_bytes as f64);
                 let sets = self.sets(bytes, k);
                 let ws: Vec<Buffer> = (0..sets)
-                    .map(|_| self.dev.upload("w", &w).expect("upload"))
+                    .map(|_| {
+                        // Repacked where the device repacks (`CAIRN_WGPU_MATVEC=repacked`).
+                        let row_bytes = (w.len() / rows as usize) as u64;
+                        self.dev
+                            .upload_weights("w", &w, ty, row_bytes)
+                            .expect("upload")
+                    })
                     .collect();
                 drop(w);
                 let x = self

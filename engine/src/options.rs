@@ -172,6 +172,13 @@ pub enum WgpuMatvec {
     /// product instructions where the device has them, else naga's shifts and multiplies).
     /// Other formats, and devices without the language feature, run `Subgroup`.
     Int8,
+    /// `Subgroup` over Q4_0, Q4_1 and Q8_0 weights repacked at upload
+    /// (`backend/wgpu/repack.rs`): scales in a 16-byte header per group of blocks, each
+    /// block's quants on 16 bytes, so the streaming kernels over rows of 2048 elements and
+    /// more load a block's quants as one vec4 (`stream_walk_v4.wgsl`); every other kernel
+    /// reads the repacked layout through its own format (`formats/q4_1r.wgsl`, ...). Not
+    /// `ByAdapter`'s choice until measured on a GPU.
+    Repacked,
     /// `Subgroup` on GPUs (the streaming kernels are written for their bandwidth), on
     /// software rasterizers (where they measured faster too: lavapipe, 135M decode, 3.7 s a
     /// token against 4.5 on wgpu, 4.4 against 4.8 on vulkan; docs/performance.md) and in

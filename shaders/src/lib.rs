@@ -22,6 +22,10 @@ pub struct Kernel {
     /// Whether the kernel multiplies packed 8-bit integers: the format's integer chunk loader
     /// (`chunks_i8/`) is prepended too, and only formats with one are taken ([`INT8_FORMATS`]).
     pub int8: bool,
+    /// Whether the kernel reads weights repacked at upload as vec4 words: its `w` becomes an
+    /// `array<vec4<u32>>`, the format's block loader (`chunks_v4/`) is prepended instead of
+    /// the format, and only the repacked formats are taken ([`REPACKED_FORMATS`]).
+    pub vec4: bool,
 }
 
 macro_rules! kernels {
@@ -34,6 +38,7 @@ macro_rules! kernels {
             chunked: false,
             subgroups: false,
             int8: false,
+            vec4: false,
         };)*
         /// Every kernel, for validation and listing.
         pub const ALL: &[Kernel] = &[$($ident,)* $($sident,)*];
@@ -45,9 +50,12 @@ macro_rules! kernels {
 /// subgroups or through workgroup memory.
 macro_rules! streaming {
     ($ident:ident = $name:literal from $file:literal, tokens $tokens:literal, $reduce:literal, $subgroups:expr) => {
-        streaming!($ident = $name from $file over "stream_walk", tokens $tokens, $reduce, $subgroups, false);
+        streaming!($ident = $name from $file over "stream_walk", tokens $tokens, $reduce, $subgroups, false, false);
     };
     ($ident:ident = $name:literal from $file:literal over $walk:literal, tokens $tokens:literal, $reduce:literal, $subgroups:expr, $int8:expr) => {
+        streaming!($ident = $name from $file over $walk, tokens $tokens, $reduce, $subgroups, $int8, false);
+    };
+    ($ident:ident = $name:literal from $file:literal over $walk:literal, tokens $tokens:literal, $reduce:literal, $subgroups:expr, $int8:expr, $vec4:expr) => {
         pub const $ident: Kernel = Kernel {
             name: $name,
             wgsl: include_str!(concat!("../", $file, ".wgsl")),
@@ -63,6 +71,7 @@ macro_rules! streaming {
             chunked: true,
             subgroups: $subgroups,
             int8: $int8,
+            vec4: $vec4,
         };
     };
 }
@@ -77,6 +86,13 @@ streaming!(LINEAR_MATVEC_STREAM_I8 = "linear_matvec_stream_i8" from "linear_matv
 streaming!(LINEAR_MATVEC_STREAM_I8_SUBGROUP = "linear_matvec_stream_i8_subgroup" from "linear_matvec_stream_i8" over "stream_walk_i8", tokens 1, "subgroup", true, true);
 streaming!(LINEAR_MATVEC_BATCH_I8 = "linear_matvec_batch_i8" from "linear_matvec_stream_i8" over "stream_walk_i8", tokens 4, "workgroup", false, true);
 streaming!(LINEAR_MATVEC_BATCH_I8_SUBGROUP = "linear_matvec_batch_i8_subgroup" from "linear_matvec_stream_i8" over "stream_walk_i8", tokens 4, "subgroup", true, true);
+// The same kernels over weights repacked at upload (`vec4`), one block of 32 a step.
+streaming!(LINEAR_MATVEC_STREAM_V4 = "linear_matvec_stream_v4" from "linear_matvec_stream" over "stream_walk_v4", tokens 1, "workgroup", false, false, true);
+streaming!(LINEAR_MATVEC_STREAM_V4_SUBGROUP = "linear_matvec_stream_v4_subgroup" from "linear_matvec_stream" over "stream_walk_v4", tokens 1, "subgroup", true, false, true);
+streaming!(LINEAR_MATVEC_BATCH_V4 = "linear_matvec_batch_v4" from "linear_matvec_stream" over "stream_walk_v4", tokens 4, "workgroup", false, false, true);
+streaming!(LINEAR_MATVEC_BATCH_V4_SUBGROUP = "linear_matvec_batch_v4_subgroup" from "linear_matvec_stream" over "stream_walk_v4", tokens 4, "subgroup", true, false, true);
+streaming!(LINEAR_MATVEC_FUSED_STREAM_V4 = "linear_matvec_fused_stream_v4" from "linear_matvec_fused_stream" over "stream_walk_v4", tokens 1, "workgroup", false, false, true);
+streaming!(LINEAR_MATVEC_FUSED_STREAM_V4_SUBGROUP = "linear_matvec_fused_stream_v4_subgroup" from "linear_matvec_fused_stream" over "stream_walk_v4", tokens 1, "subgroup", true, false, true);
 
 /// Tokens the batch kernels take per pass (`LINEAR_MATVEC_BATCH*`'s TOKENS); more run as
 /// token groups along the grid's z.
@@ -94,6 +110,12 @@ kernels! {
     LINEAR_MATVEC_STREAM_I8_SUBGROUP,
     LINEAR_MATVEC_BATCH_I8,
     LINEAR_MATVEC_BATCH_I8_SUBGROUP,
+    LINEAR_MATVEC_STREAM_V4,
+    LINEAR_MATVEC_STREAM_V4_SUBGROUP,
+    LINEAR_MATVEC_BATCH_V4,
+    LINEAR_MATVEC_BATCH_V4_SUBGROUP,
+    LINEAR_MATVEC_FUSED_STREAM_V4,
+    LINEAR_MATVEC_FUSED_STREAM_V4_SUBGROUP,
     ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
@@ -139,7 +161,34 @@ pub const FORMATS: &[(&str, &str)] = &[
     ("Q4_K", include_str!("../formats/q4_k.wgsl")),
     ("Q5_K", include_str!("../formats/q5_k.wgsl")),
     ("Q6_K", include_str!("../formats/q6_k.wgsl")),
+    ("Q8_0R", include_str!("../formats/q8_0r.wgsl")),
+    ("Q4_0R", include_str!("../formats/q4_0r.wgsl")),
+    ("Q4_1R", include_str!("../formats/q4_1r.wgsl")),
 ];
+
+/// Formats the `wgpu` and `vulkan` backends repack at upload with `--wgpu-matvec repacked`
+/// (`backend/wgpu/repack.rs`), and the name of each one's repacked layout, which every
+/// formatted kernel takes (the `vec4` kernels only these).
+pub const REPACKED: &[(&str, &str)] = &[("Q8_0", "Q8_0R"), ("Q4_0", "Q4_0R"), ("Q4_1", "Q4_1R")];
+
+/// The repacked layouts' names ([`REPACKED`]).
+pub const REPACKED_FORMATS: &[&str] = &["Q8_0R", "Q4_0R", "Q4_1R"];
+
+/// The name of `format`'s repacked layout, where it has one.
+pub fn repacked(format: &str) -> Option<&'static str> {
+    REPACKED.iter().find(|(n, _)| *n == format).map(|(_, r)| *r)
+}
+
+/// Block loaders of the `vec4` kernels, by repacked format.
+const CHUNKS_V4: &[(&str, &str)] = &[
+    ("Q8_0R", include_str!("../chunks_v4/q8_0r.wgsl")),
+    ("Q4_0R", include_str!("../chunks_v4/q4_0r.wgsl")),
+    ("Q4_1R", include_str!("../chunks_v4/q4_1r.wgsl")),
+];
+const CHUNK_V4_COMMON: &str = include_str!("../chunks_v4/common.wgsl");
+/// How the kernels declare their weights; the `vec4` kernels' become vec4 words.
+const W_DECL: &str = "var<storage, read> w: array<u32>;";
+const W_DECL_V4: &str = "var<storage, read> w: array<vec4<u32>>;";
 
 const COMMON: &str = include_str!("../formats/common.wgsl");
 
@@ -150,6 +199,9 @@ const CHUNKS: &[(&str, &str)] = &[
     ("Q4_1", include_str!("../chunks/q4_1.wgsl")),
     ("Q4_K", include_str!("../chunks/q4_k.wgsl")),
     ("Q6_K", include_str!("../chunks/q6_k.wgsl")),
+    ("Q8_0R", include_str!("../chunks/q8_0r.wgsl")),
+    ("Q4_0R", include_str!("../chunks/q4_0r.wgsl")),
+    ("Q4_1R", include_str!("../chunks/q4_1r.wgsl")),
 ];
 const CHUNK_COMMON: &str = include_str!("../chunks/common.wgsl");
 
@@ -176,6 +228,8 @@ pub fn formats(kernel: Kernel) -> Vec<Option<&'static str>> {
         vec![None]
     } else if kernel.int8 {
         INT8_FORMATS.iter().map(|f| Some(*f)).collect()
+    } else if kernel.vec4 {
+        REPACKED_FORMATS.iter().map(|f| Some(*f)).collect()
     } else {
         FORMATS.iter().map(|(n, _)| Some(*n)).collect()
     }
@@ -187,6 +241,17 @@ pub fn formats(kernel: Kernel) -> Vec<Option<&'static str>> {
 pub fn source(kernel: Kernel, format: Option<&str>) -> Option<String> {
     if !kernel.formatted {
         return Some(kernel.wgsl.to_string());
+    }
+    if kernel.vec4 {
+        let loader = CHUNKS_V4.iter().find(|(n, _)| Some(*n) == format)?.1;
+        if !kernel.wgsl.contains(W_DECL) {
+            return None;
+        }
+        let body = kernel.wgsl.replacen(W_DECL, W_DECL_V4, 1);
+        return Some(format!(
+            "{CHUNK_V4_COMMON}\n{loader}\n{}\n{body}",
+            kernel.prelude
+        ));
     }
     let fmt = FORMATS.iter().find(|(n, _)| Some(*n) == format)?.1;
     let mut chunks = if kernel.chunked {

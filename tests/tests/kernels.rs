@@ -41,6 +41,7 @@ fn options() -> cairn_engine::EngineOptions {
         Ok("stream") => WgpuMatvec::Stream,
         Ok("subgroup") => WgpuMatvec::Subgroup,
         Ok("int8") => WgpuMatvec::Int8,
+        Ok("repacked") => WgpuMatvec::Repacked,
         _ => WgpuMatvec::ByAdapter,
     };
     // Decode attention may be pinned (`split` or `single`); else auto, and
@@ -141,7 +142,7 @@ fn run_linear(
     cols: usize,
     tokens: usize,
 ) -> Vec<f32> {
-    let bw = d.upload("w", wq).unwrap();
+    let bw = upload_weights(d, "w", wq, ty, cols);
     let bx = upload_f32(d, "x", x);
     let by = d.alloc("y", (tokens * rows * 4) as u64).unwrap();
     d.run(&[Op::Linear(Linear {
@@ -155,6 +156,13 @@ fn run_linear(
     })])
     .unwrap();
     read(d, &by, tokens * rows)
+}
+
+/// Weights of `ty` in rows of `cols` as a model's are uploaded: repacked where the device
+/// repacks them (`WgpuMatvec::Repacked`).
+fn upload_weights(d: &Device, label: &str, wq: &[u8], ty: GgmlType, cols: usize) -> Buffer {
+    let row_bytes = ty.row_bytes(cols).expect("whole blocks") as u64;
+    d.upload_weights(label, wq, ty, row_bytes).expect("upload")
 }
 
 fn upload_f32(d: &Device, label: &str, v: &[f32]) -> Buffer {
@@ -496,17 +504,24 @@ fn fused_decode_ffn_matches_the_ops_one_by_one() {
         .filter(|(_, d)| matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan))
         .collect();
     for (ty, dim, ffn) in cases {
+        fused_ffn_case(&devs, ty, dim, ffn, &mut rng);
+    }
+}
+
+/// One case of `fused_decode_ffn_matches_the_ops_one_by_one` on `devs`.
+fn fused_ffn_case(devs: &[(&str, Device)], ty: GgmlType, dim: usize, ffn: usize, rng: &mut StdRng) {
+    {
         let quant = |rows: usize, cols: usize, rng: &mut StdRng| -> Vec<u8> {
             let wf = rand_vec(rng, rows * cols, 1.0);
             wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect()
         };
         let (wg, wu, wd) = (
-            quant(ffn, dim, &mut rng),
-            quant(ffn, dim, &mut rng),
-            quant(dim, ffn, &mut rng),
+            quant(ffn, dim, rng),
+            quant(ffn, dim, rng),
+            quant(dim, ffn, rng),
         );
-        let h = rand_vec(&mut rng, dim, 3.0);
-        let nw = rand_vec(&mut rng, dim, 1.0);
+        let h = rand_vec(rng, dim, 3.0);
+        let nw = rand_vec(rng, dim, 1.0);
         let mut xn = vec![0f32; dim];
         k::norm::rms_norm(&h, &nw, &mut xn, dim, 1e-5);
         let (mut g, mut u, mut a) = (vec![0f32; ffn], vec![0f32; ffn], vec![0f32; ffn]);
@@ -517,13 +532,13 @@ fn fused_decode_ffn_matches_the_ops_one_by_one() {
         k::linear::linear(ty, &wd, &a, &mut o, dim, ffn, 1);
         let mut h2 = vec![0f32; dim];
         k::elementwise::add(&h, &o, &mut h2);
-        for (variant, d) in &devs {
+        for (variant, d) in devs {
             let b_h = upload_f32(d, "h", &h);
             let b_nw = upload_f32(d, "nw", &nw);
             let (b_wg, b_wu, b_wd) = (
-                d.upload("wg", &wg).unwrap(),
-                d.upload("wu", &wu).unwrap(),
-                d.upload("wd", &wd).unwrap(),
+                upload_weights(d, "wg", &wg, ty, dim),
+                upload_weights(d, "wu", &wu, ty, dim),
+                upload_weights(d, "wd", &wd, ty, ffn),
             );
             let f = |n: &str, len: usize| d.alloc(n, (len * 4) as u64).unwrap();
             let (b_xn, b_g, b_u, b_a, b_o) = (
@@ -588,6 +603,73 @@ fn fused_decode_ffn_matches_the_ops_one_by_one() {
             assert_close(&what("down"), d, &read(d, &b_o, dim), &o, tol);
             assert_close(&what("residual"), d, &read(d, &b_h, dim), &h2, tol);
         }
+    }
+}
+
+/// `WgpuMatvec::Repacked` (backend/wgpu/repack.rs), forced on every wgpu and vulkan device:
+/// Q4_0, Q4_1 and Q8_0 weights repacked at upload, against the reference. Products of 1 and 5
+/// tokens (the streaming kernels: the 8-weight walk over rows under 2048 elements, the vec4
+/// walk from there, with groups of blocks straddling rows: 96 and 2080 columns), of 33
+/// (`linear_matmat` over the repacked format), products over weights cut into parts by a
+/// 16 KiB binding limit, and a fused decode ffn whose gate and up rows are 2048 long (the
+/// fused vec4 kernel) and whose down rows are not. Same tolerances as the tests above.
+#[test]
+fn repacked_weights_match_the_reference() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let mut found = cairn_engine::device::discover_blocking_with(options());
+    let mut devs = Vec::new();
+    for (limit, name) in [
+        (None, "repacked"),
+        (Some(16u64 << 10), "repacked, in parts"),
+    ] {
+        found.options_mut().wgpu.matvec = WgpuMatvec::Repacked;
+        found.options_mut().wgpu.limits.max_binding_bytes = limit;
+        for d in devices() {
+            if !matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan) {
+                continue;
+            }
+            match pollster::block_on(found.open_info(d.info().clone())) {
+                Ok(v) => devs.push((name, v)),
+                Err(e) => panic!("{} repacked failed to open: {e}", d.info().id),
+            }
+        }
+    }
+    let (whole, parts): (Vec<_>, Vec<_>) = devs.into_iter().partition(|(n, _)| *n == "repacked");
+    for (ty, rows, cols) in [
+        (GgmlType::Q4_1, 37, 96),
+        (GgmlType::Q4_0, 37, 96),
+        (GgmlType::Q8_0, 37, 96),
+        (GgmlType::Q4_1, 21, 2080),
+        (GgmlType::Q4_0, 11, 2048),
+        (GgmlType::Q8_0, 11, 2080),
+    ] {
+        let wf = rand_vec(&mut rng, rows * cols, 1.0);
+        let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
+        for tokens in [1usize, 5, 33] {
+            let x = rand_vec(&mut rng, tokens * cols, 1.0);
+            let mut want = vec![0f32; tokens * rows];
+            k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
+            // Under the 16 KiB binding where the activations fit it (the 2080-column weights
+            // are cut into parts there).
+            let on_parts = tokens * cols * 4 <= 16 << 10;
+            for (variant, d) in whole.iter().chain(parts.iter().filter(|_| on_parts)) {
+                let got = run_linear(d, ty, &wq, &x, rows, cols, tokens);
+                assert_close(
+                    &format!("linear {ty:?} {rows}x{cols} tokens={tokens} {variant}"),
+                    d,
+                    &got,
+                    &want,
+                    2e-6 * cols as f32,
+                );
+            }
+        }
+    }
+    for (ty, dim, ffn) in [
+        (GgmlType::Q4_1, 2048, 64),
+        (GgmlType::Q4_0, 2048, 64),
+        (GgmlType::Q8_0, 2048, 64),
+    ] {
+        fused_ffn_case(&whole, ty, dim, ffn, &mut rng);
     }
 }
 

@@ -350,6 +350,68 @@ impl Device {
         })
     }
 
+    /// A weight matrix of `ty`, rows of `row_bytes` bytes, as [`Device::upload_rows`]; where a
+    /// `wgpu` or `vulkan` device repacks `ty` (`--wgpu-matvec repacked`:
+    /// `backend/wgpu/repack.rs`), in the layout its kernels then read. Such a buffer holds
+    /// the weights for the device's kernels only: its bytes are not GGUF's.
+    pub fn upload_weights(
+        &self,
+        label: &str,
+        data: &[u8],
+        ty: crate::quant::GgmlType,
+        row_bytes: u64,
+    ) -> Result<Buffer> {
+        let format = ty.name();
+        let b = match &self.inner {
+            Inner::Wgpu(b) if b.repacks(format) => b,
+            _ => return self.upload_rows(label, data, row_bytes),
+        };
+        let one = |label: &str, part: &[u8]| -> Result<Buffer> {
+            let bytes = wgpu::WgpuBackend::repacked_len(format, part.len() as u64);
+            let max = self.max_buffer_bytes();
+            if bytes > max {
+                return Err(BackendError::BufferTooLarge {
+                    label: label.into(),
+                    bytes,
+                    max,
+                });
+            }
+            let (raw, bytes) = b.upload_repacked(label, format, part)?;
+            let id = self.accounting.add(bytes);
+            b.mark_repacked(id)?;
+            Ok(Buffer {
+                id,
+                size: bytes,
+                label: label.to_string(),
+                storage: Storage::Wgpu(raw),
+                accounting: self.accounting.clone(),
+            })
+        };
+        let total = data.len() as u64;
+        // A part's repacked bytes round up to a group of blocks (at most 272 bytes more).
+        let max = self.max_buffer_bytes().saturating_sub(272);
+        let Some(rows_per_part) = row_parts::rows_per_part(total, row_bytes, max) else {
+            return one(label, data);
+        };
+        let part_bytes = (rows_per_part * row_bytes) as usize;
+        let parts = data
+            .chunks(part_bytes)
+            .enumerate()
+            .map(|(i, rows)| one(&format!("{label} (part {i})"), rows))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Buffer {
+            id: self.accounting.add(0),
+            size: total,
+            label: label.to_string(),
+            storage: Storage::Rows(row_parts::RowParts {
+                parts,
+                rows_per_part,
+                row_bytes,
+            }),
+            accounting: self.accounting.clone(),
+        })
+    }
+
     /// Writes `data` at `offset`; ordered after every op already run and before later ones.
     pub fn write(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range("write", buf, offset, data.len() as u64)?;

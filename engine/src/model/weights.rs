@@ -187,7 +187,9 @@ impl Loader<'_> {
                     ModelError::BadShape(format!("rows {r:?} of {name} ({total} rows)"))
                 })?;
             out.push(Matrix {
-                buf: self.dev.upload_rows(name, part, row_bytes as u64)?,
+                buf: self
+                    .dev
+                    .upload_weights(name, part, info.ty, row_bytes as u64)?,
                 ty: info.ty,
                 rows: r.len(),
                 cols,
@@ -246,7 +248,7 @@ impl Loader<'_> {
         self.done += data.len() as u64;
         (self.progress)(self.done, self.total);
         Ok(Matrix {
-            buf: self.dev.upload_rows(name, &part, take as u64)?,
+            buf: self.dev.upload_weights(name, &part, info.ty, take as u64)?,
             ty: info.ty,
             rows,
             cols: range.len(),

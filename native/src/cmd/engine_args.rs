@@ -92,6 +92,7 @@ pub enum WgpuMatvecArg {
     Stream,
     Subgroup,
     Int8,
+    Repacked,
     Auto,
 }
 
@@ -141,6 +142,7 @@ impl EngineArgs {
                     WgpuMatvecArg::Stream => WgpuMatvec::Stream,
                     WgpuMatvecArg::Subgroup => WgpuMatvec::Subgroup,
                     WgpuMatvecArg::Int8 => WgpuMatvec::Int8,
+                    WgpuMatvecArg::Repacked => WgpuMatvec::Repacked,
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
                 tiled_prefill: self.wgpu_tiled_prefill,
@@ -265,6 +267,10 @@ mod tests {
         assert_eq!(
             parse(&["--wgpu-matvec", "int8"]).wgpu.matvec,
             WgpuMatvec::Int8
+        );
+        assert_eq!(
+            parse(&["--wgpu-matvec", "repacked"]).wgpu.matvec,
+            WgpuMatvec::Repacked
         );
         assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
         let limited = parse(&["--wgpu-limits", "default", "--wgpu-max-binding", "1048576"]);

@@ -12,6 +12,7 @@ pub mod check;
 pub(crate) mod discover;
 mod fuse;
 mod plan;
+mod repack;
 mod rows;
 mod split_attention;
 
@@ -107,6 +108,10 @@ pub struct WgpuBackend {
     matvec: Matvec,
     /// Prompt-sized products on `linear_matmat_tiled`.
     tiled_prefill: bool,
+    /// Q4_0, Q4_1 and Q8_0 weights are repacked at upload (`repack.rs`)...
+    repack: bool,
+    /// ...and these buffers (by id) hold them so.
+    repacked: Mutex<HashSet<u64>>,
     /// Where the packed-integer kernels' activations are rounded to (`quantize_q8`), grown
     /// to the largest a run has needed.
     int8_scratch: Mutex<Option<Arc<Buffer>>>,
@@ -185,6 +190,8 @@ impl WgpuBackend {
             fuse_norms: true,
             matvec: Matvec::Rows,
             tiled_prefill: false,
+            repack: false,
+            repacked: Mutex::new(HashSet::new()),
             int8_scratch: Mutex::new(None),
             parts_scratch: Mutex::new(None),
             attention: WgpuAttention::Single,
@@ -218,6 +225,13 @@ impl WgpuBackend {
                 subgroups,
                 int8: packed,
             },
+            WgpuMatvec::Repacked => {
+                self.repack = true;
+                Matvec::Stream {
+                    subgroups,
+                    int8: false,
+                }
+            }
             _ => Matvec::Stream {
                 subgroups,
                 int8: false,
@@ -225,8 +239,46 @@ impl WgpuBackend {
         };
         self.tiled_prefill = opts.tiled_prefill;
         self.attention = opts.attention.resolve(info.is_software());
-        tracing::debug!(id = %info.id, matvec = ?self.matvec, tiled_prefill = self.tiled_prefill, attention = ?self.attention, "wgpu kernels");
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, tiled_prefill = self.tiled_prefill, attention = ?self.attention, "wgpu kernels");
         self
+    }
+
+    /// Whether weights of `format` (a GGML type name) are uploaded repacked (`repack.rs`).
+    pub(crate) fn repacks(&self, format: &str) -> bool {
+        self.repack && repack::repacks(format)
+    }
+
+    /// `data`, whole blocks of `format`, repacked ([`Self::repacks`]) into a new buffer that
+    /// every kernel then reads in that layout.
+    pub(crate) fn upload_repacked(
+        &self,
+        label: &str,
+        format: &str,
+        data: &[u8],
+    ) -> Result<(wgpu::Buffer, u64)> {
+        let bytes = repack::repack(format, data).ok_or_else(|| {
+            BackendError::Unsupported(format!(
+                "{label}: {} bytes are not whole blocks of {format}",
+                data.len()
+            ))
+        })?;
+        let buf = self.alloc(label, bytes.len() as u64)?;
+        self.write(&buf, 0, &bytes)?;
+        Ok((buf, bytes.len() as u64))
+    }
+
+    /// Records that the buffer `id` holds repacked weights.
+    pub(crate) fn mark_repacked(&self, id: u64) -> Result<()> {
+        self.repacked
+            .lock()
+            .map_err(|_| BackendError::Gpu("poisoned".into()))?
+            .insert(id);
+        Ok(())
+    }
+
+    /// The bytes a repacked part of `native` bytes of `format` takes.
+    pub(crate) fn repacked_len(format: &str, native: u64) -> u64 {
+        repack::repacked_len(format, native as usize).map_or(native, |n| n as u64)
     }
 
     /// Decode rows (sequences) one pass takes: the batch kernels' limit, or one where a
@@ -425,6 +477,7 @@ impl WgpuBackend {
 
     pub(crate) fn run(&self, ops: &[Op<'_>], accounting: &Arc<Accounting>) -> Result<()> {
         self.check_errors()?;
+        let t0 = HostClock::now();
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
         let int8_bytes = ops
             .iter()
@@ -470,11 +523,19 @@ impl WgpuBackend {
                 attention_forced: forced,
             },
         )?;
-        let steps = if self.tiled_prefill {
+        let mut steps: Vec<Step<'_>> = if self.tiled_prefill {
             steps.into_iter().map(plan::tiled_prefill).collect()
         } else {
             steps
         };
+        if self.repack {
+            let repacked = self
+                .repacked
+                .lock()
+                .map_err(|_| BackendError::Gpu("poisoned".into()))?;
+            repack::retarget(&mut steps, |id| repacked.contains(&id));
+        }
+        let t_plan = HostClock::now();
         let n_dispatch = steps
             .iter()
             .filter(|s| matches!(s, Step::Dispatch { .. }))
@@ -492,7 +553,17 @@ impl WgpuBackend {
             .bind_groups
             .lock()
             .map_err(|_| BackendError::Gpu("poisoned".into()))?;
-        cache.evict(&accounting.take_dropped());
+        let dropped = accounting.take_dropped();
+        cache.evict(&dropped);
+        if self.repack && !dropped.is_empty() {
+            let mut repacked = self
+                .repacked
+                .lock()
+                .map_err(|_| BackendError::Gpu("poisoned".into()))?;
+            for id in &dropped {
+                repacked.remove(id);
+            }
+        }
         if cache.groups.len() > MAX_CACHED_BIND_GROUPS {
             cache.groups.clear();
         }
@@ -565,6 +636,7 @@ impl WgpuBackend {
         if uniform_params {
             self.queue.write_buffer(&params_buf, 0, &param_bytes);
         }
+        let t_bind = HostClock::now();
 
         let mut enc = self
             .device
@@ -589,12 +661,25 @@ impl WgpuBackend {
                 label: Some("cairn ops"),
                 timestamp_writes: None,
             });
+            // Consecutive dispatches of one pipeline (Q, K and V; gate and up) set it once:
+            // each call is validated and tracked by wgpu, about 2 us a dispatch on lavapipe's
+            // host (docs/performance.md).
+            let mut current: Option<(&str, Option<&str>)> = None;
             while i < steps.len() {
-                let Step::Dispatch { groups, .. } = &steps[i] else {
+                let Step::Dispatch {
+                    groups,
+                    kernel,
+                    format,
+                    ..
+                } = &steps[i]
+                else {
                     break;
                 };
                 if let Some((compiled, bg, params, di)) = &bind_groups[i] {
-                    pass.set_pipeline(&compiled.pipeline);
+                    if current != Some((kernel.name, *format)) {
+                        pass.set_pipeline(&compiled.pipeline);
+                        current = Some((kernel.name, *format));
+                    }
                     match compiled.params {
                         ParamMode::Uniform => pass.set_bind_group(0, bg, &[]),
                         ParamMode::DynamicUniform => {
@@ -610,7 +695,21 @@ impl WgpuBackend {
                 i += 1;
             }
         }
-        self.queue.submit([enc.finish()]);
+        let cmd = enc.finish();
+        let t_encode = HostClock::now();
+        self.queue.submit([cmd]);
+        // Host time of a run, for issue 22's dispatch-bound steps: planning (fusion, kernel
+        // choice, repacked retargeting), pipelines, bind groups and parameters, encoding the
+        // passes, and the submission (`RUST_LOG=cairn_engine::backend::wgpu=trace`).
+        tracing::trace!(
+            ops = ops.len(),
+            dispatches = n_dispatch,
+            plan_us = HostClock::us(t0, t_plan),
+            bind_us = HostClock::us(t_plan, t_bind),
+            encode_us = HostClock::us(t_bind, t_encode),
+            submit_us = HostClock::us(t_encode, HostClock::now()),
+            "wgpu run"
+        );
         self.check_errors()
     }
 
@@ -671,6 +770,32 @@ impl WgpuBackend {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| BackendError::Gpu(format!("poll: {e}")))?;
         Ok(())
+    }
+}
+
+/// A host clock for the run's trace event: `Instant` natively; nothing in a browser, where
+/// `Instant::now` panics (wasm32 has no clock in std).
+struct HostClock;
+
+impl HostClock {
+    #[cfg(not(target_arch = "wasm32"))]
+    fn now() -> Option<std::time::Instant> {
+        Some(std::time::Instant::now())
+    }
+    #[cfg(target_arch = "wasm32")]
+    fn now() -> Option<()> {
+        None
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    fn us(a: Option<std::time::Instant>, b: Option<std::time::Instant>) -> u64 {
+        match (a, b) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a).as_micros() as u64,
+            _ => 0,
+        }
+    }
+    #[cfg(target_arch = "wasm32")]
+    fn us(_: Option<()>, _: Option<()>) -> u64 {
+        0
     }
 }
 

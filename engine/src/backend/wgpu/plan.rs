@@ -174,6 +174,11 @@ impl<'a> WgpuOp<'a> for Linear<'a> {
         shaders::LINEAR_MATVEC_STREAM_I8_SUBGROUP,
         shaders::LINEAR_MATVEC_BATCH_I8,
         shaders::LINEAR_MATVEC_BATCH_I8_SUBGROUP,
+        // Over weights repacked at upload (`repack.rs` swaps them in).
+        shaders::LINEAR_MATVEC_STREAM_V4,
+        shaders::LINEAR_MATVEC_STREAM_V4_SUBGROUP,
+        shaders::LINEAR_MATVEC_BATCH_V4,
+        shaders::LINEAR_MATVEC_BATCH_V4_SUBGROUP,
     ];
 
     fn step(&self, max_dim: u32) -> Result<Step<'a>> {
@@ -589,6 +594,8 @@ mod tests {
                 shaders::LINEAR_MATVEC_FUSED,
                 shaders::LINEAR_MATVEC_FUSED_STREAM,
                 shaders::LINEAR_MATVEC_FUSED_STREAM_SUBGROUP,
+                shaders::LINEAR_MATVEC_FUSED_STREAM_V4,
+                shaders::LINEAR_MATVEC_FUSED_STREAM_V4_SUBGROUP,
             ]),
         ]
         .concat();

@@ -113,7 +113,8 @@ fn embed_parts<'a>(e: &Embed<'a>, r: &'a RowParts, max_dim: u32) -> Result<Vec<S
             tokens: e.tokens,
             row_bytes: row_bytes(e.ttype, e.dim),
             first: first as u32,
-            rows: (part.size() / r.row_bytes.max(1)) as u32,
+            // Counted from the table, not the part's bytes: a repacked part is padded.
+            rows: (u64::from(e.vocab).saturating_sub(first)).min(r.rows_per_part) as u32,
             _pad0: 0,
             _pad1: 0,
         };

@@ -1,0 +1,14 @@
+// Q4_1 repacked (formats/q4_1r.wgsl): chunk c is word c % 4 of block c / 4's nibbles, as Q4_1.
+fn chunk_at(c: u32) -> vec2<u32> {
+    let e = (c >> 2u) * 32u + (c & 3u) * 4u;
+    return vec2<u32>(e, e + 16u);
+}
+
+fn w_chunk(row: u32, c: u32) -> W8 {
+    let at = q41r_words(row, c * 8u);
+    let dm = unpack2x16float(w[at.x]);
+    let q = bytes4(w[at.y + (c & 3u)]);
+    let lo = dm.x * vec4<f32>(q & vec4<u32>(15u)) + vec4<f32>(dm.y);
+    let hi = dm.x * vec4<f32>(q >> vec4<u32>(4u)) + vec4<f32>(dm.y);
+    return W8(lo, hi);
+}
