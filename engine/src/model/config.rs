@@ -294,6 +294,10 @@ impl ModelConfig {
             // Rows long enough for the cuda backend's split matrix-vector kernels (2048
             // columns of a 4-bit format are 256 lane steps), in two small layers.
             "wide" => Some(mk(2, 2048, 2048, 16, 4, 512, 10_000.0)),
+            // The 8B's width, heads and vocabulary in two layers: what a token of the 8B
+            // costs between stages (a 4,096-float activation, a 128,256-entry head), cheap
+            // enough for the cpu backend.
+            "8b-thin" => Some(mk(2, 4096, 14336, 32, 8, 128_256, 500_000.0)),
             _ => None,
         }
     }

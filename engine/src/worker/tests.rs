@@ -331,6 +331,9 @@ fn a_chain_loops_through_its_stages_without_the_coordinator() {
         let mut msg = first_step(&prompt, 1, Some(chain));
         let mut coordinator_heard = Vec::new();
         let mut at = "A";
+        // What each hop puts on the wire, in bytes, after the prompt's first pass.
+        let mut hop_bytes = Vec::new();
+        let dim = small_config().dim;
         loop {
             let server = if at == "A" { &mut a } else { &mut b };
             match server.handle(wire(msg)).await.expect("an output") {
@@ -338,6 +341,13 @@ fn a_chain_loops_through_its_stages_without_the_coordinator() {
                     if let Some(note) = pass.delivered() {
                         coordinator_heard.push(note);
                     }
+                    let bytes: usize = Framer::new(64 * 1024)
+                        .encode(&pass.forward)
+                        .expect("encodes")
+                        .iter()
+                        .map(Vec::len)
+                        .sum();
+                    hop_bytes.push((pass.to.clone(), bytes));
                     at = if pass.to == "A" { "A" } else { "B" };
                     if let Message::Forward { tensor, .. } = &pass.forward
                         && at == "A"
@@ -379,6 +389,16 @@ fn a_chain_loops_through_its_stages_without_the_coordinator() {
             expect[..4],
             "the tokens fed back to the first stage"
         );
+        // A decode step's hops carry one row of hidden state forward and one token id back:
+        // nothing that grows with the vocabulary or the context (a 4,096-wide model's hop is
+        // 16 KiB plus a header).
+        for (to, bytes) in &hop_bytes[1..] {
+            let most = if to == "B" { 4 * dim + 256 } else { 256 };
+            assert!(
+                *bytes <= most,
+                "a decode hop to {to} put {bytes} bytes on the wire"
+            );
+        }
     });
 }
 

@@ -72,6 +72,12 @@ pub struct Args {
     /// what keeps every stage of a pipeline busy under concurrent requests).
     #[arg(long, default_value = "layers", value_parser = ["layers", "bytes"])]
     balance: String,
+    /// The coordinator's `--spot-check-rate` (`cairn serve` defaults to 0.01). A checked
+    /// token is held back while the coordinator recomputes it on its own cpu engine over the
+    /// whole model, which stalls a stream for as long as that prefill takes (seconds for an
+    /// 8B): 0 measures distribution alone. Each row counts the checks made.
+    #[arg(long, default_value_t = 0.0)]
+    spot_check_rate: f64,
     /// Skip killing a worker on the largest cluster.
     #[arg(long)]
     no_recovery: bool,
@@ -271,6 +277,14 @@ impl Streamed {
             _ => f64::NAN,
         }
     }
+    /// The longest wait between two tokens: a stall (a spot check holding tokens back, a
+    /// recovery) shows here where a rate averages it away.
+    fn longest_gap_ms(&self) -> f64 {
+        self.stamps
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+            .fold(f64::NAN, f64::max)
+    }
     fn ttft_ms(&self) -> f64 {
         self.stamps
             .first()
@@ -405,6 +419,8 @@ impl Cluster {
             &a.concurrent.max(1).to_string(),
             "--ctx",
             &ctx.to_string(),
+            "--spot-check-rate",
+            &a.spot_check_rate.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -550,6 +566,13 @@ impl Cluster {
         }
     }
 
+    /// Spot checks the coordinator has made (right, wrong or unchecked).
+    async fn spot_checks(&self) -> Result<u64> {
+        let c = self.api.get("/api/cluster").await?;
+        let n = |k: &str| c["spot_checks"][k].as_u64().unwrap_or(0);
+        Ok(n("right") + n("wrong") + n("unchecked"))
+    }
+
     /// The coordinator's counts of relayed hops and tokens passed on.
     async fn hop_counts(&self) -> Result<(u64, u64)> {
         let c = self.api.get("/api/cluster").await?;
@@ -590,6 +613,9 @@ fn baseline(a: &Args, exe: &Path, model: &Path, logs: &Path) -> Result<Value> {
 pub fn run(a: Args) -> Result<()> {
     if a.workers.is_empty() || a.workers.contains(&0) || a.runs == 0 || a.gen_tokens < 4 {
         bail!("--workers needs counts of at least 1, --runs at least 1, --gen-tokens at least 4");
+    }
+    if !(0.0..=1.0).contains(&a.spot_check_rate) {
+        bail!("--spot-check-rate is a share, 0 to 1");
     }
     let tmp = std::env::temp_dir().join(format!("cairn-bench-cluster-{}", std::process::id()));
     let logs = a.logs.clone().unwrap_or_else(|| tmp.clone());
@@ -672,9 +698,11 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         // Warm-up: every stage compiles its kernels and fills its caches once.
         c.api.stream(&prompt, 4, |_| {}).await?;
         let (relayed_before, passed_before) = c.hop_counts().await?;
+        let checks_before = c.spot_checks().await?;
         let mut decode = Vec::new();
         let mut ttft = Vec::new();
         let mut e2e = Vec::new();
+        let mut gaps = Vec::new();
         let mut reference = String::new();
         for r in 0..a.runs {
             let s = c.api.stream(&prompt, a.gen_tokens, |_| {}).await?;
@@ -685,6 +713,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             ));
             decode.push(s.decode_tok_s());
             ttft.push(s.ttft_ms());
+            gaps.push(s.longest_gap_ms());
             if let Some(t) = s.stamps.last() {
                 e2e.push(a.gen_tokens as f64 / (*t - s.sent).as_secs_f64());
             }
@@ -692,6 +721,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         }
         let decode_tok_s = median(decode);
         let (relayed_after, passed_after) = c.hop_counts().await?;
+        let checks_single = c.spot_checks().await?.saturating_sub(checks_before);
         // Where a token's time goes: each stage's compute as its worker
         // reports it (mean forward time), and the rest, which distribution costs.
         let state = c.api.get("/api/cluster").await?;
@@ -732,8 +762,12 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             // and tokens the last stage passed straight to the first.
             "relayed_hops": relayed_after - relayed_before,
             "tokens_passed_on": passed_after - passed_before,
+            // Tokens held back for a spot check during the single requests.
+            "spot_checks": checks_single,
+            "longest_gap_ms": median(gaps),
         });
         if a.concurrent > 0 {
+            let checks_before = c.spot_checks().await?;
             let t0 = Instant::now();
             let runs = (0..a.concurrent).map(|_| c.api.stream(&prompt, a.gen_tokens, |_| {}));
             // While they run, each stage's busy share and batch size as its worker reports
@@ -777,6 +811,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
                 })
                 .collect();
             let tokens: u64 = done.iter().map(|s| s.completion_tokens).sum();
+            let checks = c.spot_checks().await?.saturating_sub(checks_before);
             let identical = done.iter().all(|s| s.text == reference);
             say(format!(
                 "  {} at once: {:.2} tok/s in all ({:.2}x one request), identical outputs: {identical}",
@@ -790,6 +825,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
                 "vs_single_request": tokens as f64 / wall / single_e2e,
                 "outputs_identical": identical,
                 "stages": stage_load,
+                "spot_checks": checks,
             });
         }
         if n == largest && n >= 2 && !a.no_recovery && !a.one_worker {
@@ -895,7 +931,7 @@ fn print_table(v: &Value) {
         f(&v["one_device"]["decode_tokens_per_s"])
     );
     println!(
-        "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>9} {:>11} {:>16} {:>8} {:>10}",
+        "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>9} {:>11} {:>16} {:>8} {:>10} {:>7}",
         "workers",
         "decode tok/s",
         "vs one",
@@ -905,11 +941,12 @@ fn print_table(v: &Value) {
         "compute ms",
         "concurrent tok/s",
         "relayed",
-        "passed on"
+        "passed on",
+        "checks"
     );
     for c in v["clusters"].as_array().into_iter().flatten() {
         println!(
-            "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>9} {:>11} {:>16} {:>8} {:>10}",
+            "  {:<8} {:>12} {:>8} {:>10} {:>9} {:>9} {:>11} {:>16} {:>8} {:>10} {:>7}",
             c["workers"],
             f(&c["decode_tokens_per_s"]),
             f(&c["vs_one_device"]),
@@ -919,7 +956,8 @@ fn print_table(v: &Value) {
             f(&c["compute_ms_per_token"]),
             f(&c["concurrent"]["aggregate_tokens_per_s"]),
             c["relayed_hops"],
-            c["tokens_passed_on"]
+            c["tokens_passed_on"],
+            c["spot_checks"]
         );
     }
     let r = &v["recovery"];

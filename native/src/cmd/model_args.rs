@@ -11,9 +11,11 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with = "synthetic")]
     pub model: Option<PathBuf>,
     /// A model of random weights in a known shape instead of a file: 135m (SmolLM2-135M),
-    /// 1b (Llama-3.2-1B), 8b (Llama-3.1-8B), or tiny (8 layers of width 128: what remains
-    /// is the cost of everything but the arithmetic); Q4_1 matrices and a Q8_0 embedding,
-    /// with a stand-in vocabulary.
+    /// 1b (Llama-3.2-1B), 8b (Llama-3.1-8B), 8b-thin (two layers of the 8B's shape, its
+    /// width and vocabulary: what an 8B token costs between stages, on a cpu), wide (two
+    /// layers of width 2048), or tiny (8 layers of width 128: what remains is the cost of
+    /// everything but the arithmetic); Q4_1 matrices and a Q8_0 embedding, with a stand-in
+    /// vocabulary.
     #[arg(long)]
     pub synthetic: Option<String>,
 }
@@ -24,8 +26,9 @@ impl ModelArgs {
         let Some(name) = self.synthetic.as_deref() else {
             return Ok(None);
         };
-        let cfg = ModelConfig::synthetic(name)
-            .with_context(|| format!("no synthetic model '{name}'; choose 135m, 1b, 8b or tiny"))?;
+        let cfg = ModelConfig::synthetic(name).with_context(|| {
+            format!("no synthetic model '{name}'; choose 135m, 1b, 8b, 8b-thin, wide or tiny")
+        })?;
         Ok(Some((name, cfg)))
     }
 

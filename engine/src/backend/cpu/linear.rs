@@ -22,11 +22,6 @@ const TILE_ROWS: usize = 16;
 /// is split by output rows, each weight row read once for every token.
 const DECODE_TOKENS: usize = 32;
 
-thread_local! {
-    /// A skinny product's output, row-major by weight row (`rows × tokens`), before it is
-    /// turned into the token-major `y`; only grows.
-    static BY_ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 /// Below this much work (multiply-adds) the pool costs more than it saves.
 #[cfg(not(target_arch = "wasm32"))]
 const PARALLEL_WORK: usize = 1 << 16;
@@ -98,30 +93,34 @@ pub(crate) fn linear(
     }
     if tokens <= DECODE_TOKENS {
         // A batch of decode steps: tiles of weight rows, each row against every token (four
-        // at a time), so the weights stream once for the whole batch.
-        BY_ROW.with_borrow_mut(|by_row| {
-            by_row.clear();
-            by_row.resize(rows * tokens, 0.0);
-            par_chunks(by_row, tile * tokens, work, |first, out| {
-                let r0 = first / tokens;
-                for (i, o) in out.chunks_exact_mut(tokens).enumerate() {
-                    let w = wrow(r0 + i);
-                    let mut j = 0;
-                    if let Some(dot4) = dot4 {
-                        while j + 4 <= tokens {
-                            let xs: [_; 4] = std::array::from_fn(|k| q8.row(j + k));
-                            o[j..j + 4].copy_from_slice(&dot4(w, xs));
-                            j += 4;
-                        }
-                    }
-                    for (t, v) in o.iter_mut().enumerate().skip(j) {
-                        *v = dot(w, q8.row(t));
+        // at a time), so the weights stream once for the whole batch. The tokens' rows (and
+        // their groups of four) are built once per op, not once per weight row: with the short
+        // rows of small models, building and moving them per row cost as much as the products.
+        let xs: [Q8Row<'_>; DECODE_TOKENS] = std::array::from_fn(|t| q8.row(t.min(tokens - 1)));
+        let quads = if dot4.is_some() { tokens / 4 } else { 0 };
+        let groups: [[Q8Row<'_>; 4]; DECODE_TOKENS / 4] =
+            std::array::from_fn(|g| std::array::from_fn(|k| xs[(4 * g + k).min(tokens - 1)]));
+        let (groups, singles) = (&groups[..quads], &xs[4 * quads..tokens]);
+        let len = y.len();
+        let out = ChunkBase(y.as_mut_ptr());
+        par_tasks(rows.div_ceil(tile), work, |i| {
+            let mut per_token = [0.0f32; DECODE_TOKENS];
+            for r in i * tile..((i + 1) * tile).min(rows) {
+                let w = wrow(r);
+                if let Some(dot4) = dot4 {
+                    for (g, x4) in groups.iter().enumerate() {
+                        per_token[4 * g..][..4].copy_from_slice(&dot4(w, *x4));
                     }
                 }
-            });
-            for (r, per_token) in by_row.chunks_exact(tokens).enumerate() {
-                for (t, &v) in per_token.iter().enumerate() {
-                    y[t * rows + r] = v;
+                for (t, x) in singles.iter().enumerate() {
+                    per_token[4 * quads + t] = dot(w, *x);
+                }
+                for (t, &v) in per_token[..tokens].iter().enumerate() {
+                    let at = t * rows + r;
+                    assert!(at < len);
+                    // SAFETY: task `i` alone writes row `r` (one of its rows) of each token,
+                    // inside `y` (checked above), and `y` is borrowed while the tasks run.
+                    unsafe { *out.at(at) = v };
                 }
             }
         });
@@ -336,7 +335,8 @@ pub(super) fn par_chunks(
 /// own piece).
 struct ChunkBase(*mut f32);
 
-// SAFETY: the tasks that share it write disjoint pieces (see `par_chunks`, `Tiled::run`).
+// SAFETY: the tasks that share it write disjoint pieces (see `par_chunks`, `Tiled::run` and
+// the decode batch in `linear`).
 unsafe impl Sync for ChunkBase {}
 
 impl ChunkBase {

@@ -251,8 +251,10 @@ fn linear_tiles_and_threads_agree_with_the_reference() {
             (37, 1),
             (300, 1),
             (37, 3),
+            (41, 4),
             (53, 9),
             (300, 17),
+            (29, 32),
             (37, 41),
         ] {
             let w = quantized_rows(&mut rng, ty, rows, cols);
