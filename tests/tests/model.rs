@@ -483,8 +483,9 @@ fn synthetic_model_logits_match_the_cpu_on_every_device() {
 }
 
 /// The tiny synthetic model split by tensors over each device and the cpu backend (the GPU
-/// the first part, with the embedding and head; partials crossing between them through host
-/// memory), against the cpu backend alone: a 9-token prefill, then decode steps, logits
+/// the first part, with the embedding and head, then the second; partials crossing between
+/// them through host memory), and over two CUDA devices where there are two (sums on the GPUs), against the cpu
+/// backend alone: a 9-token prefill, then decode steps, logits
 /// within 1e-3 of the largest (plus one), as above.
 #[test]
 fn synthetic_model_split_by_tensors_with_every_device_matches_the_cpu() {
@@ -540,11 +541,23 @@ fn synthetic_model_split_by_tensors_with_every_device_matches_the_cpu() {
     };
     let want = run(vec![cpu()], Split::Layers);
     let mut pairs = vec![(vec![cpu(), cpu()], "cpu + cpu".to_string())];
+    let mut cudas = Vec::new();
     for dev in devices() {
+        if dev.kind() == BackendKind::Cuda {
+            cudas.push(Arc::clone(&dev));
+        }
         if dev.kind() != BackendKind::Cpu {
             let name = format!("{} + cpu", dev.info().id);
-            pairs.push((vec![dev, cpu()], name));
+            pairs.push((vec![Arc::clone(&dev), cpu()], name));
+            // The GPU as the second part: the part without the embedding and the head.
+            let name = format!("cpu + {}", dev.info().id);
+            pairs.push((vec![cpu(), dev], name));
         }
+    }
+    // Two CUDA GPUs that read each other's memory sum on the GPUs (backend/peer.rs).
+    if cudas.len() >= 2 {
+        cudas.truncate(2);
+        pairs.push((cudas, "two cuda devices".to_string()));
     }
     for (devices, name) in pairs {
         eprintln!("split by tensors over {name}");
