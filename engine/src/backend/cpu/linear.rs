@@ -145,13 +145,14 @@ pub(super) fn linear_with(
 
     // The K-quants stay on the token-block path unless `CAIRN_CPU_TILES=all`. Their tiles
     // give what the scalar kernel gives (1e-7 of Σ|w·x| on every K-quant matrix of the
-    // Q4_K_M file, with outliers; `prefill_tiles_with_outliers_match_the_scalar_kernel`), but
-    // any change of summation order moves this model's top-2 margins by up to 1.1 (AVX2
-    // against AVX-512 on the token-block path; tiles against it up to 0.7), and with tiles the teacher-forced test
+    // Q4_K_M file, outliers included; cpu/tests.rs
+    // `prefill_over_tiles_matches_the_scalar_kernel_on_the_models_shapes`), but any change of
+    // summation order moves this model's top-2 margins by up to 1.1 (AVX2 against AVX-512 on
+    // this path; tiles against it up to 0.8), and with the tiles the teacher-forced test
     // against llama.cpp (q4_k_m_from_cairn_quantize_matches_llama_cpp_on_every_backend) lands
-    // on the wrong side of russian position 27, where every one of Cairn's arithmetics leaves
-    // a near tie (margins -0.03 to +0.07; llama.cpp's f32 run 0.32). docs/performance.md,
-    // "The K-quant tiles' firm miss".
+    // on the wrong side of russian position 27, a near tie in every one of Cairn's
+    // arithmetics (margins -0.03 to +0.07; llama.cpp's own 0.80, on f32 products 0.32).
+    // docs/performance.md, "The K-quant tiles' firm miss".
     let k_quant = matches!(
         wtype,
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
