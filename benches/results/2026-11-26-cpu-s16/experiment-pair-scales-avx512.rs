@@ -1,0 +1,1031 @@
+//! AVX-512 (F, BW, VL) with VNNI dot products: two 32-element blocks in one 512-bit
+//! register, `vpdpbusd` (unsigned bytes times signed bytes, four products summed into each
+//! i32 lane in one instruction, with no i16 step to saturate), one float multiply-add per
+//! pair of blocks. VNNI is required: processors with AVX-512 but without it (Skylake-X) run
+//! the AVX2 kernels. Formats without a kernel here fall back to AVX2's.
+//!
+//! Unsigned quants go straight into `vpdpbusd`. The formats whose quants are offset (Q4_0's
+//! nibble - 8, Q5_0's five bits - 16) multiply the unsigned value and take the offset off
+//! through each block's activation sum (`Q8Row::sum`, `d·Σq`), as Q4_1's minimum is added.
+//! Q8_0's signed weights multiply as magnitudes against the activations with the weight's
+//! sign moved onto them (a masked subtract: AVX-512 has no byte `sign`). Taking the offset
+//! off in f32 rather than in the integer sum differs from the scalar kernel by float
+//! rounding only (the unit tests hold it to 1e-5 of `Σ|w·x|`, as every SIMD path).
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::tile::{self, Acts, TILE, Tile};
+use super::{Dot4Fn, DotFn, TileFn};
+use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
+use crate::quant::GgmlType;
+use crate::quant::kquants::scale_min_k4;
+
+/// Whether this processor runs these kernels (and the AVX2 ones they fall back to).
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX-512 kernel for `ty`, or `None` where there is none or this processor lacks the
+/// instructions (so no caller can reach one without them).
+pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
+    if !available() {
+        return None;
+    }
+    // SAFETY (every closure below): the features each kernel is compiled for were detected
+    // just above, and the kernels touch memory only through bounds-checked slices (the one
+    // masked load reads only bytes of a slice it checked).
+    Some(match ty {
+        GgmlType::Q4_0 => |w, x| unsafe { q4_0(w, x) },
+        GgmlType::Q4_1 => |w, x| unsafe { q4_1(w, x) },
+        GgmlType::Q5_0 => |w, x| unsafe { q5_0(w, x) },
+        GgmlType::Q5_1 => |w, x| unsafe { q5_1(w, x) },
+        GgmlType::Q8_0 => |w, x| unsafe { q8_0(w, x) },
+        GgmlType::Q4_K => |w, x| unsafe { q4_k(w, x) },
+        GgmlType::Q6_K => |w, x| unsafe { q6_k(w, x) },
+        _ => return None,
+    })
+}
+
+/// The four-token kernel for `ty`: each pair of blocks unpacked once for four tokens'
+/// activations. `None` as for [`dot`].
+pub(super) fn dot4(ty: GgmlType) -> Option<Dot4Fn> {
+    if !available() {
+        return None;
+    }
+    // SAFETY (every closure below): as in `dot`.
+    Some(match ty {
+        GgmlType::Q4_0 => |w, x| unsafe { q4_0_x4(w, x) },
+        GgmlType::Q4_1 => |w, x| unsafe { q4_1_x4(w, x) },
+        GgmlType::Q5_0 => |w, x| unsafe { q5_0_x4(w, x) },
+        GgmlType::Q5_1 => |w, x| unsafe { q5_1_x4(w, x) },
+        GgmlType::Q8_0 => |w, x| unsafe { q8_0_x4(w, x) },
+        _ => return None,
+    })
+}
+
+/// What a block adds besides its quants' product, through the activations' block sums.
+#[derive(Clone, Copy, PartialEq)]
+enum Min {
+    None,
+    /// The product ran on the quants plus `-k` (unsigned); the block adds `k · d · sum`.
+    Offset(f32),
+    /// An f16 minimum at bytes 2..4, times the block's `sum`.
+    Stored,
+}
+
+/// One 32-element format: its block size, whether its quants are signed, and its minimum.
+/// (How two blocks' quants become 64 bytes is a closure beside it, so it inlines.)
+#[derive(Clone, Copy)]
+struct Format {
+    bytes: usize,
+    signed: bool,
+    min: Min,
+}
+
+const Q4_0: Format = Format {
+    bytes: 18,
+    signed: false,
+    min: Min::Offset(-8.0),
+};
+const Q4_1: Format = Format {
+    bytes: 20,
+    signed: false,
+    min: Min::Stored,
+};
+const Q5_0: Format = Format {
+    bytes: 22,
+    signed: false,
+    min: Min::Offset(-16.0),
+};
+const Q5_1: Format = Format {
+    bytes: 24,
+    signed: false,
+    min: Min::Stored,
+};
+const Q8_0: Format = Format {
+    bytes: 34,
+    signed: true,
+    min: Min::None,
+};
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_0(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q4_0, |a, b| nibbles64(&a[2..18], &b[2..18]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_1(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q4_1, |a, b| nibbles64(&a[4..20], &b[4..20]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q5_0(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q5_0, |a, b| {
+        fifth_bit(nibbles64(&a[6..22], &b[6..22]), &a[2..6], &b[2..6])
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q5_1(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q5_1, |a, b| {
+        fifth_bit(nibbles64(&a[8..24], &b[8..24]), &a[4..8], &b[4..8])
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q8_0(w: &[u8], x: Q8Row<'_>) -> f32 {
+    pairs(w, x, Q8_0, |a, b| {
+        join(load256(&a[2..34]), load256(&b[2..34]))
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_0_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q4_0, |a, b| nibbles64(&a[2..18], &b[2..18]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_1_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q4_1, |a, b| nibbles64(&a[4..20], &b[4..20]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q5_0_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q5_0, |a, b| {
+        fifth_bit(nibbles64(&a[6..22], &b[6..22]), &a[2..6], &b[2..6])
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q5_1_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q5_1, |a, b| {
+        fifth_bit(nibbles64(&a[8..24], &b[8..24]), &a[4..8], &b[4..8])
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q8_0_x4(w: &[u8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
+    pairs4(w, x, Q8_0, |a, b| {
+        join(load256(&a[2..34]), load256(&b[2..34]))
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load128(b: &[u8]) -> __m128i {
+    assert!(b.len() >= 16);
+    // SAFETY: 16 readable bytes (checked above); loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load256(b: &[u8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: 32 readable bytes (checked above); loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load512(b: &[u8]) -> __m512i {
+    assert!(b.len() >= 64);
+    // SAFETY: 64 readable bytes (checked above); loadu has no alignment requirement.
+    unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+}
+
+/// 64 activation bytes, or where only 32 are left, those 32 and zeros.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load_x(x: &[i8]) -> __m512i {
+    if x.len() >= 64 {
+        // SAFETY: 64 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm512_loadu_si512(x.as_ptr().cast()) }
+    } else {
+        assert!(x.len() >= 32);
+        // SAFETY: the mask reads only the first 32 bytes, which exist (checked above);
+        // masked-off bytes are not accessed.
+        unsafe { _mm512_maskz_loadu_epi8(0xffff_ffff, x.as_ptr()) }
+    }
+}
+
+/// Two 256-bit halves as one register, `lo` first.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Two blocks' 16 bytes of nibbles as their 2 × 32 quants in element order: per block the
+/// low nibbles (elements 0..16), then the high ones (16..32).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn nibbles64(a: &[u8], b: &[u8]) -> __m512i {
+    let ab = _mm256_set_m128i(load128(b), load128(a));
+    // [a, a, b, b] in 128-bit lanes, the second of each pair shifted down a nibble.
+    let v = _mm512_permutexvar_epi64(
+        _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+        _mm512_castsi256_si512(ab),
+    );
+    let v = _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
+}
+
+/// Adds 16 to each nibble whose bit is set in the blocks' 32-bit fifth-bit fields.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn fifth_bit(n: __m512i, a: &[u8], b: &[u8]) -> __m512i {
+    let lo = u32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+    let hi = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let bits: __mmask64 = u64::from(lo) | (u64::from(hi) << 32);
+    _mm512_mask_add_epi8(n, bits, n, _mm512_set1_epi8(16))
+}
+
+/// Two f16 values as the low two lanes of a vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn f16_pair(a: &[u8], b: &[u8], at: usize) -> __m128 {
+    let bits = u32::from(u16::from_le_bytes([a[at], a[at + 1]]))
+        | (u32::from(u16::from_le_bytes([b[at], b[at + 1]])) << 16);
+    _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))
+}
+
+/// `v[0], v[1]` (or `v[0], 0` where `v` has one value) as the low two lanes of a vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn f32_pair(v: &[f32]) -> __m128 {
+    match v {
+        [a, b, ..] => _mm_setr_ps(*a, *b, 0.0, 0.0),
+        [a] => _mm_set_ss(*a),
+        [] => _mm_setzero_ps(),
+    }
+}
+
+/// Lane 0 of `v` in the low eight lanes, lane 1 in the high eight.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn halves(v: __m128) -> __m512 {
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v))
+}
+
+/// The pair of blocks at `i` (the block itself twice when it is the row's last and odd):
+/// their 64 quants (magnitudes where signed), their signs, and the two f16 steps and
+/// minimums (as the format defines them) in the low lanes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pair_at(
+    w: &[u8],
+    i: usize,
+    f: Format,
+    quants: impl Fn(&[u8], &[u8]) -> __m512i,
+) -> (__m512i, __mmask64, __m128, __m128) {
+    let a = &w[i * f.bytes..][..f.bytes];
+    let b = w.get((i + 1) * f.bytes..(i + 2) * f.bytes).unwrap_or(a);
+    let q = quants(a, b);
+    let (q, signs) = if f.signed {
+        (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+    } else {
+        (q, 0)
+    };
+    let d = f16_pair(a, b, 0);
+    let m = match f.min {
+        Min::None => _mm_setzero_ps(),
+        Min::Offset(k) => _mm_mul_ps(d, _mm_set1_ps(k)),
+        Min::Stored => f16_pair(a, b, 2),
+    };
+    (q, signs, d, m)
+}
+
+/// `Σ w·x` over two blocks as sixteen i32 lanes (eight per block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn product(q: __m512i, signs: __mmask64, x: __m512i) -> __m512i {
+    let x = _mm512_mask_sub_epi8(x, signs, _mm512_setzero_si512(), x);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn hsum128(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// One row against one token, two blocks at a time. A pair's four scale terms (the two
+/// blocks' steps and the two minimums' factors) are one vector, `[da, db, ma, mb]`, times the
+/// activations' `[dxa, dxb, sa, sb]`: one multiply per pair gives both blocks' scales and
+/// both minimums' terms (a decode step of Q4_K_M spent a third of its time here, much of it
+/// assembling those four values one float at a time). An odd last block runs alone.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pairs(w: &[u8], x: Q8Row<'_>, f: Format, quants: impl Fn(&[u8], &[u8]) -> __m512i) -> f32 {
+    let nb = w.len() / f.bytes;
+    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
+    assert!(f.min == Min::None || x.sum.len() >= nb);
+    let mut acc = _mm512_setzero_ps();
+    // Lanes 2 and 3 sum the minimums' terms (lanes 0 and 1 the scales, unused).
+    let mut mins = _mm_setzero_ps();
+    let whole = nb / 2 * 2;
+    for i in (0..whole).step_by(2) {
+        let (a, b) = w[i * f.bytes..][..2 * f.bytes].split_at(f.bytes);
+        let q = quants(a, b);
+        let (q, signs) = if f.signed {
+            (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+        } else {
+            (q, 0)
+        };
+        let ws = pair_scales(a, b, f);
+        let xs = match f.min {
+            Min::None => two_f32(&x.d[i..i + 2], None),
+            _ => two_f32(&x.d[i..i + 2], Some(&x.sum[i..i + 2])),
+        };
+        let s = _mm_mul_ps(ws, xs);
+        let p = product(q, signs, load512(cast(&x.qs[i * QK..(i + 2) * QK])));
+        acc = _mm512_fmadd_ps(halves(s), _mm512_cvtepi32_ps(p), acc);
+        if f.min != Min::None {
+            mins = _mm_add_ps(mins, s);
+        }
+    }
+    let mut tail = 0f32;
+    if whole < nb {
+        let (q, signs, d, m) = pair_at(w, whole, f, &quants);
+        let p = product(q, signs, load_x(&x.qs[whole * QK..nb * QK]));
+        let dx = f32_pair(&x.d[whole..nb]);
+        let last = _mm512_mul_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p));
+        tail = _mm512_reduce_add_ps(last);
+        if f.min != Min::None {
+            tail += hsum128(_mm_mul_ps(m, f32_pair(&x.sum[whole..nb])));
+        }
+    }
+    let mins = _mm_movehl_ps(mins, mins);
+    _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(mins, _mm_movehdup_ps(mins))) + tail
+}
+
+/// Two blocks' `[da, db, ma, mb]`: their f16 steps, and their minimums as the format has
+/// them (stored f16 values, `k·d` for an offset, zeros for none).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pair_scales(a: &[u8], b: &[u8], f: Format) -> __m128 {
+    match f.min {
+        Min::Stored => {
+            // [da, ma] and [db, mb] are each block's first four bytes.
+            let wa = u32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+            let wb = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let v = _mm_cvtph_ps(_mm_cvtsi64_si128((u64::from(wb) << 32 | u64::from(wa)) as i64));
+            _mm_shuffle_ps::<0b11_01_10_00>(v, v)
+        }
+        Min::Offset(k) => {
+            let d = f16_pair(a, b, 0);
+            _mm_mul_ps(_mm_movelh_ps(d, d), _mm_setr_ps(1.0, 1.0, k, k))
+        }
+        Min::None => f16_pair(a, b, 0),
+    }
+}
+
+/// `[d0, d1, s0, s1]` (zeros for a missing `s`), from two pairs of floats in memory.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn two_f32(d: &[f32], s: Option<&[f32]>) -> __m128 {
+    let load = |v: &[f32]| {
+        assert!(v.len() >= 2);
+        // SAFETY: two readable floats (checked above); the load has no alignment requirement.
+        unsafe { _mm_castpd_ps(_mm_load_sd(v.as_ptr().cast())) }
+    };
+    match s {
+        Some(s) => _mm_movelh_ps(load(d), load(s)),
+        None => load(d),
+    }
+}
+
+/// [`pairs`] for four tokens at once (the same operations per token, so each token's result
+/// is what `pairs` gives it).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pairs4(
+    w: &[u8],
+    x: [Q8Row<'_>; 4],
+    f: Format,
+    quants: impl Fn(&[u8], &[u8]) -> __m512i,
+) -> [f32; 4] {
+    let nb = w.len() / f.bytes;
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
+        assert!(f.min == Min::None || r.sum.len() >= nb);
+    }
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut mins = [_mm_setzero_ps(); 4];
+    let whole = nb / 2 * 2;
+    for i in (0..whole).step_by(2) {
+        let (a, b) = w[i * f.bytes..][..2 * f.bytes].split_at(f.bytes);
+        let q = quants(a, b);
+        let (q, signs) = if f.signed {
+            (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+        } else {
+            (q, 0)
+        };
+        let ws = pair_scales(a, b, f);
+        for k in 0..4 {
+            let xs = match f.min {
+                Min::None => two_f32(&x[k].d[i..i + 2], None),
+                _ => two_f32(&x[k].d[i..i + 2], Some(&x[k].sum[i..i + 2])),
+            };
+            let s = _mm_mul_ps(ws, xs);
+            let p = product(q, signs, load512(cast(&x[k].qs[i * QK..(i + 2) * QK])));
+            acc[k] = _mm512_fmadd_ps(halves(s), _mm512_cvtepi32_ps(p), acc[k]);
+            if f.min != Min::None {
+                mins[k] = _mm_add_ps(mins[k], s);
+            }
+        }
+    }
+    std::array::from_fn(|k| {
+        let mut tail = 0f32;
+        if whole < nb {
+            let (q, signs, d, m) = pair_at(w, whole, f, &quants);
+            let p = product(q, signs, load_x(&x[k].qs[whole * QK..nb * QK]));
+            let dx = f32_pair(&x[k].d[whole..nb]);
+            let last = _mm512_mul_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p));
+            tail = _mm512_reduce_add_ps(last);
+            if f.min != Min::None {
+                tail += hsum128(_mm_mul_ps(m, f32_pair(&x[k].sum[whole..nb])));
+            }
+        }
+        let m = _mm_movehl_ps(mins[k], mins[k]);
+        _mm512_reduce_add_ps(acc[k]) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m))) + tail
+    })
+}
+
+/// Each 64-element run of the K-quants' activations multiplies one 512-bit vector of
+/// quants; lane `l` of its `vpdpbusd` result sums elements `4l..4l + 4`, so its scale is
+/// the scale of group `(4l) / group_len` of the run.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q4_k(w: &[u8], x: Q8Row<'_>) -> f32 {
+    let nb = w.len() / 144;
+    assert!(x.qs.len() >= nb * QK_K && x.d.len() >= nb && x.bsums.len() >= nb * (QK_K / GROUP));
+    let mut acc = _mm512_setzero_ps();
+    let mut mins = 0f32;
+    let low4 = _mm512_set1_epi8(0x0f);
+    // Per 64-element run c: sub-block 2c in lanes 0..8, 2c + 1 in lanes 8..16.
+    let shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    let run = |c: i32| {
+        let (a, b) = (2 * c, 2 * c + 1);
+        _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
+    };
+    let runs = [run(0), run(1), run(2), run(3)];
+    for (((b, xq), &dx), bs) in w
+        .chunks_exact(144)
+        .zip(x.qs.chunks_exact(QK_K))
+        .zip(x.d)
+        .zip(x.bsums.chunks_exact(QK_K / GROUP))
+    {
+        let mut sc = [0i32; 8];
+        let mut msum = 0i32;
+        for (sub, s) in sc.iter_mut().enumerate() {
+            let (step, min) = scale_min_k4(sub, &b[4..16]);
+            *s = i32::from(step);
+            msum += i32::from(min) * (i32::from(bs[2 * sub]) + i32::from(bs[2 * sub + 1]));
+        }
+        // SAFETY: eight i32 are 32 readable bytes; loadu has no alignment requirement.
+        let scv = _mm512_castsi256_si512(unsafe { _mm256_loadu_si256(sc.as_ptr().cast()) });
+        let mut sumi = _mm512_setzero_si512();
+        for c in 0..4 {
+            let raw = _mm512_broadcast_i64x4(load256(&b[16 + 32 * c..]));
+            let q = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low4);
+            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(cast(&xq[64 * c..])));
+            let s = _mm512_permutexvar_epi32(runs[c], scv);
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, s));
+        }
+        let d = super::scalar::f16_at(b, 0) * dx;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        mins += super::scalar::f16_at(b, 2) * dx * msum as f32;
+    }
+    _mm512_reduce_add_ps(acc) - mins
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q6_k(w: &[u8], x: Q8Row<'_>) -> f32 {
+    let nb = w.len() / 210;
+    assert!(x.qs.len() >= nb * QK_K && x.d.len() >= nb && x.bsums.len() >= nb * (QK_K / GROUP));
+    let mut acc = _mm512_setzero_ps();
+    let mut bias = 0f32;
+    let (m4, m2) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+    // The two high bits of elements 0..32 of a 128-element half are bits 0-1 of its 32 qh
+    // bytes, of 32..64 bits 2-3, of 64..96 bits 4-5, of 96..128 bits 6-7: moved to bits 4-5.
+    let up01 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
+    let down23 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    // Lane l of a 64-element run sums elements 4l..4l + 4: group l / 4 of the run.
+    let group = |base: i32| {
+        _mm512_setr_epi32(
+            base,
+            base,
+            base,
+            base,
+            base + 1,
+            base + 1,
+            base + 1,
+            base + 1,
+            base + 2,
+            base + 2,
+            base + 2,
+            base + 2,
+            base + 3,
+            base + 3,
+            base + 3,
+            base + 3,
+        )
+    };
+    let groups = [group(0), group(4), group(8), group(12)];
+    for (((b, xq), &dx), bs) in w
+        .chunks_exact(210)
+        .zip(x.qs.chunks_exact(QK_K))
+        .zip(x.d)
+        .zip(x.bsums.chunks_exact(QK_K / GROUP))
+    {
+        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+        let scv = _mm512_cvtepi8_epi32(load128(sc));
+        // The quants are stored as q + 32 in 0..64; the 32 comes off through the group sums.
+        let offset: i32 = sc
+            .iter()
+            .zip(bs)
+            .map(|(&s, &m)| i32::from(s as i8) * i32::from(m))
+            .sum();
+        let mut sumi = _mm512_setzero_si512();
+        for n in 0..2 {
+            let l = load512(&ql[64 * n..]);
+            let h = _mm512_broadcast_i64x4(load256(&qh[32 * n..]));
+            let q01 = _mm512_or_si512(
+                _mm512_and_si512(l, m4),
+                _mm512_and_si512(_mm512_sllv_epi64(h, up01), m2),
+            );
+            let q23 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                _mm512_and_si512(_mm512_srlv_epi64(h, down23), m2),
+            );
+            for (k, q) in [q01, q23].into_iter().enumerate() {
+                let run = 2 * n + k;
+                let p =
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(cast(&xq[64 * run..])));
+                let s = _mm512_permutexvar_epi32(groups[run], scv);
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, s));
+            }
+        }
+        let d = super::scalar::f16_at(b, 208) * dx;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        bias += d * (32 * offset) as f32;
+    }
+    _mm512_reduce_add_ps(acc) - bias
+}
+
+/// Activations as the bytes the loads take.
+fn cast(x: &[i8]) -> &[u8] {
+    bytemuck::cast_slice(x)
+}
+
+/// The prefill kernel over unpacked tiles (`tile.rs`), or `None` without the instructions.
+pub(super) fn tile() -> Option<TileFn> {
+    if !available() {
+        return None;
+    }
+    // SAFETY: the features the kernel is compiled for were detected just above; it touches
+    // memory through bounds-checked slices, and its stores write 16 floats into a
+    // `[f32; 16]`.
+    Some(|t, x, tokens, out| unsafe { tile_tokens(t, x, tokens, out) })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn tile_tokens(t: &Tile, x: &Acts<'_>, tokens: Range<usize>, out: &mut [[f32; TILE]]) {
+    if t.groups == 8 {
+        tile_pieces::<8>(t, x, tokens, out)
+    } else {
+        assert_eq!(t.groups, 4);
+        tile_pieces::<4>(t, x, tokens, out)
+    }
+}
+
+/// Tokens at once against a tile: eight i32 and eight f32 accumulators of 16 rows each
+/// stay in registers (AVX-512 has 32), each weight vector is loaded once for eight tokens.
+const TILE_TOKENS: usize = 8;
+
+/// The tile against `tokens` of `x`, `out[t - tokens.start]` each token's 16 rows. `G` words
+/// (four elements) per piece. The loops index through pointers checked once up front: with
+/// slices, the bounds checks and the slices' lengths took more registers and instructions
+/// than the products.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn tile_pieces<const G: usize>(
+    t: &Tile,
+    x: &Acts<'_>,
+    tokens: Range<usize>,
+    out: &mut [[f32; TILE]],
+) {
+    let (nb, len, cols) = (t.blocks, 4 * G, x.cols);
+    assert!(x.blocks == nb && cols == nb * len);
+    assert!(t.q.len() >= nb * G * TILE && t.dw.len() >= nb * TILE && t.mw.len() >= nb * TILE);
+    assert!(x.qs.len() >= tokens.end * cols && x.d.len() >= tokens.end * nb);
+    assert!(x.s.len() >= tokens.end * nb && out.len() >= tokens.len());
+    let (q, dw, mw) = (t.q.as_ptr(), t.dw.as_ptr(), t.mw.as_ptr());
+    let mut t0 = tokens.start;
+    while t0 < tokens.end {
+        let n = (tokens.end - t0).min(TILE_TOKENS);
+        // Past the last token the last one again (its results are not stored).
+        let tk: [usize; TILE_TOKENS] = std::array::from_fn(|k| t0 + k.min(n - 1));
+        let xq: [*const i8; TILE_TOKENS] = std::array::from_fn(|k| x.qs[tk[k] * cols..].as_ptr());
+        let xd: [*const f32; TILE_TOKENS] = std::array::from_fn(|k| x.d[tk[k] * nb..].as_ptr());
+        let xs: [*const f32; TILE_TOKENS] = std::array::from_fn(|k| x.s[tk[k] * nb..].as_ptr());
+        let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
+        for b in 0..nb {
+            let mut sum = [_mm512_setzero_si512(); TILE_TOKENS];
+            for g in 0..G {
+                // SAFETY (this block): `b < nb` and `g < G`, so the tile's word
+                // `(b·G + g)·16 + 15` and each token's byte `b·len + 4g + 3 < cols` are in
+                // the slices checked above, as are each token's `d` and `s` at `b < nb`.
+                let w = unsafe { _mm512_loadu_si512(q.add((b * G + g) * TILE).cast()) };
+                for k in 0..TILE_TOKENS {
+                    let v = unsafe { xq[k].add(b * len + 4 * g).cast::<i32>().read_unaligned() };
+                    sum[k] = _mm512_dpbusd_epi32(sum[k], w, _mm512_set1_epi32(v));
+                }
+            }
+            // SAFETY: as above; 16 floats of the tile's steps and offsets at `b·16`.
+            let (dwv, mwv) = unsafe {
+                (
+                    _mm512_loadu_ps(dw.add(b * TILE)),
+                    _mm512_loadu_ps(mw.add(b * TILE)),
+                )
+            };
+            for k in 0..TILE_TOKENS {
+                // SAFETY: as above.
+                let (d, s) = unsafe { (*xd[k].add(b), *xs[k].add(b)) };
+                let step = _mm512_mul_ps(dwv, _mm512_set1_ps(d));
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[k]), step, acc[k]);
+                acc[k] = _mm512_fmadd_ps(mwv, _mm512_set1_ps(s), acc[k]);
+            }
+        }
+        for (o, a) in out[t0 - tokens.start..][..n].iter_mut().zip(acc) {
+            // SAFETY: `o` is 16 writable floats; storeu has no alignment requirement.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
+        }
+        t0 += n;
+    }
+}
+
+/// Unpacks rows `rows` of a 32-element format, Q4_K or Q6_K into `t` sixteen rows at a
+/// time: each of a block's words is one gather across the rows, or for the 32-element
+/// formats 16-byte loads transposed in registers (`tile.rs`'s portable loop does a row at a
+/// time and was a tenth of a prompt's time). `None` (nothing done) for the
+/// other K-quants, or where a tile's rows span more than `i32` offsets.
+pub(super) fn fill(
+    t: &mut Tile,
+    f: tile::Format,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+) -> Option<()> {
+    let blocks32 = match f.ty {
+        GgmlType::Q4_0 => Some((2, None, Min::Offset(-8.0))),
+        GgmlType::Q4_1 => Some((4, None, Min::Stored)),
+        GgmlType::Q5_0 => Some((6, Some(2), Min::Offset(-16.0))),
+        GgmlType::Q5_1 => Some((8, Some(4), Min::Stored)),
+        GgmlType::Q8_0 => Some((2, None, Min::Offset(-128.0))),
+        GgmlType::Q4_K | GgmlType::Q6_K => None,
+        _ => return None,
+    };
+    if !available()
+        || rows.is_empty()
+        || rows.len() > TILE
+        || !row_bytes.is_multiple_of(f.bytes)
+        || i32::try_from(TILE * row_bytes).is_err()
+    {
+        return None;
+    }
+    let rows_bytes = &w[rows.start * row_bytes..rows.end * row_bytes];
+    let n = rows.len();
+    // SAFETY (all three): the features were detected above; every gather reads 4 bytes (and
+    // every load of `fill32` 16) at `row · row_bytes + block · f.bytes + at` with `row < n`
+    // and `at + 4 <= f.bytes` (`at + 16`), inside `rows_bytes` (`n · row_bytes` bytes).
+    unsafe {
+        match (blocks32, f.ty) {
+            (Some((qs, qh, min)), _) => fill32(t, f, rows_bytes, row_bytes, n, qs, qh, min),
+            (None, GgmlType::Q4_K) => fill_q4_k(t, f, rows_bytes, row_bytes, n),
+            (None, _) => fill_q6_k(t, f, rows_bytes, row_bytes, n),
+        }
+    };
+    Some(())
+}
+
+/// Byte offsets of a tile's 16 rows (rows past the last repeat it: their lanes are never
+/// stored).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn row_offsets(n: usize, row_bytes: usize) -> __m512i {
+    _mm512_mullo_epi32(
+        _mm512_min_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(n as i32 - 1),
+        ),
+        _mm512_set1_epi32(row_bytes as i32),
+    )
+}
+
+/// Byte `k` (0..4) of each lane, as i32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn byte(v: __m512i, k: u32) -> __m512i {
+    _mm512_and_si512(
+        _mm512_srlv_epi32(v, _mm512_set1_epi32(8 * k as i32)),
+        _mm512_set1_epi32(0xff),
+    )
+}
+
+/// [`fill`] for Q4_K: the 6-bit scales and minimums decoded on 16 rows at once.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fill_q4_k(t: &mut Tile, f: tile::Format, w: &[u8], row_bytes: usize, n: usize) {
+    let (q, dw, mw) = t.prepare(f, row_bytes, n);
+    let supers = row_bytes / 144;
+    assert!(q.len() >= supers * 64 * TILE && dw.len() >= supers * 8 * TILE);
+    assert!(mw.len() >= supers * 8 * TILE && w.len() >= n * row_bytes);
+    let idx = row_offsets(n, row_bytes);
+    let base = w.as_ptr();
+    let (low4, low6) = (_mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(63));
+    for b in 0..supers {
+        // SAFETY: the caller's; every `off + 4 <= 144`.
+        let at = |off: usize| unsafe {
+            _mm512_i32gather_epi32::<1>(idx, base.add(b * 144 + off).cast())
+        };
+        let head = at(0);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+        let s = [at(4), at(8), at(12)];
+        for j in 0..8u32 {
+            let (sc, m) = if j < 4 {
+                (
+                    _mm512_and_si512(byte(s[0], j), low6),
+                    _mm512_and_si512(byte(s[1], j), low6),
+                )
+            } else {
+                let (lo, k) = (byte(s[2], j - 4), j - 4);
+                (
+                    _mm512_or_si512(
+                        _mm512_and_si512(lo, _mm512_set1_epi32(0x0f)),
+                        _mm512_slli_epi32(_mm512_srli_epi32(byte(s[0], k), 6), 4),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_srli_epi32(lo, 4),
+                        _mm512_slli_epi32(_mm512_srli_epi32(byte(s[1], k), 6), 4),
+                    ),
+                )
+            };
+            let at_piece = (b * 8 + j as usize) * TILE;
+            let step = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+            let offset = _mm512_mul_ps(
+                _mm512_sub_ps(_mm512_setzero_ps(), dmin),
+                _mm512_cvtepi32_ps(m),
+            );
+            // SAFETY: 16 floats at `at_piece`, inside the slices checked above.
+            unsafe {
+                _mm512_storeu_ps(dw[at_piece..][..TILE].as_mut_ptr(), step);
+                _mm512_storeu_ps(mw[at_piece..][..TILE].as_mut_ptr(), offset);
+            }
+        }
+        for c in 0..4 {
+            for g in 0..8 {
+                let v = at(16 + 32 * c + 4 * g);
+                let lo = _mm512_and_si512(v, low4);
+                let hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+                for (h, word) in [lo, hi].into_iter().enumerate() {
+                    let sub = 2 * c + h;
+                    let o = ((b * 8 + sub) * 8 + g) * TILE;
+                    // SAFETY: 16 words at `o`, inside `q` (checked above).
+                    unsafe { _mm512_storeu_si512(q[o..][..TILE].as_mut_ptr().cast(), word) };
+                }
+            }
+        }
+    }
+}
+
+/// [`fill`] for Q6_K: sixteen 16-element pieces per super-block, signed 8-bit scales.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fill_q6_k(t: &mut Tile, f: tile::Format, w: &[u8], row_bytes: usize, n: usize) {
+    let (q, dw, mw) = t.prepare(f, row_bytes, n);
+    let supers = row_bytes / 210;
+    assert!(q.len() >= supers * 64 * TILE && dw.len() >= supers * 16 * TILE);
+    assert!(mw.len() >= supers * 16 * TILE && w.len() >= n * row_bytes);
+    let idx = row_offsets(n, row_bytes);
+    let base = w.as_ptr();
+    let (low4, low2) = (
+        _mm512_set1_epi32(0x0f0f_0f0f),
+        _mm512_set1_epi32(0x0303_0303),
+    );
+    for b in 0..supers {
+        // SAFETY: the caller's; every `off + 4 <= 210`.
+        let at = |off: usize| unsafe {
+            _mm512_i32gather_epi32::<1>(idx, base.add(b * 210 + off).cast())
+        };
+        // The step is bytes 208..210: the high half of the word at 206 (one at 208 would
+        // read past the block).
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(at(206), 16)));
+        for w4 in 0..4 {
+            let sc = at(192 + 4 * w4);
+            for k in 0..4 {
+                // Byte k, sign-extended: to the top, then an arithmetic shift down.
+                let v = _mm512_srai_epi32(_mm512_sllv_epi32(sc, _mm512_set1_epi32(24 - 8 * k)), 24);
+                let step = _mm512_mul_ps(d, _mm512_cvtepi32_ps(v));
+                let o = (b * 16 + 4 * w4 + k as usize) * TILE;
+                // SAFETY: 16 floats at `o`, inside the slices checked above.
+                unsafe {
+                    _mm512_storeu_ps(dw[o..][..TILE].as_mut_ptr(), step);
+                    _mm512_storeu_ps(
+                        mw[o..][..TILE].as_mut_ptr(),
+                        _mm512_mul_ps(step, _mm512_set1_ps(-32.0)),
+                    );
+                }
+            }
+        }
+        for half in 0..2 {
+            for m in 0..8 {
+                let h = at(128 + 32 * half + 4 * m);
+                let l = [at(64 * half + 4 * m), at(64 * half + 32 + 4 * m)];
+                for k in 0..4 {
+                    let low = _mm512_and_si512(
+                        _mm512_srlv_epi32(l[k % 2], _mm512_set1_epi32(4 * (k / 2) as i32)),
+                        low4,
+                    );
+                    let high = _mm512_and_si512(
+                        _mm512_srlv_epi32(h, _mm512_set1_epi32(2 * k as i32)),
+                        low2,
+                    );
+                    let word = _mm512_or_si512(low, _mm512_slli_epi32(high, 4));
+                    let o = (b * 64 + 32 * half + 8 * k + m) * TILE;
+                    // SAFETY: 16 words at `o`, inside `q` (checked above).
+                    unsafe { _mm512_storeu_si512(q[o..][..TILE].as_mut_ptr().cast(), word) };
+                }
+            }
+        }
+    }
+}
+
+/// Dwords 0..4 of the 16 bytes at `off` of each of 16 rows, as four vectors of 16 lanes (lane
+/// `r` row `r`): 16-byte loads and a 4 × 4 transpose within each 128-bit lane, about half
+/// the cost of four gathers.
+///
+/// # Safety
+/// `row[r] + off .. + 16` is readable for every `r`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn window16(row: &[*const u8; TILE], off: usize) -> [__m512i; 4] {
+    // SAFETY: the caller's.
+    let load = |r: usize| unsafe { _mm_loadu_si128(row[r].add(off).cast()) };
+    // z[j]'s 128-bit lane l holds row 4l + j, so the transpose leaves lane 4l + j = row 4l + j.
+    let z: [__m512i; 4] = std::array::from_fn(|j| {
+        let v = _mm512_castsi128_si512(load(j));
+        let v = _mm512_inserti32x4::<1>(v, load(j + 4));
+        let v = _mm512_inserti32x4::<2>(v, load(j + 8));
+        _mm512_inserti32x4::<3>(v, load(j + 12))
+    });
+    let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
+    let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+    let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ]
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fill32(
+    t: &mut Tile,
+    f: tile::Format,
+    w: &[u8],
+    row_bytes: usize,
+    n: usize,
+    qs: usize,
+    qh: Option<usize>,
+    min: Min,
+) {
+    let (q, dw, mw) = t.prepare(f, row_bytes, n);
+    let blocks = row_bytes / f.bytes;
+    assert!(q.len() >= blocks * 8 * TILE && dw.len() >= blocks * TILE && mw.len() >= blocks * TILE);
+    assert!(w.len() >= n * row_bytes && qs + 16 <= f.bytes && f.bytes >= 16);
+    assert!(f.ty != GgmlType::Q8_0 || qs + 32 <= f.bytes);
+    let low4 = _mm512_set1_epi32(0x0f0f_0f0f);
+    let bit0 = _mm512_set1_epi32(0x0101_0101);
+    let spread = _mm512_set1_epi32(0x0020_4081);
+    // Rows past the last repeat it (their lanes are never stored).
+    let row: [*const u8; TILE] = std::array::from_fn(|r| w[r.min(n - 1) * row_bytes..].as_ptr());
+    for b in 0..blocks {
+        // SAFETY (the loads): the caller's; each window is 16 bytes inside the block.
+        let window = |off: usize| unsafe { window16(&row, b * f.bytes + off) };
+        let out = &mut q[b * 8 * TILE..][..8 * TILE];
+        let first = window(0);
+        // The word at byte `o` (`o + 4 <= 16`) of the block's first 16 bytes.
+        let word_at = |o: usize| {
+            let (i, k) = (o / 4, (o % 4) as u32);
+            if k == 0 {
+                first[i]
+            } else {
+                _mm512_or_si512(
+                    _mm512_srl_epi32(first[i], _mm_cvtsi32_si128(8 * k as i32)),
+                    _mm512_sll_epi32(first[i + 1], _mm_cvtsi32_si128(32 - 8 * k as i32)),
+                )
+            }
+        };
+        let head = first[0];
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        let m = match min {
+            Min::Stored => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))),
+            Min::Offset(k) => _mm512_mul_ps(d, _mm512_set1_ps(k)),
+            Min::None => _mm512_setzero_ps(),
+        };
+        let high = qh.map(word_at);
+        let mut words = [_mm512_setzero_si512(); 8];
+        if f.ty == GgmlType::Q8_0 {
+            let (lo, hi) = (window(qs), window(qs + 16));
+            for (v, x) in words.iter_mut().zip(lo.into_iter().chain(hi)) {
+                *v = _mm512_xor_si512(x, _mm512_set1_epi32(0x8080_8080_u32 as i32));
+            }
+        } else {
+            for (k, v) in window(qs).into_iter().enumerate() {
+                words[k] = _mm512_and_si512(v, low4);
+                words[k + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+            }
+        }
+        if let Some(h) = high {
+            for (g, v) in words.iter_mut().enumerate() {
+                // Four bits to bit 4 of four bytes (the shifted copies do not overlap).
+                let four = _mm512_and_si512(
+                    _mm512_srlv_epi32(h, _mm512_set1_epi32(4 * g as i32)),
+                    _mm512_set1_epi32(0x0f),
+                );
+                let bits = _mm512_and_si512(_mm512_mullo_epi32(four, spread), bit0);
+                *v = _mm512_or_si512(*v, _mm512_slli_epi32(bits, 4));
+            }
+        }
+        for (g, v) in words.into_iter().enumerate() {
+            // SAFETY: `out` holds 8 · 16 words.
+            unsafe { _mm512_storeu_si512(out[g * TILE..][..TILE].as_mut_ptr().cast(), v) };
+        }
+        // SAFETY: 16 floats each at `b · 16`, inside the slices checked above.
+        unsafe {
+            _mm512_storeu_ps(dw[b * TILE..][..TILE].as_mut_ptr(), d);
+            _mm512_storeu_ps(mw[b * TILE..][..TILE].as_mut_ptr(), m);
+        }
+    }
+}
+
+// TEMPORARY A/B (not to commit)
+/// One row against one token, two blocks at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pairs_old(w: &[u8], x: Q8Row<'_>, f: Format, quants: impl Fn(&[u8], &[u8]) -> __m512i) -> f32 {
+    let nb = w.len() / f.bytes;
+    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
+    assert!(f.min == Min::None || x.sum.len() >= nb);
+    let mut acc = _mm512_setzero_ps();
+    let mut mins = _mm_setzero_ps();
+    for i in (0..nb).step_by(2) {
+        let (q, signs, d, m) = pair_at(w, i, f, &quants);
+        let n = (nb - i).min(2);
+        let p = product(q, signs, load_x(&x.qs[i * QK..nb * QK]));
+        let dx = f32_pair(&x.d[i..i + n]);
+        acc = _mm512_fmadd_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p), acc);
+        if f.min != Min::None {
+            mins = _mm_fmadd_ps(m, f32_pair(&x.sum[i..i + n]), mins);
+        }
+    }
+    _mm512_reduce_add_ps(acc) + hsum128(mins)
+}
+
+
+#[cfg(test)]
+#[test]
+#[ignore]
+fn ab_pairs_timing() {
+    use crate::backend::cpu::q8::{Layout, Q8};
+    if !available() { return; }
+    let cols = 576;
+    for (rows, iters) in [(1536 * 4, 200), (1536 * 64, 20)] {
+    for (name, f, bytes) in [("q5_0", Q5_0, 22usize), ("q4_1", Q4_1, 20), ("q8_0", Q8_0, 34)] {
+        let row_bytes = cols / 32 * bytes;
+        let mut w: Vec<u8> = (0..rows * row_bytes).map(|i| (i * 7919 % 251) as u8).collect();
+        for b in w.chunks_exact_mut(bytes) { b[0] = 0x00; b[1] = 0x20; b[2] = 0x00; b[3] = 0x1c; }
+        let x: Vec<f32> = (0..cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+        let mut q8 = Q8::default();
+        q8.quantize(Layout::Blocks32, &x, cols, 1);
+        let row = q8.row(0);
+        let run = |new: bool| {
+            let t = std::time::Instant::now();
+            let mut s = 0f32;
+            for r in w.chunks_exact(row_bytes) {
+                s += unsafe { match (new, name) {
+                    (true, "q5_0") => pairs(r, row, f, |a, b| fifth_bit(nibbles64(&a[6..22], &b[6..22]), &a[2..6], &b[2..6])),
+                    (false, "q5_0") => pairs_old(r, row, f, |a, b| fifth_bit(nibbles64(&a[6..22], &b[6..22]), &a[2..6], &b[2..6])),
+                    (true, "q4_1") => pairs(r, row, f, |a, b| nibbles64(&a[4..20], &b[4..20])),
+                    (false, "q4_1") => pairs_old(r, row, f, |a, b| nibbles64(&a[4..20], &b[4..20])),
+                    (true, _) => pairs(r, row, f, |a, b| join(load256(&a[2..34]), load256(&b[2..34]))),
+                    (false, _) => pairs_old(r, row, f, |a, b| join(load256(&a[2..34]), load256(&b[2..34]))),
+                } };
+            }
+            (t.elapsed().as_secs_f64(), s)
+        };
+        let (mut best_old, mut best_new) = (f64::MAX, f64::MAX);
+        for _ in 0..iters {
+            let (t0, s0) = run(false);
+            let (t1, s1) = run(true);
+            assert!((s0 - s1).abs() <= 1e-3 * s0.abs().max(1.0), "{s0} {s1}");
+            best_old = best_old.min(t0);
+            best_new = best_new.min(t1);
+        }
+        let gb = (rows * row_bytes) as f64 / 1e9;
+        eprint!("rows {rows} ");
+        eprintln!("{name}: old {:.3} ms ({:.1} GB/s), new {:.3} ms ({:.1} GB/s), new/old speed {:.3}x", best_old * 1e3, gb / best_old, best_new * 1e3, gb / best_new, best_old / best_new);
+    }
+}
+}
