@@ -8,7 +8,7 @@ for name,e in cfgs.items():
     env=dict(os.environ,**e)
     d1=[];dm=[];dme=[];agree=0;tot=0;firm_miss=[]
     for c in r['cases']:
-        out=subprocess.run(['target/debug/cairn','score','--backend','cpu','--model',model,'--prompt-ids',','.join(map(str,c['prompt_tokens'])),'--continuation-ids',','.join(map(str,c['continuation'])),'--json'],env=env,capture_output=True,text=True)
+        out=subprocess.run([os.environ.get('CAIRN_SCORE_BIN','target/debug/cairn'),'score','--backend','cpu','--model',model,'--prompt-ids',','.join(map(str,c['prompt_tokens'])),'--continuation-ids',','.join(map(str,c['continuation'])),'--json'],env=env,capture_output=True,text=True)
         g=json.loads(out.stdout)
         for i,(t,l) in enumerate(zip(g['top1'],g['top2_logits'])):
             tot+=1
