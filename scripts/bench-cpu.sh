@@ -19,7 +19,8 @@
 #
 # Environment: PROMPT_TOKENS (128), GEN_TOKENS (64), ROUNDS (3), THREADS (2), CAIRN_BIN
 # (a cairn binary instead of building target/release/cairn), LLAMA_BENCH, LLAMA_BUILD,
-# LLAMA_SRC, LLAMA_QUANTIZE. A shared machine's load bends both engines (llama.cpp's
+# LLAMA_SRC, LLAMA_QUANTIZE; CAIRN_CPU_TILES (off, all) and CAIRN_CPU_ISA (avx2, scalar)
+# reach Cairn's binary and are printed. A shared machine's load bends both engines (llama.cpp's
 # spinning threads the most): the load average is printed with every round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,6 +93,7 @@ grep -m1 'model name' /proc/cpuinfo | sed 's/.*: /cpu: /'
 echo "cores: $(nproc), memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
 echo "prompt $prompt_tokens tokens, generate $gen_tokens, $threads threads, $rounds rounds"
 "$cairn" devices 2>/dev/null | grep -E '^cpu ' || true
+env | grep -E '^CAIRN_CPU_(TILES|ISA)=' || true
 
 results="$(mktemp)"
 summary="$(mktemp)"

@@ -592,3 +592,85 @@ fn x86_runs_avx512_where_present() {
         );
     }
 }
+
+/// The whole prefill op over tiles, every mode (`CAIRN_CPU_TILES` off, the default, all),
+/// against the scalar kernel plus the outliers' products on the same int8 activations, at
+/// 1e-5 of `Σ|w·x|`: the shapes of the default model's Q4_K_M file (rows of 576 and 1536,
+/// 192 rows, K-quant rows of 1536 in six super-blocks), a last tile cut short (37 rows),
+/// prompts off the kernels' blocks of eight tokens (33, 40), massive activations in the same
+/// two channels of every token (as at the down projection's input: the outliers' path runs
+/// for every token) and one silent token. Each (row, token) is compared, not a bound on the
+/// whole: a wrong row, token or outlier in any mode fails here.
+#[test]
+fn prefill_over_tiles_matches_the_scalar_kernel_on_the_models_shapes() {
+    use super::linear::{Tiles, linear_with};
+    crate::kernels::linear::start_pool(Some(3));
+    let mut rng = StdRng::seed_from_u64(29);
+    let mut scratch = Q8::default();
+    let isa = Isa::detect();
+    for ty in quantized() {
+        let (scalar, layout) = Isa::Scalar.dot(ty).expect("quantized");
+        let shapes: &[(usize, usize)] = if ty.block_len() == 32 {
+            &[(37, 576), (192, 1536)]
+        } else {
+            &[(37, 1536), (192, 256)]
+        };
+        for &(rows, cols) in shapes {
+            let w = quantized_rows(&mut rng, ty, rows, cols);
+            let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+            for tokens in [33, 40] {
+                let mut x: Vec<f32> = (0..tokens * cols)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                for t in 0..tokens {
+                    x[t * cols + 7] = 300.0;
+                    x[t * cols + cols / 2 + 3] = -150.0;
+                }
+                x[5 * cols..6 * cols].fill(0.0);
+                let mut q8 = Q8::default();
+                q8.quantize(layout, &x, cols, tokens);
+                if layout == Layout::Super256 {
+                    let missing: Vec<usize> = (0..tokens)
+                        .filter(|&t| t != 5 && q8.row(t).outliers.is_empty())
+                        .collect();
+                    assert!(
+                        missing.is_empty(),
+                        "{} {cols} {tokens}: {missing:?}",
+                        ty.name()
+                    );
+                }
+                let mut deq = vec![0f32; cols];
+                for mode in [Tiles::Off, Tiles::On, Tiles::All] {
+                    let mut y = vec![f32::NAN; rows * tokens];
+                    linear_with(
+                        mode,
+                        isa,
+                        &mut scratch,
+                        ty,
+                        &w,
+                        &x,
+                        &mut y,
+                        [rows, cols, tokens],
+                    );
+                    for r in 0..rows {
+                        let wr = &w[r * row_bytes..][..row_bytes];
+                        dequantize_row(ty, wr, &mut deq);
+                        for t in 0..tokens {
+                            let xt = q8.row(t);
+                            let want = scalar(wr, xt) + outlier_products(ty, wr, xt);
+                            let got = y[t * rows + r];
+                            let scale = magnitude(&deq, &x[t * cols..][..cols]) + 1e-3;
+                            assert!(
+                                f64::from((got - want).abs()) <= 1e-5 * scale,
+                                "{} {} rows {rows} cols {cols} tokens {tokens} at ({t}, {r}): \
+                                 {got} vs scalar {want}",
+                                isa.name(),
+                                ty.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
