@@ -661,17 +661,26 @@ pub(crate) fn tensor_core_attention(l: &mut Launch<'_>) {
     l.block = [128, 1, 1];
 }
 
-/// Blocks per (head, token) for `pairs` of them, or `None` when a block each fills the device.
+/// The split attention kernels' count slots at the start of the scratch (`SPLIT_COUNTS` in
+/// kernels/ops.cu): a region of their own, left zero by every launch, which no launch's
+/// partial results overlap, however many (head, token) pairs it covers.
+pub(crate) const SPLIT_COUNTS: u32 = 4096;
+
+/// Blocks per (head, token) for `pairs` of them, or `None` when a block each fills the device
+/// (or there are more pairs than count slots).
 fn splits_for(pairs: u32, target_blocks: u32) -> Option<u32> {
+    if pairs > SPLIT_COUNTS {
+        return None;
+    }
     let splits = (target_blocks / pairs.max(1)).min(MAX_ATTENTION_SPLITS);
     (splits >= 2).then_some(splits)
 }
 
-/// Scratch of a split over `pairs` (head, token) pairs: a count per pair, then (m, l) and
+/// Scratch of a split over `pairs` (head, token) pairs: the count slots, then (m, l) and
 /// head_dim partial outputs per part.
 fn split_scratch(pairs: u32, splits: u32, head_dim: u32) -> u64 {
     let pairs = u64::from(pairs);
-    pairs * 4 + pairs * u64::from(splits) * (2 + u64::from(head_dim)) * 4
+    u64::from(SPLIT_COUNTS) * 4 + pairs * u64::from(splits) * (2 + u64::from(head_dim)) * 4
 }
 
 fn split_dense(l: &mut Launch<'_>, target_blocks: u32) {
@@ -882,7 +891,7 @@ mod tests {
         assert_eq!(a.kernel, Kernel::AttentionSplit);
         assert_eq!(a.grid, [9, 1, 29], "264 blocks wanted, 9 heads");
         assert_eq!(a.params[6], 29);
-        assert_eq!(a.scratch, 9 * 4 + 9 * 29 * 66 * 4);
+        assert_eq!(a.scratch, 4096 * 4 + 9 * 29 * 66 * 4);
         let b2 = split(1, 500);
         assert_eq!((b2.grid, b2.params[6]), (a.grid, a.params[6]));
         assert_eq!(
@@ -957,7 +966,7 @@ mod tests {
             "the kernel reads the split here"
         );
         assert_eq!(l.params, att.params);
-        assert_eq!(l.scratch, 63 * 4 + 63 * 32 * 66 * 4);
+        assert_eq!(l.scratch, 4096 * 4 + 63 * 32 * 66 * 4);
         let mut full = att.clone();
         split_attention(&mut full, 100);
         assert_eq!(

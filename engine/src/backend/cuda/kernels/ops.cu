@@ -457,7 +457,12 @@ attention_mma128(const AttentionParams* __restrict__ p, const float* __restrict_
 // the scratch buffer; the last of a (head, token)'s blocks to finish (an atomic count) merges
 // them and sets the count back to zero for the next launch. The split count depends on the
 // shape only, never on pos0, so a captured graph replays at every position.
-// Scratch: heads * tokens counts (u32), then per part (m, l), then per part head_dim floats.
+// Scratch: SPLIT_COUNTS counts (u32; this launch's heads * tokens first), then per part (m, l),
+// then per part head_dim floats. The counts keep a region of their own, which no launch's parts
+// overlap: a launch over fewer (head, token) pairs would otherwise leave its parts where a
+// later launch over more pairs finds its counts, which must be zero (a short prompt after a
+// decode step merged at the wrong block: wrong attention).
+#define SPLIT_COUNTS 4096
 extern "C" __global__ void __launch_bounds__(256)
 attention_split(const AttentionParams* __restrict__ p, const float* __restrict__ q,
                 const float* __restrict__ kc, const float* __restrict__ vc,
@@ -475,7 +480,7 @@ attention_split(const AttentionParams* __restrict__ p, const float* __restrict__
     const AttPart r = attend(p, q, kc, vc, k0, k1, qs, ps, red);
     const u32 ht = t * heads + h;
     u32* count = scratch + ht;
-    float* ml = reinterpret_cast<float*>(scratch + (size_t)heads * tokens);
+    float* ml = reinterpret_cast<float*>(scratch + SPLIT_COUNTS);
     float* pacc = ml + (size_t)heads * tokens * splits * 2;
     const size_t mine = (size_t)ht * splits + part;
     if (tid == 0) {
@@ -661,7 +666,7 @@ paged_attention_split(const PagedAttentionParams* __restrict__ p, const float* _
     const AttPart r = paged_attend(p, q, kp, vp, tab, k0, k1, qs, ps, key_slots, red);
     const u32 ht = t * heads + h;
     u32* count = scratch + ht;
-    float* ml = reinterpret_cast<float*>(scratch + (size_t)heads * tokens);
+    float* ml = reinterpret_cast<float*>(scratch + SPLIT_COUNTS);
     float* pacc = ml + (size_t)heads * tokens * splits * 2;
     const size_t mine = (size_t)ht * splits + part;
     if (tid == 0) {
