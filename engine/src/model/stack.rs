@@ -29,7 +29,17 @@ pub enum Split {
     Layers,
     /// Each device a part of every layer: its attention heads and feed-forward rows.
     Tensor,
+    /// `Tensor` where it measured faster: every device can read the others' memory (the sums
+    /// then run on the GPUs) and the model is wide (hidden size [`AUTO_TENSOR_MIN_DIM`] and
+    /// up) and not of a family with post norms; `Layers` otherwise.
+    Auto,
 }
+
+/// The narrowest hidden size `Split::Auto` splits by tensors. On two H200s (session 16) the
+/// 8B shape (4,096) split by tensors decoded at 1.01x one device, 16 at once 1.39x and
+/// prefilled 1.15x, where SmolLM2-135M (576) lost a third: its products are too small to
+/// share. Sizes between were not measured, so they keep the layers.
+pub const AUTO_TENSOR_MIN_DIM: usize = 4096;
 
 impl std::str::FromStr for Split {
     type Err = String;
@@ -37,7 +47,10 @@ impl std::str::FromStr for Split {
         match s {
             "layers" | "layer" => Ok(Split::Layers),
             "tensor" | "tensors" => Ok(Split::Tensor),
-            other => Err(format!("'{other}' is not a split; choose layers or tensor")),
+            "auto" => Ok(Split::Auto),
+            other => Err(format!(
+                "'{other}' is not a split; choose layers, tensor or auto"
+            )),
         }
     }
 }
@@ -47,6 +60,7 @@ impl std::fmt::Display for Split {
         f.write_str(match self {
             Split::Layers => "layers",
             Split::Tensor => "tensor",
+            Split::Auto => "auto",
         })
     }
 }
@@ -184,6 +198,22 @@ impl ShardStack {
             return Self::load(devices, src, start, end, progress);
         }
         let cfg = ModelConfig::from_gguf(src.gguf())?;
+        if split == Split::Auto {
+            let devs: Vec<&Device> = devices.iter().map(|(d, _)| &**d).collect();
+            let tensor = cfg.dim >= AUTO_TENSOR_MIN_DIM
+                && !cfg.family.gemma()
+                && Device::enable_peers(&devs);
+            if !tensor {
+                return Self::load(devices, src, start, end, progress);
+            }
+            match Self::load_split(devices, src, start, end, Split::Tensor, progress) {
+                Err(ModelError::TensorSplit(why)) => {
+                    tracing::info!(%why, "automatic split: by layers, the tensors do not split");
+                    return Self::load(devices, src, start, end, progress);
+                }
+                other => return other,
+            }
+        }
         if start >= end || end > cfg.n_layers {
             return Err(ModelError::BadRange {
                 start,

@@ -314,4 +314,10 @@ fn shapes_that_do_not_split_are_refused() {
     );
     let layers = ShardStack::load_split(&devices(2), &file, 0, 2, Split::Layers, &mut |_, _| {});
     assert_eq!(layers.map(|s| s.split()).ok(), Some(Split::Layers));
+    // The automatic choice takes the layers where devices cannot read each other (cpu) and
+    // the model is narrow, and never fails where a split by layers loads.
+    let auto = ShardStack::load_split(&devices(2), &file, 0, 2, Split::Auto, &mut |_, _| {});
+    assert_eq!(auto.map(|s| s.split()).ok(), Some(Split::Layers));
+    assert_eq!("auto".parse::<Split>(), Ok(Split::Auto));
+    assert!("rows".parse::<Split>().unwrap_err().contains("auto"));
 }

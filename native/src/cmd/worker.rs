@@ -33,9 +33,10 @@ pub struct Args {
     #[arg(long)]
     memory_budget: Option<u64>,
     /// How a worker over several devices (`--device a,b`) spreads its stage over them:
-    /// `layers` (each device a run of the layers) or `tensor` (each device a part of every
-    /// layer's heads and feed-forward rows).
-    #[arg(long, default_value = "layers")]
+    /// `layers` (each device a run of the layers), `tensor` (each device a part of every
+    /// layer's heads and feed-forward rows) or `auto` (tensor on GPUs that read each other's
+    /// memory, for models 4,096 wide and up; layers otherwise).
+    #[arg(long, default_value = "auto")]
     split: Split,
     /// Where shards fetched over HTTP are cached (default: ~/.cache/cairn/shards).
     #[arg(long)]
