@@ -157,7 +157,7 @@ pub fn plan(
 }
 
 /// What a tensor-parallel stage holds besides its parts: on the first device, a buffer per
-/// other device that its partial sums land in; and where the devices can read each other's
+/// other device that its partial sums land in; or, where the devices can read each other's
 /// memory, what the sums on the GPUs need instead ([`PeerSums`]).
 pub(super) struct TensorSplit {
     gather: Vec<Buffer>,
@@ -188,12 +188,6 @@ impl TensorSplit {
     pub(super) fn new(lanes: &[Shard]) -> Result<TensorSplit, ModelError> {
         let lead = &lanes[0];
         let bytes = (lead.max_batch() * lead.config().dim * 4) as u64;
-        let gather = (1..lanes.len())
-            .map(|p| {
-                lead.device()
-                    .alloc(&format!("partial sums of device {p}"), bytes)
-            })
-            .collect::<Result<_, _>>()?;
         // Gemma's post norms need the whole sum before the residual add, which the peer sum
         // fuses; those families keep the copies.
         let post_norms = (0..lead.layer_count()).any(|i| lead.post_norm(i, 0).is_some());
@@ -220,6 +214,14 @@ impl TensorSplit {
         } else {
             None
         };
+        // The copies' landing buffers, only where the sums go through them.
+        let gather = (1..lanes.len())
+            .filter(|_| peer.is_none())
+            .map(|p| {
+                lead.device()
+                    .alloc(&format!("partial sums of device {p}"), bytes)
+            })
+            .collect::<Result<_, _>>()?;
         Ok(TensorSplit { gather, peer })
     }
 }

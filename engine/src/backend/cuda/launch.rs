@@ -587,17 +587,23 @@ pub(crate) fn f16_activations<'a>(l: &mut Launch<'a>) -> Option<Launch<'a>> {
     let x = *l.buffers.get(1)?;
     l.kernel = half;
     l.staging = u64::from(n) * 2;
-    Some(Launch {
-        kernel: Kernel::ToF16,
+    Some(conversion(Kernel::ToF16, x, n, l.staging))
+}
+
+/// A launch converting `n` activations of `x` (8 per thread) into `bytes` of the staging
+/// buffer, for the product after it: `to_f16` or `to_q8`.
+fn conversion(kernel: Kernel, x: &Buffer, n: u32, bytes: u64) -> Launch<'_> {
+    Launch {
+        kernel,
         module: OPS,
         grid: [blocks(u64::from(n), 256 * 8), 1, 1],
         block: [256, 1, 1],
         shared: 0,
         scratch: 0,
-        staging: u64::from(n) * 2,
+        staging: bytes,
         buffers: vec![x],
         params: words(&crate::kernels::CountParams::new(n)),
-    })
+    }
 }
 
 /// The launch that rounds a several-token split matrix-vector product's activations to int8
@@ -625,17 +631,7 @@ pub(crate) fn int8_activations<'a>(l: &mut Launch<'a>, int8: bool) -> Option<Lau
     l.kernel = Kernel::LinearMatvecSplitTokensQ8;
     l.grid[0] = p.tokens.div_ceil(MATVEC_QTOKENS);
     l.staging = bytes;
-    Some(Launch {
-        kernel: Kernel::ToQ8,
-        module: OPS,
-        grid: [blocks(u64::from(n), 256 * 8), 1, 1],
-        block: [256, 1, 1],
-        shared: 0,
-        scratch: 0,
-        staging: bytes,
-        buffers: vec![x],
-        params: words(&crate::kernels::CountParams::new(n)),
-    })
+    Some(conversion(Kernel::ToQ8, x, n, bytes))
 }
 
 /// Prefill attention on tensor cores (`attention_mma64`, `attention_mma128`, kernels/ops.cu):
