@@ -342,6 +342,7 @@ fn load_shard(plan: &LoadPlan) -> Message {
         source: plan.source.clone(),
         next: plan.route.next.clone(),
         prev: plan.route.prev.clone(),
+        split: plan.split,
     }
 }
 

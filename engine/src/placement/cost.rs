@@ -1,6 +1,8 @@
 //! The cost model: memory and time of one stage, given its role.
 
-use super::{DeviceProfile, ModelCost, PlacementError};
+use std::borrow::Cow;
+
+use super::{DeviceProfile, ModelCost, PlacementError, StageSplit};
 
 /// A stage's place in the pipeline; only the ends are special.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +34,64 @@ impl Role {
     fn is_last(self) -> bool {
         matches!(self, Role::Only | Role::Last)
     }
+}
+
+/// The ways `device` can run a stage: by layers always, by tensors where its worker offers
+/// timings for that.
+pub(super) fn splits(device: &DeviceProfile) -> &'static [StageSplit] {
+    if device.tensor.is_some() {
+        &[StageSplit::Layers, StageSplit::Tensor]
+    } else {
+        &[StageSplit::Layers]
+    }
+}
+
+/// `device` as it runs a stage split `split`: its own timings by layers, its tensor timings
+/// by tensors (none where it offers no tensor split). Memory, link and condition are the
+/// same either way: the same devices hold the same bytes.
+pub(super) fn split_as(
+    device: &DeviceProfile,
+    split: StageSplit,
+) -> Option<Cow<'_, DeviceProfile>> {
+    match split {
+        StageSplit::Layers => Some(Cow::Borrowed(device)),
+        StageSplit::Tensor => device.tensor.map(|t| {
+            Cow::Owned(DeviceProfile {
+                decode_s_per_layer: t.decode_s_per_layer,
+                prefill_s_per_layer_token: t.prefill_s_per_layer_token,
+                call_overhead_s: t.call_overhead_s,
+                head_s: t.head_s,
+                tensor: None,
+                ..device.clone()
+            })
+        }),
+    }
+}
+
+/// Every time a profile states, named as in its JSON, the tensor split's included.
+fn timings(device: &DeviceProfile) -> Vec<(&'static str, f64)> {
+    let mut all = vec![
+        ("decode_s_per_layer", device.decode_s_per_layer),
+        (
+            "prefill_s_per_layer_token",
+            device.prefill_s_per_layer_token,
+        ),
+        ("call_overhead_s", device.call_overhead_s),
+        ("head_s", device.head_s),
+        ("link_rtt_s", device.link_rtt_s),
+    ];
+    if let Some(t) = &device.tensor {
+        all.extend([
+            ("tensor.decode_s_per_layer", t.decode_s_per_layer),
+            (
+                "tensor.prefill_s_per_layer_token",
+                t.prefill_s_per_layer_token,
+            ),
+            ("tensor.call_overhead_s", t.call_overhead_s),
+            ("tensor.head_s", t.head_s),
+        ]);
+    }
+    all
 }
 
 /// Bytes of model state one layer needs on a device.
@@ -204,21 +264,12 @@ pub fn screen(devices: Vec<DeviceProfile>) -> (Vec<DeviceProfile>, Vec<Refused>)
     let mut kept: Vec<DeviceProfile> = Vec::with_capacity(devices.len());
     let mut refused = Vec::new();
     for device in devices {
-        let absurd = [
-            ("decode_s_per_layer", device.decode_s_per_layer),
-            (
-                "prefill_s_per_layer_token",
-                device.prefill_s_per_layer_token,
-            ),
-            ("call_overhead_s", device.call_overhead_s),
-            ("head_s", device.head_s),
-            ("link_rtt_s", device.link_rtt_s),
-        ]
-        .into_iter()
-        .find(|(_, v)| v.is_finite() && *v > MAX_PROFILE_S)
-        .map(|(name, v)| {
-            format!("{name} is {v} s, over the {MAX_PROFILE_S} s any device may take")
-        });
+        let absurd = timings(&device)
+            .into_iter()
+            .find(|(_, v)| v.is_finite() && *v > MAX_PROFILE_S)
+            .map(|(name, v)| {
+                format!("{name} is {v} s, over the {MAX_PROFILE_S} s any device may take")
+            });
         let reason = if kept.iter().any(|k| k.id == device.id) {
             Some("the id is used by more than one device".to_owned())
         } else {
@@ -249,16 +300,7 @@ pub(super) fn check_profiles(devices: &[DeviceProfile]) -> Result<(), PlacementE
         if devices[..i].iter().any(|other| other.id == device.id) {
             return Err(bad("the id is used by more than one device".into()));
         }
-        for (name, value) in [
-            ("decode_s_per_layer", device.decode_s_per_layer),
-            (
-                "prefill_s_per_layer_token",
-                device.prefill_s_per_layer_token,
-            ),
-            ("call_overhead_s", device.call_overhead_s),
-            ("head_s", device.head_s),
-            ("link_rtt_s", device.link_rtt_s),
-        ] {
+        for (name, value) in timings(device) {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(bad(format!(
                     "{name} is {value}, expected a finite time >= 0"

@@ -65,6 +65,48 @@ pub struct DeviceProfile {
     /// `>= 1.0`, multiplies compute time; `f64::INFINITY` means do not use.
     /// See [`slowdown`].
     pub slowdown: f64,
+    /// A worker over several local devices that can also split every layer of its stage by
+    /// tensors across them: its timings that way (the fields above are for its devices
+    /// taking runs of layers). The solver gives each stage the way that predicts the
+    /// faster token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<SplitTiming>,
+}
+
+/// How a stage's layers are spread over the devices of a worker that drives several.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum StageSplit {
+    /// Each device a contiguous run of the stage's layers (the only way for one device).
+    #[default]
+    Layers,
+    /// Each device a part of every layer (its heads and feed-forward rows).
+    Tensor,
+}
+
+impl StageSplit {
+    pub fn is_layers(&self) -> bool {
+        *self == StageSplit::Layers
+    }
+}
+
+impl std::fmt::Display for StageSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StageSplit::Layers => "layers",
+            StageSplit::Tensor => "tensor",
+        })
+    }
+}
+
+/// A device's (or a worker's) timings one way of running a stage, as calibration measures
+/// them; the same quantities as [`DeviceProfile`]'s.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SplitTiming {
+    pub decode_s_per_layer: f64,
+    pub prefill_s_per_layer_token: f64,
+    pub call_overhead_s: f64,
+    pub head_s: f64,
 }
 
 /// The sizes of one model, as far as placement cares.
@@ -100,9 +142,22 @@ pub struct Stage {
     pub device: String,
     pub start: usize,
     pub end: usize,
+    /// How a worker with several devices spreads the stage over them.
+    #[serde(default, skip_serializing_if = "StageSplit::is_layers")]
+    pub split: StageSplit,
 }
 
 impl Stage {
+    /// Layers `start..end` on `device`, split by layers (as every one-device stage is).
+    pub fn new(device: impl Into<String>, start: usize, end: usize) -> Stage {
+        Stage {
+            device: device.into(),
+            start,
+            end,
+            split: StageSplit::Layers,
+        }
+    }
+
     pub fn layers(&self) -> usize {
         self.end.saturating_sub(self.start)
     }
@@ -114,6 +169,8 @@ pub struct StagePrediction {
     pub device: String,
     pub start: usize,
     pub end: usize,
+    #[serde(default, skip_serializing_if = "StageSplit::is_layers")]
+    pub split: StageSplit,
     /// What the stage needs: layers × (weights + KV) + embedding/head where
     /// it is first/last + scratch.
     pub memory_bytes: u64,

@@ -2,7 +2,9 @@
 //! given placement, and the alternatives shown beside the optimum.
 
 use super::cost::{self, Role};
-use super::{DeviceProfile, ModelCost, PlacementError, Prediction, Stage, StagePrediction};
+use super::{
+    DeviceProfile, ModelCost, PlacementError, Prediction, Stage, StagePrediction, StageSplit,
+};
 
 /// Two costs closer than this (relative) count as equal; the placement with
 /// fewer stages then wins. Far below any measurement's precision, far above
@@ -14,8 +16,8 @@ const TIE: f64 = 1e-12;
 const ROLES: [(Role, usize); 3] = [(Role::Middle, 0), (Role::First, 1), (Role::Last, 2)];
 const BOTH_ENDS: usize = 3;
 
-/// Stages as the programme chose them: (candidate, role, layers), in device order.
-type Chosen = Vec<(usize, Role, usize)>;
+/// Stages as the programme chose them: (candidate, role, layers, split), in device order.
+type Chosen = Vec<(usize, Role, usize, StageSplit)>;
 
 /// A partial placement's per-token cost and its number of stages.
 #[derive(Clone, Copy, Debug)]
@@ -53,18 +55,41 @@ impl Value {
     }
 }
 
-/// A device the solver may use, with its costs per role precomputed.
+/// A device the solver may use, with its costs per role precomputed for each way it can
+/// run a stage ([`cost::splits`]).
 pub(super) struct Candidate<'a> {
     device: &'a DeviceProfile,
+    ways: Vec<Way>,
+    /// Per role of [`ROLES`]: the most layers the device holds in that role (the same
+    /// whichever way it splits them).
+    max_layers: [usize; 3],
+    /// The per-token cost of holding the whole model alone, if it can, and the way.
+    only: Option<(f64, StageSplit)>,
+}
+
+/// One way a candidate runs a stage, with its costs.
+struct Way {
+    split: StageSplit,
     /// One layer's decode time, slowdown included.
     layer_s: f64,
-    /// Per role of [`ROLES`]: the per-token cost that does not depend on the
-    /// number of layers (overhead, round trip, transfer), and the most
-    /// layers the device holds in that role.
+    /// Per role of [`ROLES`]: the per-token cost that does not depend on the number of
+    /// layers (overhead, round trip, transfer).
     fixed_s: [f64; 3],
-    max_layers: [usize; 3],
-    /// The per-token cost of holding the whole model alone, if it can.
-    only_s: Option<f64>,
+}
+
+impl Candidate<'_> {
+    /// The cheaper way to run `n` layers in role `r` (an index of [`ROLES`]): its cost and
+    /// its index in `ways`.
+    fn cost(&self, r: usize, n: usize) -> (f64, usize) {
+        let mut best = (f64::INFINITY, 0);
+        for (w, way) in self.ways.iter().enumerate() {
+            let cost = way.fixed_s[r] + n as f64 * way.layer_s;
+            if cost < best.0 {
+                best = (cost, w);
+            }
+        }
+        best
+    }
 }
 
 pub(super) fn candidates<'a>(
@@ -77,18 +102,39 @@ pub(super) fn candidates<'a>(
         .filter(|device| !cost::avoided(device) && Some(device.id.as_str()) != without)
         .filter(|device| cost::max_layers(device, model, Role::Middle) >= 1)
         .map(|device| {
-            let fixed = |role| {
-                cost::decode_compute_s(device, role, 0) + cost::decode_link_s(device, model, role)
-            };
-            let layer_s = cost::decode_layer_s(device);
-            let only_s = (cost::max_layers(device, model, Role::Only) >= model.n_layers)
-                .then(|| fixed(Role::Only) + model.n_layers as f64 * layer_s);
+            let ways: Vec<Way> = cost::splits(device)
+                .iter()
+                .filter_map(|&split| {
+                    let timed = cost::split_as(device, split)?;
+                    let fixed = |role| {
+                        cost::decode_compute_s(&timed, role, 0)
+                            + cost::decode_link_s(&timed, model, role)
+                    };
+                    Some(Way {
+                        split,
+                        layer_s: cost::decode_layer_s(&timed),
+                        fixed_s: ROLES.map(|(role, _)| fixed(role)),
+                    })
+                })
+                .collect();
+            let only = (cost::max_layers(device, model, Role::Only) >= model.n_layers)
+                .then(|| {
+                    cost::splits(device)
+                        .iter()
+                        .filter_map(|&split| {
+                            let timed = cost::split_as(device, split)?;
+                            let s = cost::decode_compute_s(&timed, Role::Only, model.n_layers)
+                                + cost::decode_link_s(&timed, model, Role::Only);
+                            Some((s, split))
+                        })
+                        .min_by(|a, b| a.0.total_cmp(&b.0))
+                })
+                .flatten();
             Candidate {
                 device,
-                layer_s,
-                fixed_s: ROLES.map(|(role, _)| fixed(role)),
+                ways,
                 max_layers: ROLES.map(|(role, _)| cost::max_layers(device, model, role)),
-                only_s,
+                only,
             }
         })
         .collect()
@@ -109,7 +155,7 @@ struct Programme {
     /// Values after the last device.
     values: Vec<Value>,
     /// Per device and state: how the device got there. 0 is unused, else
-    /// `layers << 2 | role + 1`.
+    /// `layers << 3 | way << 2 | role + 1` (way: its index in the candidate's `ways`, 0 or 1).
     choices: Vec<Vec<u32>>,
 }
 
@@ -157,17 +203,18 @@ impl Programme {
                                 continue;
                             }
                             let most = candidate.max_layers[r].min(layers - placed);
-                            let base = from.cost + candidate.fixed_s[r];
                             let first = programme.index(to_count, placed, ends | bit);
                             for n in 1..=most {
+                                let (cost, way) = candidate.cost(r, n);
                                 let value = Value {
-                                    cost: base + n as f64 * candidate.layer_s,
+                                    cost: from.cost + cost,
                                     stages: from.stages + 1,
                                 };
                                 let to = first + n * 4;
                                 if value.better_than(next[to]) {
                                     next[to] = value;
-                                    choice[to] = ((n as u32) << 2) | (r as u32 + 1);
+                                    choice[to] =
+                                        ((n as u32) << 3) | ((way as u32) << 2) | (r as u32 + 1);
                                 }
                             }
                         }
@@ -183,7 +230,7 @@ impl Programme {
 
     /// The placement of all layers with both ends taken (and `count` stages,
     /// when counting), as (candidate, role, layers) in device order.
-    fn placement(&self, count: usize) -> Option<(Value, Chosen)> {
+    fn placement(&self, candidates: &[Candidate], count: usize) -> Option<(Value, Chosen)> {
         let count = if self.counting { count } else { 0 };
         let value = *self.values.get(self.index(count, self.layers, BOTH_ENDS))?;
         if !value.reached() {
@@ -197,8 +244,9 @@ impl Programme {
                 continue;
             }
             let (role, bit) = ROLES[(code & 3) as usize - 1];
-            let n = (code >> 2) as usize;
-            stages.push((i, role, n));
+            let way = ((code >> 2) & 1) as usize;
+            let n = (code >> 3) as usize;
+            stages.push((i, role, n, candidates[i].ways[way].split));
             placed -= n;
             ends &= !bit;
             if self.counting {
@@ -213,22 +261,23 @@ impl Programme {
 
 /// Lays the chosen stages out in pipeline order: first, the middles in
 /// device order, last; layer ranges contiguous from 0.
-fn lay_out(candidates: &[Candidate], chosen: &[(usize, Role, usize)]) -> Vec<Stage> {
+fn lay_out(candidates: &[Candidate], chosen: &[(usize, Role, usize, StageSplit)]) -> Vec<Stage> {
     let rank = |role: Role| match role {
         Role::Only | Role::First => 0,
         Role::Middle => 1,
         Role::Last => 2,
     };
     let mut ordered = chosen.to_vec();
-    ordered.sort_by_key(|&(i, role, _)| (rank(role), i));
+    ordered.sort_by_key(|&(i, role, _, _)| (rank(role), i));
     let mut start = 0;
     ordered
         .into_iter()
-        .map(|(i, _, n)| {
+        .map(|(i, _, n, split)| {
             let stage = Stage {
                 device: candidates[i].device.id.clone(),
                 start,
                 end: start + n,
+                split,
             };
             start += n;
             stage
@@ -238,24 +287,29 @@ fn lay_out(candidates: &[Candidate], chosen: &[(usize, Role, usize)]) -> Vec<Sta
 
 /// The best single-stage placement, if any device holds the whole model.
 fn best_alone(candidates: &[Candidate], layers: usize) -> Option<(Value, Vec<Stage>)> {
-    let mut best: Option<(Value, usize)> = None;
+    let mut best: Option<(Value, usize, StageSplit)> = None;
     for (i, candidate) in candidates.iter().enumerate() {
-        let Some(cost) = candidate.only_s else {
+        let Some((cost, split)) = candidate.only else {
             continue;
         };
         let value = Value { cost, stages: 1 };
-        if best.is_none_or(|(b, _)| value.better_than(b)) {
-            best = Some((value, i));
+        if best.is_none_or(|(b, _, _)| value.better_than(b)) {
+            best = Some((value, i, split));
         }
     }
-    best.map(|(value, i)| (value, lay_out(candidates, &[(i, Role::Only, layers)])))
+    best.map(|(value, i, split)| {
+        (
+            value,
+            lay_out(candidates, &[(i, Role::Only, layers, split)]),
+        )
+    })
 }
 
 /// The cheapest placement over `candidates`, fewer stages on ties.
 fn best(candidates: &[Candidate], layers: usize) -> Option<(f64, Vec<Stage>)> {
     let alone = best_alone(candidates, layers);
     let split = Programme::run(candidates, layers, false)
-        .placement(0)
+        .placement(candidates, 0)
         .map(|(value, chosen)| (value, lay_out(candidates, &chosen)));
     let winner = match (alone, split) {
         (Some(a), Some(s)) => Some(if s.0.better_than(a.0) { s } else { a }),
@@ -272,7 +326,7 @@ pub(super) fn best_per_count(candidates: &[Candidate], layers: usize) -> Vec<(f6
     }
     let programme = Programme::run(candidates, layers, true);
     for count in 2..programme.counts {
-        if let Some((value, chosen)) = programme.placement(count) {
+        if let Some((value, chosen)) = programme.placement(candidates, count) {
             found.push((value.cost, lay_out(candidates, &chosen)));
         }
     }
@@ -406,6 +460,12 @@ pub fn evaluate(
                 "stage {k}: device {id:?} is marked do-not-use (slowdown infinite)"
             ));
         }
+        let Some(device) = cost::split_as(device, stage.split) else {
+            return bad(format!(
+                "stage {k} on {id:?} asks for a {} split, which that worker does not offer",
+                stage.split
+            ));
+        };
         next = end;
         on.push(device);
     }
@@ -439,15 +499,16 @@ pub fn evaluate(
                 device.memory_bytes
             ));
         }
-        let compute_s = cost::decode_compute_s(device, role, n);
-        let link_s = cost::decode_link_s(device, model, role);
+        let compute_s = cost::decode_compute_s(&device, role, n);
+        let link_s = cost::decode_link_s(&device, model, role);
         s_per_token += compute_s + link_s;
-        prefill_s += cost::prefill_s(device, model, role, n, prompt_tokens);
-        batch_cycle_s += cost::batched_step_s(device, model, role, n, concurrency);
+        prefill_s += cost::prefill_s(&device, model, role, n, prompt_tokens);
+        batch_cycle_s += cost::batched_step_s(&device, model, role, n, concurrency);
         predictions.push(StagePrediction {
             device: stage.device.clone(),
             start: stage.start,
             end: stage.end,
+            split: stage.split,
             memory_bytes: saturate(memory),
             memory_limit_bytes: device.memory_bytes,
             compute_s,

@@ -4,6 +4,7 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::StageSplit;
 use super::solve::{best_per_count, candidates};
 use super::*;
 
@@ -26,6 +27,7 @@ fn device(id: &str, memory_bytes: u64, decode_s_per_layer: f64) -> DeviceProfile
         link_bytes_per_s: 1e8,
         relayed: false,
         slowdown: 1.0,
+        tensor: None,
     }
 }
 
@@ -197,6 +199,7 @@ fn arb_case() -> impl Strategy<Value = (Vec<DeviceProfile>, ModelCost)> {
                             link_bytes_per_s: bw,
                             relayed,
                             slowdown: slow,
+                            tensor: None,
                         }
                     },
                 )
@@ -297,6 +300,7 @@ fn sixty_four_devices_and_a_hundred_layers_solve_in_under_100_ms() {
             link_bytes_per_s: rng.random_range(1e6..1e9),
             relayed: rng.random_range(0..4) == 0,
             slowdown: [1.0, 1.0, 1.5, 2.0, 4.0][rng.random_range(0..5)],
+            tensor: None,
         })
         .collect();
     let started = Instant::now();
@@ -350,7 +354,8 @@ fn a_do_not_use_device_is_left_out() {
         vec![Stage {
             device: "slow".into(),
             start: 0,
-            end: 10
+            end: 10,
+            split: StageSplit::Layers,
         }]
     );
     let err = place(&devices[1..], &model).unwrap_err();
@@ -368,7 +373,8 @@ fn a_do_not_use_device_is_left_out() {
             &[Stage {
                 device: "fast".into(),
                 start: 0,
-                end: 10
+                end: 10,
+                split: StageSplit::Layers,
             }],
             1
         )
@@ -529,11 +535,7 @@ fn bad_stages(
 ) -> String {
     let stages: Vec<Stage> = stages
         .iter()
-        .map(|&(device, start, end)| Stage {
-            device: device.into(),
-            start,
-            end,
-        })
+        .map(|&(device, start, end)| Stage::new(device, start, end))
         .collect();
     match evaluate(devices, model, &stages, 1) {
         Err(PlacementError::BadStages(message)) => message,
@@ -590,11 +592,13 @@ fn evaluate_predicts_by_the_formula() {
             device: "a".into(),
             start: 0,
             end: 4,
+            split: StageSplit::Layers,
         },
         Stage {
             device: "b".into(),
             start: 4,
             end: 10,
+            split: StageSplit::Layers,
         },
     ];
     let p = evaluate(&[a.clone(), b.clone()], &model, &stages, 100).unwrap();
@@ -635,6 +639,7 @@ fn evaluate_predicts_by_the_formula() {
         device: "a".into(),
         start: 0,
         end: 10,
+        split: StageSplit::Layers,
     }];
     assert_eq!(
         evaluate(std::slice::from_ref(&a), &model, &whole, 1)
@@ -742,11 +747,13 @@ fn aggregate_throughput_follows_the_roofline_of_each_stage() {
                 device: "a".into(),
                 start: 0,
                 end: 4,
+                split: StageSplit::Layers,
             },
             Stage {
                 device: "b".into(),
                 start: 4,
                 end: 8,
+                split: StageSplit::Layers,
             },
         ];
         let p = evaluate(&d, &m, &stages, 16).unwrap();
@@ -764,4 +771,72 @@ fn aggregate_throughput_follows_the_roofline_of_each_stage() {
             assert!(gain < 1.5, "compute-bound: gain {gain}");
         }
     }
+}
+
+/// A worker over several GPUs that also offers a tensor split (its `tensor` timings: each
+/// layer faster, every call dearer, for the sums between devices) gets its stage split that
+/// way where that predicts the faster token and by layers where it does not; predictions use
+/// the chosen way's timings; a stage asking for a split its worker does not offer is refused,
+/// and so are tensor timings that cannot be believed.
+#[test]
+fn a_worker_splits_its_stage_the_way_that_predicts_the_faster_token() {
+    let mut gpus = device("gpus", 1 << 20, 1e-4);
+    gpus.tensor = Some(SplitTiming {
+        decode_s_per_layer: 0.6e-4,
+        prefill_s_per_layer_token: 0.6e-5,
+        call_overhead_s: 5e-4,
+        head_s: 0.0,
+    });
+    let alone = |stages: &[Stage]| stages.iter().map(|s| s.split).collect::<Vec<_>>();
+    // 32 layers: by layers 1e-4 + 32 x 1e-4 = 3.3 ms, by tensors 0.5 + 32 x 0.06 = 2.42 ms.
+    let long = model(32);
+    let placed = place(std::slice::from_ref(&gpus), &long).unwrap();
+    assert_eq!(alone(&placed), [StageSplit::Tensor]);
+    let p = evaluate(std::slice::from_ref(&gpus), &long, &placed, 1).unwrap();
+    assert!(close(p.stages[0].compute_s, 5e-4 + 32.0 * 0.6e-4));
+    assert_eq!(p.stages[0].split, StageSplit::Tensor);
+    // 4 layers: by layers 0.5 ms, by tensors 0.74 ms.
+    let short = model(4);
+    let placed = place(std::slice::from_ref(&gpus), &short).unwrap();
+    assert_eq!(alone(&placed), [StageSplit::Layers]);
+    // Inside a placement of several stages: the GPUs' worker holds what its memory allows
+    // and splits it by tensors; the other device has no choice.
+    let mut small = gpus.clone();
+    small.memory_bytes = 2_900;
+    let other = device("other", 1 << 20, 1e-3);
+    let devices = [small, other];
+    let (placed, s_per_token) = place_with_cost(&devices, &long).unwrap();
+    assert_eq!(placed.len(), 2, "{placed:?}");
+    for stage in &placed {
+        let want = if stage.device == "gpus" {
+            StageSplit::Tensor
+        } else {
+            StageSplit::Layers
+        };
+        assert_eq!(stage.split, want, "{placed:?}");
+    }
+    let p = evaluate(&devices, &long, &placed, 1).unwrap();
+    assert!(close(p.s_per_token, s_per_token));
+    // The other device offers no tensor split.
+    let mut asked = placed.clone();
+    for s in &mut asked {
+        s.split = StageSplit::Tensor;
+    }
+    match evaluate(&devices, &long, &asked, 1) {
+        Err(PlacementError::BadStages(m)) => assert!(m.contains("tensor split"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // Tensor timings that cannot be believed leave the worker out, naming the field.
+    let mut liar = gpus.clone();
+    liar.id = "liar".into();
+    liar.tensor = Some(SplitTiming {
+        decode_s_per_layer: f64::NAN,
+        ..SplitTiming::default()
+    });
+    let (kept, refused) = screen(vec![gpus, liar]);
+    assert_eq!(kept.len(), 1);
+    assert!(
+        refused[0].reason.contains("tensor.decode_s_per_layer"),
+        "{refused:?}"
+    );
 }

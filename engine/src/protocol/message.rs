@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ProtocolError;
 use crate::kernels::SampleParams;
+use crate::placement::{SplitTiming, StageSplit};
 
 /// Error codes carried by [`Message::Error`].
 pub mod error_code {
@@ -396,13 +397,16 @@ pub enum Message {
     /// output under a [`Chain`] (the first stage, after the last; this very
     /// peer when it is the only stage), `None` to send every output to the
     /// coordinator; `prev` is the only other worker whose `Forward`s are
-    /// served.
+    /// served. `split`: how a worker over several devices spreads the layers
+    /// over them (placement's choice from its `Calibration`; a worker told
+    /// `--split layers` or `--split tensor` keeps its own).
     LoadShard {
         model_hash: String,
         layers: LayerRange,
         source: String,
         next: Option<Hop>,
         prev: Option<String>,
+        split: StageSplit,
     },
     /// Boxed: the largest payload by far, and the rarest, which would otherwise set the size
     /// of every message (serde writes a box as what it holds, so the wire is the same).
@@ -494,6 +498,9 @@ pub struct Calibration {
     /// What the last stage adds per token: the final norm, the output head
     /// over the whole vocabulary, and sampling.
     pub head_s: f64,
+    /// A worker over several devices that can also split every layer by tensors across
+    /// them: its timings that way (the fields above are for runs of layers per device).
+    pub tensor: Option<SplitTiming>,
 }
 
 impl Message {

@@ -449,6 +449,11 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         layers: LayerRange { start, end },
                     }),
                     prev,
+                    split: if start % 2 == 0 {
+                        crate::placement::StageSplit::Layers
+                    } else {
+                        crate::placement::StageSplit::Tensor
+                    },
                 }
             }),
         arb_telemetry().prop_map(|t| Message::Telemetry(Box::new(t))),
@@ -510,6 +515,12 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 prefill_s_per_layer_token: b,
                 call_overhead_s: c,
                 head_s: d,
+                tensor: (a > 0.5).then_some(crate::placement::SplitTiming {
+                    decode_s_per_layer: b,
+                    prefill_s_per_layer_token: c,
+                    call_overhead_s: d,
+                    head_s: a,
+                }),
             })
         }),
         (any::<u64>(), any::<u32>(), any::<u16>(), ".{0,40}").prop_map(

@@ -11,6 +11,7 @@
 
 use crate::gguf::TensorSource;
 use crate::model::{ModelError, Split};
+use crate::placement::StageSplit;
 use crate::protocol::{Battery, LayerRange, Message, Telemetry, Thermal, Visibility, error_code};
 
 use super::stage::{Route, StageServer, load_stack_split};
@@ -26,6 +27,8 @@ pub struct LoadPlan {
     /// The URL serving the GGUF, where the worker has no copy of its own.
     pub source: String,
     pub route: Route,
+    /// How placement split the stage over this worker's devices.
+    pub split: StageSplit,
 }
 
 impl LoadPlan {
@@ -37,6 +40,7 @@ impl LoadPlan {
             source,
             next,
             prev,
+            split,
         } = message
         else {
             return Err(format!("{} is not a load-shard", message.kind()));
@@ -53,6 +57,7 @@ impl LoadPlan {
             end: layers.end as usize,
             source,
             route: Route { next, prev },
+            split,
         })
     }
 
@@ -297,7 +302,12 @@ impl ShardSlot {
     ) -> Message {
         self.clear(server);
         let devices = server.devices().to_vec();
-        let split = server.split();
+        // `--split auto` follows placement; `layers` or `tensor` is the worker's own choice.
+        let split = match (server.split(), plan.split) {
+            (Split::Auto, StageSplit::Layers) => Split::Layers,
+            (Split::Auto, StageSplit::Tensor) => Split::Tensor,
+            (own, _) => own,
+        };
         let mut loaded = load_stack_split(&devices, src, plan.start, plan.end, split).await;
         if let Err(ModelError::TensorSplit(why)) = &loaded {
             // The worker still serves these layers, split the other way.
@@ -340,6 +350,7 @@ mod tests {
                 layers: LayerRange { start: end, end: 4 },
             }),
             prev: None,
+            split: StageSplit::Layers,
         }
     }
 
@@ -534,6 +545,7 @@ mod tests {
                 }),
                 prev: None,
             },
+            split: StageSplit::Layers,
         }
     }
 

@@ -382,6 +382,11 @@ impl StageServer {
         self.shard.as_ref().map(|s| s.range())
     }
 
+    /// How the loaded layers are spread over the devices (by layers on one device).
+    pub fn loaded_split(&self) -> Option<Split> {
+        self.shard.as_ref().map(|s| s.split())
+    }
+
     /// Handles a message for the stage; returns where its output goes, if
     /// it has one. `LoadShard` is the host's (it knows where bytes come
     /// from); other messages not meant for a stage get `None`, as do steps
@@ -395,13 +400,15 @@ impl StageServer {
             }
             Message::Calibrate { config } => {
                 Some(Outgoing::Reply(match serde_json::from_str(&config) {
-                    Ok(cfg) => match super::calibrate_devices(&self.devices, &cfg).await {
-                        Ok(c) => Message::Calibration(c),
-                        Err(e) => Message::Error {
-                            code: error_code::INTERNAL,
-                            text: format!("calibration failed: {e}"),
-                        },
-                    },
+                    Ok(cfg) => {
+                        match super::calibrate_devices(&self.devices, &cfg, self.split).await {
+                            Ok(c) => Message::Calibration(c),
+                            Err(e) => Message::Error {
+                                code: error_code::INTERNAL,
+                                text: format!("calibration failed: {e}"),
+                            },
+                        }
+                    }
                     Err(e) => Message::Error {
                         code: error_code::BAD_REQUEST,
                         text: format!("calibration config is not a model config: {e}"),

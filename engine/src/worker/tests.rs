@@ -8,6 +8,7 @@ use crate::backend::Device;
 use crate::kernels::SampleParams;
 use crate::model::synthetic::SyntheticModel;
 use crate::model::{ModelConfig, Shard, ShardInput, ShardOutput, Want};
+use crate::placement::StageSplit;
 use crate::protocol::{
     Chain, DType, Deframer, Framer, Hop, LayerRange, Limits, Message, Tensor, error_code,
 };
@@ -240,6 +241,39 @@ fn calibration_is_measured_and_positive() {
         assert!(c.decode_s_per_layer > 0.0 && c.decode_s_per_layer.is_finite());
         assert!(c.prefill_s_per_layer_token > 0.0 && c.prefill_s_per_layer_token.is_finite());
         assert!(c.call_overhead_s >= 0.0);
+        assert_eq!(c.tensor, None, "one device has no tensor split to offer");
+    });
+}
+
+/// A worker over two devices offers both ways to placement when left to choose, only
+/// layers when told `--split layers`, and only the tensor split's timings (as its main
+/// ones) when told `--split tensor`.
+#[test]
+fn a_worker_over_two_devices_calibrates_each_split_it_may_run() {
+    use crate::model::Split;
+    pollster::block_on(async {
+        let cfg = small_config();
+        let two = vec![(cpu(), 1u64 << 30), (cpu(), 1u64 << 30)];
+        let positive = |t: f64| t > 0.0 && t.is_finite();
+        let auto = calibrate_devices(&two, &cfg, Split::Auto).await.unwrap();
+        assert!(positive(auto.decode_s_per_layer));
+        let tensor = auto
+            .tensor
+            .expect("two devices split the synthetic shape by tensors");
+        assert!(positive(tensor.decode_s_per_layer));
+        assert!(positive(tensor.prefill_s_per_layer_token));
+        assert!(tensor.call_overhead_s >= 0.0 && tensor.head_s >= 0.0);
+        let layers = calibrate_devices(&two, &cfg, Split::Layers).await.unwrap();
+        assert_eq!(layers.tensor, None);
+        let forced = calibrate_devices(&two, &cfg, Split::Tensor).await.unwrap();
+        assert_eq!(forced.tensor, None);
+        assert!(positive(forced.decode_s_per_layer));
+        // More devices than the shape's key/value heads: no tensor split to offer.
+        let many: Vec<_> = (0..cfg.n_kv_heads + 1)
+            .map(|_| (cpu(), 1u64 << 30))
+            .collect();
+        let c = calibrate_devices(&many, &cfg, Split::Auto).await.unwrap();
+        assert_eq!(c.tensor, None);
     });
 }
 
@@ -715,6 +749,7 @@ fn a_stage_split_by_tensors_matches_one_device() {
             end: 4,
             source: String::new(),
             route: Route::default(),
+            split: StageSplit::Layers,
         };
         let devices = vec![(cpu(), 1_000_000_000), (cpu(), 1_000_000_000)];
         let mut server = StageServer::with_devices(devices.clone());
@@ -736,6 +771,23 @@ fn a_stage_split_by_tensors_matches_one_device() {
         let got = batched_greedy(&mut server, &step, &prompts, steps).await;
         assert_eq!(got, expect);
         assert_eq!(server.telemetry().mean_batch, Some(2.0));
+        // A worker left to choose (`--split auto`) splits as placement says; one told
+        // `--split tensor` keeps that whatever placement says.
+        for (own, placed, loaded) in [
+            (Split::Auto, StageSplit::Tensor, Split::Tensor),
+            (Split::Auto, StageSplit::Layers, Split::Layers),
+            (Split::Tensor, StageSplit::Layers, Split::Tensor),
+            (Split::Layers, StageSplit::Tensor, Split::Layers),
+        ] {
+            server.set_split(own);
+            let plan = LoadPlan {
+                split: placed,
+                ..plan.clone()
+            };
+            let out = slot.load(&mut server, plan, &model).await;
+            assert!(matches!(out, Message::ShardLoaded { .. }), "{out:?}");
+            assert_eq!(server.loaded_split(), Some(loaded), "{own} told {placed}");
+        }
         // Four devices for three key/value heads: split by layers, and still served.
         let four: Vec<_> = (0..4).map(|_| (cpu(), 1_000_000_000)).collect();
         let mut server = StageServer::with_devices(four);

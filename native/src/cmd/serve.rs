@@ -12,7 +12,7 @@ use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
 use cairn_engine::model::Split;
-use cairn_engine::placement::Stage;
+use cairn_engine::placement::{Stage, StageSplit};
 use cairn_native::audit::{AuditLog, Event, log as audit_log};
 use cairn_native::coord::join::{JoinTokens, Session, Sessions};
 use cairn_native::coord::{Coordinator, CoordinatorOptions, SpotConfig, api};
@@ -69,7 +69,8 @@ pub struct Args {
     /// other's memory, for models 4,096 wide and up; layers otherwise).
     #[arg(long, default_value = "auto")]
     split: Split,
-    /// Manual placement: PEER:FIRST-LAST,... (inclusive layer numbers).
+    /// Manual placement: PEER:FIRST-LAST,... (inclusive layer numbers; `PEER:0-29/tensor`
+    /// splits a worker's layers over its devices by tensors).
     #[arg(long)]
     placement: Option<String>,
     /// The admin key: `Authorization: Bearer KEY` on the API, placement and
@@ -140,6 +141,16 @@ pub struct Args {
 pub fn parse_placement(s: &str) -> Result<Vec<Stage>> {
     s.split(',')
         .map(|part| {
+            // `PEER:FIRST-LAST`, with `/tensor` for a worker over several devices that
+            // splits every layer across them.
+            let (part, split) = if let Some(p) = part.strip_suffix("/tensor") {
+                (p, StageSplit::Tensor)
+            } else {
+                (
+                    part.strip_suffix("/layers").unwrap_or(part),
+                    StageSplit::Layers,
+                )
+            };
             let (peer, range) = part
                 .rsplit_once(':')
                 .with_context(|| format!("'{part}' is not PEER:FIRST-LAST"))?;
@@ -161,6 +172,7 @@ pub fn parse_placement(s: &str) -> Result<Vec<Stage>> {
                 device: peer.trim().to_owned(),
                 start,
                 end: last + 1,
+                split,
             })
         })
         .collect()
@@ -581,7 +593,7 @@ fn rate(s: &str) -> Result<f64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Args, approval_by_default, parse_placement};
+    use super::{Args, StageSplit, approval_by_default, parse_placement};
     use clap::Parser as _;
 
     #[derive(clap::Parser)]
@@ -621,6 +633,13 @@ mod tests {
 
     #[test]
     fn placements_parse_inclusive_ranges() {
+        let t = parse_placement("gpus:0-29/tensor,b:30-31/layers").unwrap();
+        assert_eq!(
+            t.iter()
+                .map(|s| (s.start, s.end, s.split))
+                .collect::<Vec<_>>(),
+            [(0, 30, StageSplit::Tensor), (30, 32, StageSplit::Layers)]
+        );
         let p = parse_placement("a:0-14,b:15-29").unwrap();
         assert_eq!((p[0].device.as_str(), p[0].start, p[0].end), ("a", 0, 15));
         assert_eq!((p[1].device.as_str(), p[1].start, p[1].end), ("b", 15, 30));

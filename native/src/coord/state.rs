@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use cairn_engine::placement::{DeviceCondition, Prediction, Stage};
+use cairn_engine::placement::{DeviceCondition, Prediction, Stage, StageSplit};
 use cairn_engine::protocol::{Calibration, Telemetry};
 use cairn_engine::session::SessionStats;
 use cairn_engine::worker::Capabilities;
@@ -141,6 +141,8 @@ pub struct ActiveStage {
     pub direct: bool,
     pub start: usize,
     pub end: usize,
+    /// How a worker over several devices spreads the layers over them.
+    pub split: StageSplit,
     /// The link (its generation) the stage was loaded over; its steps go
     /// over that link only, and fail once it is down.
     pub generation: u64,

@@ -7,6 +7,7 @@
 //! This file uses only `std`, `serde` and `serde_json`, so the `api_json` fuzz target
 //! (`fuzz/fuzz_targets/api_json.rs`) compiles it alone instead of the whole `cairn` crate.
 
+use cairn_engine::placement::StageSplit;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -433,12 +434,15 @@ pub fn chat_unsupported(req: &OllamaChatRequest) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// One stage of a manual placement: layers `start..end` on the peer.
+/// One stage of a manual placement: layers `start..end` on the peer, and for a worker over
+/// several devices how it spreads them (`"layers"`, the default, or `"tensor"`).
 #[derive(Deserialize)]
 pub struct StageIn {
     pub peer_id: String,
     pub start: usize,
     pub end: usize,
+    #[serde(default)]
+    pub split: StageSplit,
 }
 
 /// `POST /api/placement` and its preview.
@@ -450,7 +454,7 @@ pub struct PlacementIn {
 pub fn parse_placement(body: &[u8]) -> Result<PlacementIn, Invalid> {
     serde_json::from_slice(body).map_err(|e| {
         invalid(
-            format!("expected {{\"stages\":[{{\"peer_id\":ID,\"start\":0,\"end\":15}},...]}}: {e}"),
+            format!("expected {{\"stages\":[{{\"peer_id\":ID,\"start\":0,\"end\":15}},...]}} (each stage may add \"split\":\"tensor\"): {e}"),
             Some("stages"),
         )
     })

@@ -160,6 +160,7 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
                     "end": s.end,
                     "direct": s.direct,
                     "linked": linked,
+                    "split": s.split,
                 })
             })
             .collect(),
@@ -286,6 +287,7 @@ pub async fn set_placement(
             device: s.peer_id,
             start: s.start,
             end: s.end,
+            split: s.split,
         })
         .collect();
     let devices = profiles(&shared.state());

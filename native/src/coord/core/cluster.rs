@@ -644,6 +644,7 @@ impl Cluster {
                     source: self.cfg.source.clone(),
                     next,
                     prev,
+                    split: s.split,
                 },
             });
         }
@@ -748,6 +749,7 @@ impl Cluster {
                     peer: peer.clone(),
                     start: s.start,
                     end: s.end,
+                    split: s.split,
                     generation: *generation,
                     direct: *native && round.workers[(i + 1) % n].2,
                 })

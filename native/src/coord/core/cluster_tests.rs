@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use cairn_engine::placement::{ModelCost, Stage};
+use cairn_engine::placement::{ModelCost, SplitTiming, Stage, StageSplit};
 use cairn_engine::protocol::{Battery, Calibration, Hop, LayerRange, Message, Telemetry};
 use cairn_engine::session::SessionStats;
 use cairn_signal::protocol::PeerId;
@@ -87,6 +87,7 @@ fn calibration() -> Calibration {
         prefill_s_per_layer_token: 1e-4,
         call_overhead_s: 1e-4,
         head_s: 1e-3,
+        tensor: None,
     }
 }
 
@@ -98,6 +99,7 @@ struct Load {
     layers: (u32, u32),
     next: Option<Hop>,
     prev: Option<String>,
+    split: StageSplit,
 }
 
 /// The cluster's core, a clock, and what it asked for so far.
@@ -206,6 +208,7 @@ impl Harness {
                             source,
                             next,
                             prev,
+                            split,
                         },
                 } => {
                     assert_eq!(model_hash, "m1");
@@ -216,6 +219,7 @@ impl Harness {
                         layers: (layers.start, layers.end),
                         next,
                         prev,
+                        split,
                     })
                 }
                 _ => None,
@@ -926,11 +930,7 @@ fn the_placement_served_is_not_loaded_again() {
 }
 
 fn stage(device: &str, start: usize, end: usize) -> Stage {
-    Stage {
-        device: device.into(),
-        start,
-        end,
-    }
+    Stage::new(device, start, end)
 }
 
 #[test]
@@ -1233,4 +1233,44 @@ fn a_worker_whose_loaded_bytes_cannot_be_believed_is_evicted_and_placed_around()
         h.loaded(l);
     }
     assert!(h.epoch().is_some());
+}
+
+/// A worker over several devices whose calibration offers a faster tensor split is told to
+/// split its stage that way (`LoadShard::split`), the placement says so, and a later
+/// calibration that makes the tensor split slower moves it back to layers.
+#[test]
+fn a_worker_is_told_to_split_by_tensors_where_that_is_predicted_faster() {
+    let mut h = Harness::new();
+    h.link("gpus", "native", 1 << 40);
+    let faster = SplitTiming {
+        decode_s_per_layer: 0.5e-3,
+        prefill_s_per_layer_token: 0.5e-4,
+        call_overhead_s: 2e-4,
+        head_s: 1e-3,
+    };
+    h.say(
+        "gpus",
+        Message::Calibration(Calibration {
+            tensor: Some(faster),
+            ..calibration()
+        }),
+    );
+    let loads = h.place_and_load();
+    assert_eq!(loads.len(), 1);
+    assert_eq!(loads[0].split, StageSplit::Tensor);
+    assert!(h.st().message.contains("/tensor"), "{}", h.st().message);
+    let slower = SplitTiming {
+        decode_s_per_layer: 2e-3,
+        ..faster
+    };
+    h.say(
+        "gpus",
+        Message::Calibration(Calibration {
+            tensor: Some(slower),
+            ..calibration()
+        }),
+    );
+    let loads = h.place_and_load();
+    assert_eq!(loads.len(), 1);
+    assert_eq!(loads[0].split, StageSplit::Layers);
 }

@@ -41,6 +41,7 @@ pub fn profiles(st: &State) -> Vec<DeviceProfile> {
                 prefill_s_per_layer_token: c.prefill_s_per_layer_token,
                 call_overhead_s: c.call_overhead_s,
                 head_s: c.head_s,
+                tensor: c.tensor,
                 link_rtt_s: rtt,
                 link_bytes_per_s: bw,
                 relayed: p.caps.kind != PeerKind::Native,
@@ -77,12 +78,16 @@ pub fn target(st: &mut State, cost: &ModelCost) -> Result<Vec<Stage>, String> {
     placement::place(&devices, cost).map_err(|e| e.to_string())
 }
 
-/// Whether `active` already serves `wanted` (the same workers, the same layers).
+/// Whether `active` already serves `wanted` (the same workers, the same layers, split
+/// the same way).
 pub fn unchanged(active: Option<&Active>, wanted: &[Stage]) -> bool {
     active.is_some_and(|a| {
         a.stages.len() == wanted.len()
             && a.stages.iter().zip(wanted).all(|(s, w)| {
-                s.peer.to_string() == w.device && s.start == w.start && s.end == w.end
+                s.peer.to_string() == w.device
+                    && s.start == w.start
+                    && s.end == w.end
+                    && s.split == w.split
             })
     })
 }
@@ -114,7 +119,15 @@ pub fn chain_routes(stages: &[(String, &Stage, bool)]) -> Vec<(Option<Hop>, Opti
 pub fn describe(stages: &[Stage]) -> String {
     stages
         .iter()
-        .map(|s| format!("{}:{}-{}", s.device, s.start, s.end.saturating_sub(1)))
+        .map(|s| {
+            let split = if s.split.is_layers() { "" } else { "/tensor" };
+            format!(
+                "{}:{}-{}{split}",
+                s.device,
+                s.start,
+                s.end.saturating_sub(1)
+            )
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -124,11 +137,7 @@ mod tests {
     use super::*;
 
     fn stage(device: &str, start: usize, end: usize) -> Stage {
-        Stage {
-            device: device.into(),
-            start,
-            end,
-        }
+        Stage::new(device, start, end)
     }
 
     #[test]
