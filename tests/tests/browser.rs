@@ -796,6 +796,7 @@ async fn serve_layers_in_browser(webgpu: bool) {
         source: format!("http://{http}/model.gguf"),
         next: None,
         prev: None,
+        split: cairn_engine::placement::StageSplit::Layers,
     };
     link.send(load.clone()).await.unwrap();
     match recv(&mut link, &mut telemetry, SLOW).await {

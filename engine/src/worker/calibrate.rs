@@ -14,6 +14,8 @@ use crate::protocol::Calibration;
 const DECODE_STEPS: usize = 9;
 /// Prompt length of the timed prefill.
 const PREFILL_TOKENS: usize = 16;
+/// How many more layers than the one-layer shard the tensor split is timed on.
+const TENSOR_EXTRA_LAYERS: usize = 4;
 /// Vocabulary rows the head is timed on (then scaled): enough to be
 /// bandwidth-bound, small enough for a phone's memory.
 const HEAD_ROWS: usize = 16384;
@@ -45,24 +47,34 @@ fn calibration(layers: SplitTiming, tensor: Option<SplitTiming>) -> Calibration 
     }
 }
 
-/// Times `target` on layers of `cfg`'s shape. Two shards (one and two middle layers)
+/// Times `target` on layers of `cfg`'s shape. Two shards (one middle layer, and more)
 /// separate per-layer time from per-call overhead; a last layer with the head, against one
 /// middle layer, gives the head.
 async fn measure(target: Target<'_>, cfg: &ModelConfig) -> Result<SplitTiming, ModelError> {
+    // How many more layers the longer shard has. A tensor split's layers cost little on the
+    // GPUs beside the pass's fixed costs (threads, planning, sums meeting), so one layer's
+    // difference drowns in noise: on four H200s it ranked the 8B's split wrongly.
+    let extra = match target {
+        Target::Device(_) => 1,
+        Target::Tensor(_) => TENSOR_EXTRA_LAYERS,
+    };
     let mut small = cfg.clone();
-    // Three middle layers and a last one: the embedding is never loaded,
+    // Middle layers and a last one: the embedding is never loaded,
     // and the head is timed on at most HEAD_ROWS rows of the vocabulary.
-    small.n_layers = 4;
+    small.n_layers = extra + 3;
     small.vocab_size = cfg.vocab_size.clamp(1, HEAD_ROWS);
     small.context_length = small.context_length.max(64);
     let model = SyntheticModel::new(&small, 7);
     let one = time_range(target, &model, &small, 1, 2).await?;
-    let two = time_range(target, &model, &small, 1, 3).await?;
-    let last = time_range(target, &model, &small, 3, 4).await?;
-    let decode_s_per_layer = (two.0 - one.0).max(one.0 * 0.05).max(1e-7);
+    let more = time_range(target, &model, &small, 1, 2 + extra).await?;
+    let last = time_range(target, &model, &small, 2 + extra, 3 + extra).await?;
+    let decode_s_per_layer = ((more.0 - one.0) / extra as f64)
+        .max(one.0 * 0.05)
+        .max(1e-7);
     let call_overhead_s = (one.0 - decode_s_per_layer).max(0.0);
     let prefill_s_per_layer_token =
-        ((two.1 - one.1).max(one.1 * 0.05) / PREFILL_TOKENS as f64).max(1e-8);
+        ((more.1 - one.1) / extra as f64).max(one.1 * 0.05) / PREFILL_TOKENS as f64;
+    let prefill_s_per_layer_token = prefill_s_per_layer_token.max(1e-8);
     // The head is a matrix-vector product over the vocabulary: its time
     // scales with the rows.
     let head_s = (last.0 - one.0).max(0.0) * cfg.vocab_size as f64 / small.vocab_size as f64;

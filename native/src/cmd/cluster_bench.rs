@@ -63,8 +63,9 @@ pub struct Args {
     #[arg(long)]
     one_worker: bool,
     /// How the --one-worker worker spreads its stage over its devices (`cairn worker
-    /// --split`): `layers` or `tensor`.
-    #[arg(long, default_value = "layers", requires = "one_worker")]
+    /// --split`): `layers`, `tensor`, or `auto` (the coordinator's placement chooses from the
+    /// worker's calibration of both; the bench then places nothing itself).
+    #[arg(long, default_value = "auto", requires = "one_worker")]
     split: String,
     /// How the layers are cut between the workers: `layers` (the same count each) or
     /// `bytes` (about the same weight bytes each, the output head counted on the last stage:
@@ -506,8 +507,10 @@ impl Cluster {
         }))
     }
 
-    /// Places `split` on the workers in order and waits until it is loaded.
-    async fn place(&self, split: &[(usize, usize)]) -> Result<Vec<(String, u64, u64)>> {
+    /// Places `split` on the workers in order and waits until it is loaded. With `post`
+    /// false the bench places nothing and waits for the coordinator's own placement to be
+    /// `split` (one worker holding every layer: the stage split as placement chose).
+    async fn place(&self, split: &[(usize, usize)], post: bool) -> Result<Vec<(String, u64, u64)>> {
         let want: Vec<(String, u64, u64)> = self
             .workers
             .iter()
@@ -521,17 +524,22 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(300);
         // A worker that has joined is unknown to the placer until its
         // capabilities and calibration arrive.
-        loop {
-            match self
-                .api
-                .post("/api/placement", &json!({ "stages": stages }))
-                .await
-            {
-                Ok(_) => break,
-                Err(e) if e.to_string().contains("unknown device") && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+        if post {
+            loop {
+                match self
+                    .api
+                    .post("/api/placement", &json!({ "stages": stages }))
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(e)
+                        if e.to_string().contains("unknown device")
+                            && Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
         }
         loop {
@@ -680,13 +688,20 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             }
             let ids = a.devices[..n].join(",");
             c.add_worker(a, exe, &model, logs, &format!("{tag}-worker0"), Some(ids))?;
-            c.place(&even_split(cfg.n_layers, 1)).await?
+            c.place(&even_split(cfg.n_layers, 1), a.split != "auto")
+                .await?
         } else {
             for i in 0..n {
                 c.add_worker(a, exe, &model, logs, &format!("{tag}-worker{i}"), None)?;
             }
-            c.place(&split(n)).await?
+            c.place(&split(n), true).await?
         };
+        // How each stage ran: the coordinator's placement says (a worker told `--split
+        // layers` or `tensor` keeps its own whatever the placement says).
+        let split_ran: Vec<Value> = c.api.get("/api/cluster").await?["placement"]["stages"]
+            .as_array()
+            .map(|a| a.iter().map(|s| s["split"].clone()).collect())
+            .unwrap_or_default();
         let preview = c
             .api
             .get(&format!(
@@ -746,6 +761,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             "workers": n,
             "one_worker": a.one_worker && n > 1,
             "split": (a.one_worker && n > 1).then(|| a.split.clone()),
+            "placement_split": split_ran,
             "stages": stages.iter().map(|(p, s, e)| json!({"peer_id": p, "start": s, "end": e})).collect::<Vec<_>>(),
             "decode_tokens_per_s": decode_tok_s,
             "vs_one_device": decode_tok_s / base_tok_s,

@@ -551,3 +551,39 @@ pub(crate) fn peer_copy(
     }
     r
 }
+
+/// Runs `queue` (which queues work on `ctx`'s stream) and waits for that work: the device's
+/// time for it in milliseconds, between two timing events around it. The host waits, so this
+/// is for diagnosis only (`CAIRN_CUDA_GPU_TIME`), never on a served path.
+pub(crate) fn device_time<T>(
+    ctx: &Context,
+    queue: impl FnOnce() -> Result<T, BackendError>,
+) -> Result<(T, f32), BackendError> {
+    let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+        .map_err(gpu_err("cuEventCreate"))?;
+    let end = match result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT) {
+        Ok(e) => e,
+        Err(e) => {
+            // SAFETY: an event made above, not yet used.
+            let _ = unsafe { result::event::destroy(start) };
+            return Err(gpu_err("cuEventCreate")(e));
+        }
+    };
+    let timed = (|| {
+        // SAFETY: live events of this context, recorded on its own stream; the host waits
+        // for `end` before reading the time, and the events are destroyed below, after that.
+        unsafe { result::event::record(start, ctx.stream) }.map_err(gpu_err("cuEventRecord"))?;
+        let out = queue()?;
+        unsafe { result::event::record(end, ctx.stream) }.map_err(gpu_err("cuEventRecord"))?;
+        unsafe { result::event::synchronize(end) }.map_err(gpu_err("cuEventSynchronize"))?;
+        let ms =
+            unsafe { result::event::elapsed(start, end) }.map_err(gpu_err("cuEventElapsedTime"))?;
+        Ok((out, ms))
+    })();
+    // SAFETY: both events are complete (or never recorded) and nothing refers to them.
+    unsafe {
+        let _ = result::event::destroy(start);
+        let _ = result::event::destroy(end);
+    }
+    timed
+}

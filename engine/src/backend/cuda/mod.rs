@@ -362,6 +362,17 @@ impl CudaBackend {
         self.ctx.bind()?;
         let t1 = std::time::Instant::now();
         let mut ex = self.exec.lock().map_err(poisoned)?;
+        if gpu_time_wanted() {
+            let (ran, ms) = driver::device_time(&self.ctx, || ex.run(&self.ctx, &resolved))?;
+            tracing::info!(
+                device = %self.id,
+                launches = resolved.len(),
+                plan_us = (t1 - t0).as_micros() as u64,
+                gpu_us = (ms * 1e3) as u64,
+                "cuda run timed"
+            );
+            return Ok(ran);
+        }
         let ran = ex.run(&self.ctx, &resolved);
         // Host time of a run: planning (fusion, kernel choice, lookups) and queueing.
         tracing::trace!(
@@ -450,6 +461,13 @@ fn function_id(module: ModuleKey, kernel: Kernel) -> u32 {
         ModuleKey::Weights(ty) => 1 + ty.id(),
     };
     m << 8 | kernel as u32
+}
+
+/// `CAIRN_CUDA_GPU_TIME=1`: every run waits for its work and logs the device's time for it
+/// beside its host planning (diagnosis of where a step goes; it serialises host and device).
+fn gpu_time_wanted() -> bool {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED.get_or_init(|| std::env::var("CAIRN_CUDA_GPU_TIME").is_ok_and(|v| v == "1"))
 }
 
 #[cfg(test)]

@@ -505,7 +505,14 @@ impl Cluster {
                 self.answer(peer, Err(format!("error {code}: {text}")), now);
             }
             Message::Calibration(c) => {
-                info!(%peer, decode_ms_per_layer = c.decode_s_per_layer * 1e3, "worker calibrated");
+                info!(
+                    %peer,
+                    decode_ms_per_layer = c.decode_s_per_layer * 1e3,
+                    call_ms = c.call_overhead_s * 1e3,
+                    tensor_decode_ms_per_layer = c.tensor.map(|t| t.decode_s_per_layer * 1e3),
+                    tensor_call_ms = c.tensor.map(|t| t.call_overhead_s * 1e3),
+                    "worker calibrated"
+                );
                 if let Some(p) = self.state.peers.get_mut(peer) {
                     p.calibration = Some(c);
                 }
