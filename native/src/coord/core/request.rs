@@ -592,6 +592,7 @@ impl Request {
                 suspects: suspects.clone(),
             });
             self.queue.push_back(Output::Check(SpotCheck {
+                request: self.cfg.id,
                 step,
                 context,
                 claimed: token,
