@@ -66,11 +66,14 @@ pub struct Args {
     /// --split`): `layers` or `tensor`.
     #[arg(long, default_value = "layers", requires = "one_worker")]
     split: String,
-    /// How the layers are cut between the workers: `layers` (the same count each) or
+    /// How the layers are cut between the workers: `layers` (the same count each),
     /// `bytes` (about the same weight bytes each, the output head counted on the last stage:
-    /// a decode step reads every weight once, so equal bytes is about equal time, which is
-    /// what keeps every stage of a pipeline busy under concurrent requests).
-    #[arg(long, default_value = "layers", value_parser = ["layers", "bytes"])]
+    /// a decode step reads every weight once, so equal bytes is about equal time where
+    /// reading bounds it), or `time` (the slowest stage as fast as it can be, by each
+    /// worker's calibration: its call overhead, its time per layer, and on the last stage
+    /// the output head). Equal stage times are what keep every stage of a pipeline busy
+    /// under concurrent requests.
+    #[arg(long, default_value = "layers", value_parser = ["layers", "bytes", "time"])]
     balance: String,
     /// The coordinator's `--spot-check-rate` (`cairn serve` defaults to 0.01). A checked
     /// token is held back while the coordinator recomputes it on its own cpu engine over the
@@ -231,6 +234,66 @@ fn byte_split(bytes: &[u64], tail: u64, n: usize) -> Vec<(usize, usize)> {
 
 /// Weight bytes per layer of `file`, and the output head's (the token embedding where the
 /// head is tied to it).
+/// One worker's calibration as the split by time uses it: seconds of a call's fixed cost, of
+/// one layer, and of the output head.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct StageCost {
+    overhead_s: f64,
+    layer_s: f64,
+    head_s: f64,
+}
+
+impl StageCost {
+    fn of(&self, layers: usize, last: bool) -> f64 {
+        self.overhead_s + layers as f64 * self.layer_s + if last { self.head_s } else { 0.0 }
+    }
+}
+
+/// Contiguous layer ranges, one per worker in order (each at least one layer), whose
+/// slowest stage by `costs` is as fast as any cut makes it (a programme over the cut
+/// points: layers × layers × workers).
+fn time_split(costs: &[StageCost], layers: usize) -> Vec<(usize, usize)> {
+    let n = costs.len();
+    if n == 0 || layers < n {
+        return even_split(layers, n.max(1));
+    }
+    // best[i][j]: the slowest of workers 0..=i holding layers 0..j; from[i][j] where
+    // worker i's range starts.
+    let mut best = vec![vec![f64::INFINITY; layers + 1]; n];
+    let mut from = vec![vec![0usize; layers + 1]; n];
+    for (i, c) in costs.iter().enumerate() {
+        let last = i + 1 == n;
+        for j in (i + 1)..=layers {
+            if last && j != layers {
+                continue;
+            }
+            for k in i..j {
+                let before = if i == 0 {
+                    if k > 0 {
+                        continue;
+                    }
+                    0.0
+                } else {
+                    best[i - 1][k]
+                };
+                let t = before.max(c.of(j - k, last));
+                if t < best[i][j] {
+                    best[i][j] = t;
+                    from[i][j] = k;
+                }
+            }
+        }
+    }
+    let mut out = vec![(0, 0); n];
+    let mut end = layers;
+    for i in (0..n).rev() {
+        let start = from[i][end];
+        out[i] = (start, end);
+        end = start;
+    }
+    out
+}
+
 fn layer_bytes(file: &cairn_engine::gguf::GgufFile, layers: usize) -> (Vec<u64>, u64) {
     let mut per = vec![0u64; layers];
     for t in &file.tensors {
@@ -566,6 +629,31 @@ impl Cluster {
         }
     }
 
+    /// Each worker's calibration, in worker order, once every one has reported it.
+    async fn calibrations(&self) -> Result<Vec<StageCost>> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let c = self.api.get("/api/cluster").await?;
+            let of = |id: &str| {
+                let p = c["peers"].as_array()?.iter().find(|p| p["peer_id"] == id)?;
+                let k = &p["calibration"];
+                Some(StageCost {
+                    overhead_s: k["call_overhead_s"].as_f64()?,
+                    layer_s: k["decode_s_per_layer"].as_f64()?,
+                    head_s: k["head_s"].as_f64()?,
+                })
+            };
+            let got: Option<Vec<StageCost>> = self.workers.iter().map(|(_, id)| of(id)).collect();
+            if let Some(got) = got {
+                return Ok(got);
+            }
+            if Instant::now() > deadline {
+                bail!("the workers' calibrations did not arrive within 300 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Spot checks the coordinator has made (right, wrong or unchecked).
     async fn spot_checks(&self) -> Result<u64> {
         let c = self.api.get("/api/cluster").await?;
@@ -652,6 +740,16 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         "bytes" => byte_split(&bytes, head, n),
         _ => even_split(cfg.n_layers, n),
     };
+    // What each stage of the placement measured costs a token by its worker's
+    // calibration (the split by time evens these out).
+    let calibrated_ms = |costs: &[StageCost], split: &[(usize, usize)]| -> Vec<f64> {
+        costs
+            .iter()
+            .zip(split)
+            .enumerate()
+            .map(|(i, (c, &(s, e)))| c.of(e - s, i + 1 == split.len()) * 1e3)
+            .collect()
+    };
     let say = |s: String| {
         if !a.json {
             eprintln!("{s}");
@@ -674,6 +772,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         say(format!("{n} worker(s): starting"));
         let tag = format!("w{n}");
         let mut c = Cluster::start(a, exe, &model, logs, &tag)?;
+        let mut calibrated = Vec::new();
         let stages = if a.one_worker && n > 1 {
             if a.devices.len() < n {
                 bail!("--one-worker with {n} devices needs {n} ids in --devices");
@@ -682,10 +781,19 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             c.add_worker(a, exe, &model, logs, &format!("{tag}-worker0"), Some(ids))?;
             c.place(&even_split(cfg.n_layers, 1)).await?
         } else {
+            // One at a time, each after the one before has calibrated: workers sharing a
+            // machine that calibrate at once time each other's load.
             for i in 0..n {
                 c.add_worker(a, exe, &model, logs, &format!("{tag}-worker{i}"), None)?;
+                c.calibrations().await?;
             }
-            c.place(&split(n)).await?
+            let costs = c.calibrations().await?;
+            let cut = match a.balance.as_str() {
+                "time" => time_split(&costs, cfg.n_layers),
+                _ => split(n),
+            };
+            calibrated = calibrated_ms(&costs, &cut);
+            c.place(&cut).await?
         };
         let preview = c
             .api
@@ -754,7 +862,11 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             "predicted_tokens_per_s": predicted,
             "predicted_over_measured": predicted.map(|p| p / decode_tok_s),
             "preview": preview["chosen"],
+            "balance": a.balance,
             "stage_times": stage_times,
+            // Each stage's time a token by its worker's calibration, against its
+            // `compute_ms` in `stage_times` (measured while serving).
+            "calibrated_stage_ms": calibrated,
             "ms_per_token": token_ms,
             "compute_ms_per_token": compute_ms,
             "distribution_ms_per_token": compute_ms.map(|c| token_ms - c),
@@ -975,7 +1087,45 @@ fn print_table(v: &Value) {
 
 #[cfg(test)]
 mod tests {
-    use super::{byte_split, even_split};
+    use super::{StageCost, byte_split, even_split, time_split};
+
+    /// The slowest stage of a split by time is the fastest any cut gives, every worker
+    /// keeps a layer, and a heavy head takes layers off the last stage.
+    #[test]
+    fn time_split_evens_out_the_slowest_stage() {
+        let same = |head_s| StageCost {
+            overhead_s: 0.5,
+            layer_s: 1.0,
+            head_s,
+        };
+        assert_eq!(time_split(&[same(0.0); 2], 30), vec![(0, 15), (15, 30)]);
+        // A head worth 8 layers: 19 + 11 (19.5 against 19.5).
+        assert_eq!(time_split(&[same(8.0); 2], 30), vec![(0, 19), (19, 30)]);
+        // A worker twice as fast takes about twice the layers.
+        let fast = StageCost {
+            overhead_s: 0.0,
+            layer_s: 0.5,
+            head_s: 0.0,
+        };
+        assert_eq!(time_split(&[fast, same(0.0)], 30), vec![(0, 20), (20, 30)]);
+        // Nothing better exists: every other cut's slowest stage is at least as slow.
+        let costs = [same(3.0), fast, same(7.0)];
+        let got = time_split(&costs, 24);
+        let slowest = |s: &[(usize, usize)]| {
+            s.iter()
+                .enumerate()
+                .map(|(i, &(a, b))| costs[i].of(b - a, i == 2))
+                .fold(0.0, f64::max)
+        };
+        for x in 1..23 {
+            for y in (x + 1)..24 {
+                assert!(slowest(&got) <= slowest(&[(0, x), (x, y), (y, 24)]) + 1e-12);
+            }
+        }
+        // A head heavier than the rest still leaves the last stage a layer.
+        assert_eq!(time_split(&[same(100.0); 2], 2), vec![(0, 1), (1, 2)]);
+        assert_eq!(time_split(&[same(0.0); 3], 3), vec![(0, 1), (1, 2), (2, 3)]);
+    }
 
     /// Equal layers split evenly; a heavy tail (the output head) takes layers off the last
     /// range; every range keeps at least one layer.
