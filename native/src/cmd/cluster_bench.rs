@@ -71,9 +71,12 @@ pub struct Args {
     /// a decode step reads every weight once, so equal bytes is about equal time where
     /// reading bounds it), or `time` (the slowest stage as fast as it can be, by each
     /// worker's calibration: its call overhead, its time per layer, and on the last stage
-    /// the output head). Equal stage times are what keep every stage of a pipeline busy
-    /// under concurrent requests.
-    #[arg(long, default_value = "layers", value_parser = ["layers", "bytes", "time"])]
+    /// the output head), or `served` (cut by time, then a stream served, then cut again
+    /// by each stage's forward time as its worker measured it while serving: calibrations
+    /// taken on a loaded machine scatter). Equal stage times are what keep every stage of
+    /// a pipeline busy under concurrent requests; `calibrated_stage_ms` in the JSON is the
+    /// stage times the cut was made for.
+    #[arg(long, default_value = "layers", value_parser = ["layers", "bytes", "time", "served"])]
     balance: String,
     /// The coordinator's `--spot-check-rate` (`cairn serve` defaults to 0.01). A checked
     /// token is held back while the coordinator recomputes it on its own cpu engine over the
@@ -292,6 +295,45 @@ fn time_split(costs: &[StageCost], layers: usize) -> Vec<(usize, usize)> {
         end = start;
     }
     out
+}
+
+/// Per-worker costs that give the `served` ms measured on `cut`: each stage but the last
+/// costs its served time over its layers a layer (its call overhead folded in); the last
+/// stage's layers cost its calibrated layer time scaled as the other stages' served times
+/// scale theirs, and its head the rest. None when a stage has no measurement.
+fn served_costs(
+    calibrated: &[StageCost],
+    cut: &[(usize, usize)],
+    served: &[Option<f64>],
+) -> Option<Vec<StageCost>> {
+    let n = cut.len();
+    if n < 2 || calibrated.len() != n || served.len() != n {
+        return None;
+    }
+    let ms: Vec<f64> = served.iter().copied().collect::<Option<_>>()?;
+    let mut out: Vec<StageCost> = Vec::with_capacity(n);
+    let mut scale = Vec::new();
+    for i in 0..n - 1 {
+        let layers = (cut[i].1 - cut[i].0).max(1) as f64;
+        let layer_s = ms[i] / 1e3 / layers;
+        scale.push(layer_s / calibrated[i].layer_s.max(1e-12));
+        out.push(StageCost {
+            overhead_s: 0.0,
+            layer_s,
+            head_s: 0.0,
+        });
+    }
+    scale.sort_by(f64::total_cmp);
+    let last = &calibrated[n - 1];
+    let layer_s = last.layer_s * scale[scale.len() / 2];
+    let layers = (cut[n - 1].1 - cut[n - 1].0) as f64;
+    let head_s = (ms[n - 1] / 1e3 - layers * layer_s).max(0.0);
+    out.push(StageCost {
+        overhead_s: 0.0,
+        layer_s,
+        head_s,
+    });
+    Some(out)
 }
 
 fn layer_bytes(file: &cairn_engine::gguf::GgufFile, layers: usize) -> (Vec<u64>, u64) {
@@ -654,6 +696,21 @@ impl Cluster {
         }
     }
 
+    /// Each stage's mean forward ms in its worker's last telemetry, in stage order.
+    async fn forward_ms(&self, stages: &[(String, u64, u64)]) -> Result<Vec<Option<f64>>> {
+        let c = self.api.get("/api/cluster").await?;
+        Ok(stages
+            .iter()
+            .map(|(id, _, _)| {
+                c["peers"]
+                    .as_array()?
+                    .iter()
+                    .find(|p| p["peer_id"] == id.as_str())?["telemetry"]["forward_ms"]
+                    .as_f64()
+            })
+            .collect())
+    }
+
     /// Spot checks the coordinator has made (right, wrong or unchecked).
     async fn spot_checks(&self) -> Result<u64> {
         let c = self.api.get("/api/cluster").await?;
@@ -773,6 +830,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         let tag = format!("w{n}");
         let mut c = Cluster::start(a, exe, &model, logs, &tag)?;
         let mut calibrated = Vec::new();
+        let mut served_split = Value::Null;
         let stages = if a.one_worker && n > 1 {
             if a.devices.len() < n {
                 bail!("--one-worker with {n} devices needs {n} ids in --devices");
@@ -789,11 +847,30 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             }
             let costs = c.calibrations().await?;
             let cut = match a.balance.as_str() {
-                "time" => time_split(&costs, cfg.n_layers),
+                "time" | "served" => time_split(&costs, cfg.n_layers),
                 _ => split(n),
             };
             calibrated = calibrated_ms(&costs, &cut);
-            c.place(&cut).await?
+            let placed = c.place(&cut).await?;
+            if a.balance == "served" && n > 1 {
+                // Each stage's forward time over a stream, then the cut that evens those out.
+                c.api.stream(&prompt, a.gen_tokens, |_| {}).await?;
+                let served = c.forward_ms(&placed).await?;
+                match served_costs(&costs, &cut, &served) {
+                    Some(measured) => {
+                        let again = time_split(&measured, cfg.n_layers);
+                        say(format!(
+                            "  served stage ms {served:?} on {cut:?}: cutting {again:?} instead"
+                        ));
+                        served_split = json!({"first_cut": cut, "served_ms": served});
+                        calibrated = calibrated_ms(&measured, &again);
+                        c.place(&again).await?
+                    }
+                    None => placed,
+                }
+            } else {
+                placed
+            }
         };
         let preview = c
             .api
@@ -867,6 +944,8 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             // Each stage's time a token by its worker's calibration, against its
             // `compute_ms` in `stage_times` (measured while serving).
             "calibrated_stage_ms": calibrated,
+            // With `--balance served`: the first cut and each stage's forward ms on it.
+            "served_split": served_split,
             "ms_per_token": token_ms,
             "compute_ms_per_token": compute_ms,
             "distribution_ms_per_token": compute_ms.map(|c| token_ms - c),
@@ -1087,7 +1166,25 @@ fn print_table(v: &Value) {
 
 #[cfg(test)]
 mod tests {
-    use super::{StageCost, byte_split, even_split, time_split};
+    use super::{StageCost, byte_split, even_split, served_costs, time_split};
+
+    /// Two stages on the same device: 15 layers served in 7.5 ms and 15 with the head in
+    /// 17.5 ms make a layer 0.5 ms and the head 10 ms, so the cut moves to 25 + 5.
+    #[test]
+    fn served_times_recut_the_layers() {
+        let cal = StageCost {
+            overhead_s: 1e-3,
+            layer_s: 0.4e-3,
+            head_s: 3e-3,
+        };
+        let costs = served_costs(&[cal; 2], &[(0, 15), (15, 30)], &[Some(7.5), Some(17.5)])
+            .expect("both stages measured");
+        assert!((costs[0].layer_s - 0.5e-3).abs() < 1e-12, "{costs:?}");
+        assert!((costs[1].layer_s - 0.5e-3).abs() < 1e-12, "{costs:?}");
+        assert!((costs[1].head_s - 10e-3).abs() < 1e-9, "{costs:?}");
+        assert_eq!(time_split(&costs, 30), vec![(0, 25), (25, 30)]);
+        assert!(served_costs(&[cal; 2], &[(0, 15), (15, 30)], &[Some(7.5), None]).is_none());
+    }
 
     /// The slowest stage of a split by time is the fastest any cut gives, every worker
     /// keeps a layer, and a heavy head takes layers off the last stage.
