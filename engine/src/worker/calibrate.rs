@@ -13,15 +13,9 @@ use crate::protocol::Calibration;
 const DECODE_STEPS: usize = 9;
 /// Prompt length of the timed prefill.
 const PREFILL_TOKENS: usize = 16;
-/// Vocabulary rows the head is timed on at least (then scaled), small enough
-/// for a phone's memory.
+/// Vocabulary rows the head is timed on (then scaled): enough to be
+/// bandwidth-bound, small enough for a phone's memory.
 const HEAD_ROWS: usize = 16384;
-/// Weights (of a byte or more each) the timed head holds at least, where the
-/// vocabulary has them: more than a CPU's last-level cache, so the head is
-/// timed reading memory as it is served. SmolLM2's head (Q8_0, 30 MB) timed on
-/// 16,384 of its 49,152 rows (10 MB) and scaled came out 2.5 to 3 times faster
-/// than a served stage measured it on the cpu backend (session 17).
-const HEAD_MIN_WEIGHTS: usize = 64 << 20;
 
 /// Measures this device on layers of `cfg`'s shape (random weights of the
 /// same types and sizes): decode seconds per layer, prefill seconds per layer
@@ -32,10 +26,9 @@ const HEAD_MIN_WEIGHTS: usize = 64 << 20;
 pub async fn calibrate(dev: Arc<Device>, cfg: &ModelConfig) -> Result<Calibration, ModelError> {
     let mut small = cfg.clone();
     // Three middle layers and a last one: the embedding is never loaded,
-    // and the head is timed on part of the vocabulary at most.
+    // and the head is timed on at most HEAD_ROWS rows of the vocabulary.
     small.n_layers = 4;
-    let head_rows = HEAD_ROWS.max(HEAD_MIN_WEIGHTS / cfg.dim.max(1));
-    small.vocab_size = cfg.vocab_size.clamp(1, head_rows);
+    small.vocab_size = cfg.vocab_size.clamp(1, HEAD_ROWS);
     small.context_length = small.context_length.max(64);
     let model = SyntheticModel::new(&small, 7);
     let one = time_shard(&dev, &model, &small, 1, 2).await?;
