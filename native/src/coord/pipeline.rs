@@ -455,6 +455,7 @@ impl Driver<'_> {
                 },
                 Output::Blame { peer, why } => self.shared.peer_lost(&peer, &why),
                 Output::Check(check) => self.spot_check(check),
+                Output::Prefetch { request, context } => self.prefetch(request, context),
                 Output::Evict { peers, why } => {
                     for peer in &peers {
                         self.shared.evict(peer, &why);
@@ -491,6 +492,21 @@ impl Driver<'_> {
             };
             counter.fetch_add(1, Ordering::Relaxed);
             let _ = tx.send((step, verdict));
+        }));
+    }
+}
+
+impl Driver<'_> {
+    /// Has the trusted device compute `context` of `request` ahead of a check, off the
+    /// async threads; nothing comes back (a failure leaves the check to compute it).
+    fn prefetch(&mut self, request: u64, context: Vec<u32>) {
+        let Some(verifier) = self.shared.verifier.clone() else {
+            return;
+        };
+        self.checked = true;
+        self.check_tasks.retain(|t| !t.is_finished());
+        self.check_tasks.push(tokio::spawn(async move {
+            let _ = tokio::task::spawn_blocking(move || verifier.prefetch(request, &context)).await;
         }));
     }
 }

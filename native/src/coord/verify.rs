@@ -119,6 +119,31 @@ impl Verifier {
             .map_err(|e| format!("the trusted device failed: {e}"))
     }
 
+    /// Computes `context` of `request` ahead of a check (its prompt, while the workers
+    /// prefill it), so the check runs only what comes after. Blocking.
+    pub fn prefetch(&self, request: u64, context: &[u32]) {
+        let t0 = std::time::Instant::now();
+        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        let trusted = loaded.get_or_insert_with(|| self.load());
+        let done = match trusted {
+            Ok(t) => t
+                .hold(request, context)
+                .map_err(|e| format!("the trusted device failed: {e}")),
+            Err(e) => Err(format!("the trusted model did not load: {e}")),
+        };
+        match done {
+            Ok(r) => tracing::debug!(
+                request,
+                rows_run = r.rows_run,
+                ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
+                "prompt computed ahead of a spot check"
+            ),
+            Err(e) => {
+                tracing::debug!(request, %e, "computing a prompt ahead of a spot check failed")
+            }
+        }
+    }
+
     /// Drops what is kept for `request` (it ended). Blocking: waits for a check under way.
     pub fn forget(&self, request: u64) {
         let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
@@ -179,6 +204,22 @@ impl Verifier {
 }
 
 impl Trusted {
+    /// Makes `request`'s kept sequence hold `context`, unless it holds it already (a check
+    /// that came first may have run past it: that is kept).
+    fn hold(&mut self, request: u64, context: &[u32]) -> Result<Recomputed, String> {
+        if self
+            .seqs
+            .get(&request)
+            .is_some_and(|c| c.tokens.starts_with(context))
+        {
+            return Ok(Recomputed {
+                logits: Vec::new(),
+                rows_run: 0,
+            });
+        }
+        self.logits(request, context)
+    }
+
     fn logits(&mut self, request: u64, context: &[u32]) -> Result<Recomputed, String> {
         if context.is_empty() {
             return Err("no tokens".into());
@@ -359,6 +400,21 @@ mod tests {
         v.forget(7);
         v.forget(8);
         assert_eq!(v.kept(), (0, 0), "ended requests keep nothing");
+    }
+
+    #[test]
+    fn a_prompt_computed_ahead_leaves_its_check_the_rest_and_never_cuts_a_longer_one() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (v, vocab) = tiny(dir.path(), CHECK_KV_BYTES);
+        let ctx = context(40, vocab);
+        v.prefetch(1, &ctx[..32]);
+        let check = v.recompute(1, &ctx[..36]).expect("the check");
+        assert_eq!(check.rows_run, 4, "the prompt was computed ahead");
+        let d = max_diff(&check.logits, &afresh(&v, &ctx[..36]));
+        assert!(d < TOLERANCE, "{d}");
+        // A prefetch that comes after a check ran further keeps what the check ran.
+        v.prefetch(1, &ctx[..32]);
+        assert_eq!(v.recompute(1, &ctx).expect("the next check").rows_run, 4);
     }
 
     #[test]
