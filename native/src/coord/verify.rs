@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cairn_engine::gguf::MappedGguf;
@@ -32,11 +33,17 @@ use super::core::{SpotCheck, Verdict, judge};
 /// (the 135M model: about 23,000 positions; an 8B: 4,096).
 pub const CHECK_KV_BYTES: u64 = 1 << 30;
 
+/// Tokens a prefetch runs before letting a waiting check go first: enough that the head's
+/// one row a pass costs little beside them.
+const PREFETCH_CHUNK: usize = 128;
+
 pub struct Verifier {
     path: PathBuf,
     options: EngineOptions,
     tolerance: f32,
     kv_budget: u64,
+    /// Checks waiting for the model: prefetches let them go first.
+    checks_waiting: AtomicUsize,
     /// The model once loaded, or why it could not be (not tried again).
     loaded: Mutex<Option<Result<Trusted, String>>>,
 }
@@ -81,6 +88,7 @@ impl Verifier {
             options,
             tolerance,
             kv_budget,
+            checks_waiting: AtomicUsize::new(0),
             loaded: Mutex::new(None),
         }
     }
@@ -108,7 +116,10 @@ impl Verifier {
     /// does not already hold (everything after the first token where they differ).
     /// Blocking.
     pub fn recompute(&self, request: u64, context: &[u32]) -> Result<Recomputed, String> {
+        // A check holds a stream's tokens back: prompts computed ahead step aside for it.
+        self.checks_waiting.fetch_add(1, Ordering::SeqCst);
         let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        self.checks_waiting.fetch_sub(1, Ordering::SeqCst);
         let trusted = loaded.get_or_insert_with(|| self.load());
         let trusted = match trusted {
             Ok(t) => t,
@@ -120,28 +131,58 @@ impl Verifier {
     }
 
     /// Computes `context` of `request` ahead of a check (its prompt, while the workers
-    /// prefill it), so the check runs only what comes after. Blocking.
+    /// prefill it), so the check runs only what comes after. Blocking. It runs
+    /// [`PREFETCH_CHUNK`] tokens at a time and lets every check waiting go first between
+    /// them: many long prompts computed ahead never hold a stream's check for long.
     pub fn prefetch(&self, request: u64, context: &[u32]) {
         let t0 = std::time::Instant::now();
-        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
-        let trusted = loaded.get_or_insert_with(|| self.load());
-        let done = match trusted {
-            Ok(t) => t
-                .hold(request, context)
-                .map_err(|e| format!("the trusted device failed: {e}")),
-            Err(e) => Err(format!("the trusted model did not load: {e}")),
-        };
-        match done {
-            Ok(r) => tracing::debug!(
-                request,
-                rows_run = r.rows_run,
-                ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
-                "prompt computed ahead of a spot check"
-            ),
-            Err(e) => {
-                tracing::debug!(request, %e, "computing a prompt ahead of a spot check failed")
+        let mut rows = 0;
+        loop {
+            while self.checks_waiting.load(Ordering::SeqCst) > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+            let trusted = match loaded.get_or_insert_with(|| self.load()) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::debug!(request, %e, "the trusted model did not load for a prefetch");
+                    return;
+                }
+            };
+            let held = trusted.seqs.get(&request).map_or(0, |c| {
+                c.tokens
+                    .iter()
+                    .zip(context)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            });
+            if held >= context.len() {
+                break;
+            }
+            let upto = context.len().min(held + PREFETCH_CHUNK);
+            match trusted.logits(request, &context[..upto]) {
+                // Not kept (more than the whole pool holds): the check computes it.
+                Ok(_)
+                    if trusted
+                        .seqs
+                        .get(&request)
+                        .is_none_or(|c| c.tokens.len() < upto) =>
+                {
+                    return;
+                }
+                Ok(r) => rows += r.rows_run,
+                Err(e) => {
+                    tracing::debug!(request, %e, "computing a prompt ahead of a spot check failed");
+                    return;
+                }
             }
         }
+        tracing::debug!(
+            request,
+            rows_run = rows,
+            ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
+            "prompt computed ahead of a spot check"
+        );
     }
 
     /// Drops what is kept for `request` (it ended). Blocking: waits for a check under way.
@@ -204,22 +245,6 @@ impl Verifier {
 }
 
 impl Trusted {
-    /// Makes `request`'s kept sequence hold `context`, unless it holds it already (a check
-    /// that came first may have run past it: that is kept).
-    fn hold(&mut self, request: u64, context: &[u32]) -> Result<Recomputed, String> {
-        if self
-            .seqs
-            .get(&request)
-            .is_some_and(|c| c.tokens.starts_with(context))
-        {
-            return Ok(Recomputed {
-                logits: Vec::new(),
-                rows_run: 0,
-            });
-        }
-        self.logits(request, context)
-    }
-
     fn logits(&mut self, request: u64, context: &[u32]) -> Result<Recomputed, String> {
         if context.is_empty() {
             return Err("no tokens".into());
@@ -415,6 +440,13 @@ mod tests {
         // A prefetch that comes after a check ran further keeps what the check ran.
         v.prefetch(1, &ctx[..32]);
         assert_eq!(v.recompute(1, &ctx).expect("the next check").rows_run, 4);
+        // A prompt longer than a chunk runs in chunks, all of it.
+        let long = context(2 * PREFETCH_CHUNK + 44, vocab);
+        v.prefetch(2, &long[..2 * PREFETCH_CHUNK + 40]);
+        let check = v.recompute(2, &long).expect("the check of the long one");
+        assert_eq!(check.rows_run, 4);
+        let d = max_diff(&check.logits, &afresh(&v, &long));
+        assert!(d < TOLERANCE, "{d}");
     }
 
     #[test]
@@ -437,6 +469,8 @@ mod tests {
         // and not kept.
         let r = v.recompute(3, &ctx).expect("a context past the budget");
         assert_eq!(r.rows_run, 100);
+        // Nor does computing it ahead keep it (or loop).
+        v.prefetch(3, &ctx);
         assert_eq!(
             v.kept(),
             (0, 0),
