@@ -696,6 +696,50 @@ impl Cluster {
         }
     }
 
+    /// Each stage's mean forward ms over a stream of `tokens`: the workers' telemetry
+    /// (windows of about a second) read while it runs and until every stage has reported a
+    /// window with passes in it, at most 5 s after.
+    async fn served_forward_ms(
+        &self,
+        stages: &[(String, u64, u64)],
+        prompt: &[u32],
+        tokens: usize,
+    ) -> Result<Vec<Option<f64>>> {
+        let finished = std::sync::atomic::AtomicBool::new(false);
+        let run = async {
+            let r = self.api.stream(prompt, tokens, |_| {}).await;
+            finished.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        };
+        let poll = async {
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); stages.len()];
+            let mut after: Option<Instant> = None;
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                if let Ok(now) = self.forward_ms(stages).await {
+                    for (s, v) in samples.iter_mut().zip(now) {
+                        // One window read twice counts twice: a mean of means, near enough.
+                        s.extend(v);
+                    }
+                }
+                if finished.load(std::sync::atomic::Ordering::SeqCst) {
+                    let since = *after.get_or_insert_with(Instant::now);
+                    if samples.iter().all(|s| !s.is_empty())
+                        || since.elapsed() > Duration::from_secs(5)
+                    {
+                        return samples;
+                    }
+                }
+            }
+        };
+        let (done, samples) = futures::future::join(run, poll).await;
+        done?;
+        Ok(samples
+            .iter()
+            .map(|s| (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64))
+            .collect())
+    }
+
     /// Each stage's mean forward ms in its worker's last telemetry, in stage order.
     async fn forward_ms(&self, stages: &[(String, u64, u64)]) -> Result<Vec<Option<f64>>> {
         let c = self.api.get("/api/cluster").await?;
@@ -854,8 +898,7 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             let placed = c.place(&cut).await?;
             if a.balance == "served" && n > 1 {
                 // Each stage's forward time over a stream, then the cut that evens those out.
-                c.api.stream(&prompt, a.gen_tokens, |_| {}).await?;
-                let served = c.forward_ms(&placed).await?;
+                let served = c.served_forward_ms(&placed, &prompt, a.gen_tokens).await?;
                 match served_costs(&costs, &cut, &served) {
                     Some(measured) => {
                         let again = time_split(&measured, cfg.n_layers);
@@ -866,7 +909,12 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
                         calibrated = calibrated_ms(&measured, &again);
                         c.place(&again).await?
                     }
-                    None => placed,
+                    None => {
+                        eprintln!(
+                            "warning: no served stage times ({served:?}); keeping the cut by calibration"
+                        );
+                        placed
+                    }
                 }
             } else {
                 placed
