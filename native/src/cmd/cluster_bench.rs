@@ -67,11 +67,17 @@ pub struct Args {
     /// worker's calibration of both; the bench then places nothing itself).
     #[arg(long, default_value = "auto", requires = "one_worker")]
     split: String,
-    /// How the layers are cut between the workers: `layers` (the same count each) or
+    /// How the layers are cut between the workers: `layers` (the same count each),
     /// `bytes` (about the same weight bytes each, the output head counted on the last stage:
-    /// a decode step reads every weight once, so equal bytes is about equal time, which is
-    /// what keeps every stage of a pipeline busy under concurrent requests).
-    #[arg(long, default_value = "layers", value_parser = ["layers", "bytes"])]
+    /// a decode step reads every weight once, so equal bytes is about equal time where
+    /// reading bounds it), or `time` (the slowest stage as fast as it can be, by each
+    /// worker's calibration: its call overhead, its time per layer, and on the last stage
+    /// the output head), or `served` (cut by time, then a stream served, then cut again
+    /// by each stage's forward time as its worker measured it while serving: calibrations
+    /// taken on a loaded machine scatter). Equal stage times are what keep every stage of
+    /// a pipeline busy under concurrent requests; `calibrated_stage_ms` in the JSON is the
+    /// stage times the cut was made for.
+    #[arg(long, default_value = "layers", value_parser = ["layers", "bytes", "time", "served"])]
     balance: String,
     /// The coordinator's `--spot-check-rate` (`cairn serve` defaults to 0.01). A checked
     /// token is held back while the coordinator recomputes it on its own cpu engine over the
@@ -232,6 +238,105 @@ fn byte_split(bytes: &[u64], tail: u64, n: usize) -> Vec<(usize, usize)> {
 
 /// Weight bytes per layer of `file`, and the output head's (the token embedding where the
 /// head is tied to it).
+/// One worker's calibration as the split by time uses it: seconds of a call's fixed cost, of
+/// one layer, and of the output head.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct StageCost {
+    overhead_s: f64,
+    layer_s: f64,
+    head_s: f64,
+}
+
+impl StageCost {
+    fn of(&self, layers: usize, last: bool) -> f64 {
+        self.overhead_s + layers as f64 * self.layer_s + if last { self.head_s } else { 0.0 }
+    }
+}
+
+/// Contiguous layer ranges, one per worker in order (each at least one layer), whose
+/// slowest stage by `costs` is as fast as any cut makes it (a programme over the cut
+/// points: layers × layers × workers).
+fn time_split(costs: &[StageCost], layers: usize) -> Vec<(usize, usize)> {
+    let n = costs.len();
+    if n == 0 || layers < n {
+        return even_split(layers, n.max(1));
+    }
+    // best[i][j]: the slowest of workers 0..=i holding layers 0..j; from[i][j] where
+    // worker i's range starts.
+    let mut best = vec![vec![f64::INFINITY; layers + 1]; n];
+    let mut from = vec![vec![0usize; layers + 1]; n];
+    for (i, c) in costs.iter().enumerate() {
+        let last = i + 1 == n;
+        for j in (i + 1)..=layers {
+            if last && j != layers {
+                continue;
+            }
+            for k in i..j {
+                let before = if i == 0 {
+                    if k > 0 {
+                        continue;
+                    }
+                    0.0
+                } else {
+                    best[i - 1][k]
+                };
+                let t = before.max(c.of(j - k, last));
+                if t < best[i][j] {
+                    best[i][j] = t;
+                    from[i][j] = k;
+                }
+            }
+        }
+    }
+    let mut out = vec![(0, 0); n];
+    let mut end = layers;
+    for i in (0..n).rev() {
+        let start = from[i][end];
+        out[i] = (start, end);
+        end = start;
+    }
+    out
+}
+
+/// Per-worker costs that give the `served` ms measured on `cut`: each stage but the last
+/// costs its served time over its layers a layer (its call overhead folded in); the last
+/// stage's layers cost its calibrated layer time scaled as the other stages' served times
+/// scale theirs, and its head the rest. None when a stage has no measurement.
+fn served_costs(
+    calibrated: &[StageCost],
+    cut: &[(usize, usize)],
+    served: &[Option<f64>],
+) -> Option<Vec<StageCost>> {
+    let n = cut.len();
+    if n < 2 || calibrated.len() != n || served.len() != n {
+        return None;
+    }
+    let ms: Vec<f64> = served.iter().copied().collect::<Option<_>>()?;
+    let mut out: Vec<StageCost> = Vec::with_capacity(n);
+    let mut scale = Vec::new();
+    for i in 0..n - 1 {
+        let layers = (cut[i].1 - cut[i].0).max(1) as f64;
+        let layer_s = ms[i] / 1e3 / layers;
+        scale.push(layer_s / calibrated[i].layer_s.max(1e-12));
+        out.push(StageCost {
+            overhead_s: 0.0,
+            layer_s,
+            head_s: 0.0,
+        });
+    }
+    scale.sort_by(f64::total_cmp);
+    let last = &calibrated[n - 1];
+    let layer_s = last.layer_s * scale[scale.len() / 2];
+    let layers = (cut[n - 1].1 - cut[n - 1].0) as f64;
+    let head_s = (ms[n - 1] / 1e3 - layers * layer_s).max(0.0);
+    out.push(StageCost {
+        overhead_s: 0.0,
+        layer_s,
+        head_s,
+    });
+    Some(out)
+}
+
 fn layer_bytes(file: &cairn_engine::gguf::GgufFile, layers: usize) -> (Vec<u64>, u64) {
     let mut per = vec![0u64; layers];
     for t in &file.tensors {
@@ -574,6 +679,90 @@ impl Cluster {
         }
     }
 
+    /// Each worker's calibration, in worker order, once every one has reported it.
+    async fn calibrations(&self) -> Result<Vec<StageCost>> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let c = self.api.get("/api/cluster").await?;
+            let of = |id: &str| {
+                let p = c["peers"].as_array()?.iter().find(|p| p["peer_id"] == id)?;
+                let k = &p["calibration"];
+                Some(StageCost {
+                    overhead_s: k["call_overhead_s"].as_f64()?,
+                    layer_s: k["decode_s_per_layer"].as_f64()?,
+                    head_s: k["head_s"].as_f64()?,
+                })
+            };
+            let got: Option<Vec<StageCost>> = self.workers.iter().map(|(_, id)| of(id)).collect();
+            if let Some(got) = got {
+                return Ok(got);
+            }
+            if Instant::now() > deadline {
+                bail!("the workers' calibrations did not arrive within 300 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Each stage's mean forward ms over a stream of `tokens`: the workers' telemetry
+    /// (windows of about a second) read while it runs and until every stage has reported a
+    /// window with passes in it, at most 5 s after.
+    async fn served_forward_ms(
+        &self,
+        stages: &[(String, u64, u64)],
+        prompt: &[u32],
+        tokens: usize,
+    ) -> Result<Vec<Option<f64>>> {
+        let finished = std::sync::atomic::AtomicBool::new(false);
+        let run = async {
+            let r = self.api.stream(prompt, tokens, |_| {}).await;
+            finished.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        };
+        let poll = async {
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); stages.len()];
+            let mut after: Option<Instant> = None;
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                if let Ok(now) = self.forward_ms(stages).await {
+                    for (s, v) in samples.iter_mut().zip(now) {
+                        // One window read twice counts twice: a mean of means, near enough.
+                        s.extend(v);
+                    }
+                }
+                if finished.load(std::sync::atomic::Ordering::SeqCst) {
+                    let since = *after.get_or_insert_with(Instant::now);
+                    if samples.iter().all(|s| !s.is_empty())
+                        || since.elapsed() > Duration::from_secs(5)
+                    {
+                        return samples;
+                    }
+                }
+            }
+        };
+        let (done, samples) = futures::future::join(run, poll).await;
+        done?;
+        Ok(samples
+            .iter()
+            .map(|s| (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64))
+            .collect())
+    }
+
+    /// Each stage's mean forward ms in its worker's last telemetry, in stage order.
+    async fn forward_ms(&self, stages: &[(String, u64, u64)]) -> Result<Vec<Option<f64>>> {
+        let c = self.api.get("/api/cluster").await?;
+        Ok(stages
+            .iter()
+            .map(|(id, _, _)| {
+                c["peers"]
+                    .as_array()?
+                    .iter()
+                    .find(|p| p["peer_id"] == id.as_str())?["telemetry"]["forward_ms"]
+                    .as_f64()
+            })
+            .collect())
+    }
+
     /// Spot checks the coordinator has made (right, wrong or unchecked).
     async fn spot_checks(&self) -> Result<u64> {
         let c = self.api.get("/api/cluster").await?;
@@ -660,6 +849,16 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         "bytes" => byte_split(&bytes, head, n),
         _ => even_split(cfg.n_layers, n),
     };
+    // What each stage of the placement measured costs a token by its worker's
+    // calibration (the split by time evens these out).
+    let calibrated_ms = |costs: &[StageCost], split: &[(usize, usize)]| -> Vec<f64> {
+        costs
+            .iter()
+            .zip(split)
+            .enumerate()
+            .map(|(i, (c, &(s, e)))| c.of(e - s, i + 1 == split.len()) * 1e3)
+            .collect()
+    };
     let say = |s: String| {
         if !a.json {
             eprintln!("{s}");
@@ -682,6 +881,8 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
         say(format!("{n} worker(s): starting"));
         let tag = format!("w{n}");
         let mut c = Cluster::start(a, exe, &model, logs, &tag)?;
+        let mut calibrated = Vec::new();
+        let mut served_split = Value::Null;
         let stages = if a.one_worker && n > 1 {
             if a.devices.len() < n {
                 bail!("--one-worker with {n} devices needs {n} ids in --devices");
@@ -691,10 +892,42 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             c.place(&even_split(cfg.n_layers, 1), a.split != "auto")
                 .await?
         } else {
+            // One at a time, each after the one before has calibrated: workers sharing a
+            // machine that calibrate at once time each other's load.
             for i in 0..n {
                 c.add_worker(a, exe, &model, logs, &format!("{tag}-worker{i}"), None)?;
+                c.calibrations().await?;
             }
-            c.place(&split(n), true).await?
+            let costs = c.calibrations().await?;
+            let cut = match a.balance.as_str() {
+                "time" | "served" => time_split(&costs, cfg.n_layers),
+                _ => split(n),
+            };
+            calibrated = calibrated_ms(&costs, &cut);
+            let placed = c.place(&cut, true).await?;
+            if a.balance == "served" && n > 1 {
+                // Each stage's forward time over a stream, then the cut that evens those out.
+                let served = c.served_forward_ms(&placed, &prompt, a.gen_tokens).await?;
+                match served_costs(&costs, &cut, &served) {
+                    Some(measured) => {
+                        let again = time_split(&measured, cfg.n_layers);
+                        say(format!(
+                            "  served stage ms {served:?} on {cut:?}: cutting {again:?} instead"
+                        ));
+                        served_split = json!({"first_cut": cut, "served_ms": served});
+                        calibrated = calibrated_ms(&measured, &again);
+                        c.place(&again, true).await?
+                    }
+                    None => {
+                        eprintln!(
+                            "warning: no served stage times ({served:?}); keeping the cut by calibration"
+                        );
+                        placed
+                    }
+                }
+            } else {
+                placed
+            }
         };
         // How each stage ran: the coordinator's placement says (a worker told `--split
         // layers` or `tensor` keeps its own whatever the placement says).
@@ -770,7 +1003,13 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
             "predicted_tokens_per_s": predicted,
             "predicted_over_measured": predicted.map(|p| p / decode_tok_s),
             "preview": preview["chosen"],
+            "balance": a.balance,
             "stage_times": stage_times,
+            // Each stage's time a token by its worker's calibration, against its
+            // `compute_ms` in `stage_times` (measured while serving).
+            "calibrated_stage_ms": calibrated,
+            // With `--balance served`: the first cut and each stage's forward ms on it.
+            "served_split": served_split,
             "ms_per_token": token_ms,
             "compute_ms_per_token": compute_ms,
             "distribution_ms_per_token": compute_ms.map(|c| token_ms - c),
@@ -991,7 +1230,63 @@ fn print_table(v: &Value) {
 
 #[cfg(test)]
 mod tests {
-    use super::{byte_split, even_split};
+    use super::{StageCost, byte_split, even_split, served_costs, time_split};
+
+    /// Two stages on the same device: 15 layers served in 7.5 ms and 15 with the head in
+    /// 17.5 ms make a layer 0.5 ms and the head 10 ms, so the cut moves to 25 + 5.
+    #[test]
+    fn served_times_recut_the_layers() {
+        let cal = StageCost {
+            overhead_s: 1e-3,
+            layer_s: 0.4e-3,
+            head_s: 3e-3,
+        };
+        let costs = served_costs(&[cal; 2], &[(0, 15), (15, 30)], &[Some(7.5), Some(17.5)])
+            .expect("both stages measured");
+        assert!((costs[0].layer_s - 0.5e-3).abs() < 1e-12, "{costs:?}");
+        assert!((costs[1].layer_s - 0.5e-3).abs() < 1e-12, "{costs:?}");
+        assert!((costs[1].head_s - 10e-3).abs() < 1e-9, "{costs:?}");
+        assert_eq!(time_split(&costs, 30), vec![(0, 25), (25, 30)]);
+        assert!(served_costs(&[cal; 2], &[(0, 15), (15, 30)], &[Some(7.5), None]).is_none());
+    }
+
+    /// The slowest stage of a split by time is the fastest any cut gives, every worker
+    /// keeps a layer, and a heavy head takes layers off the last stage.
+    #[test]
+    fn time_split_evens_out_the_slowest_stage() {
+        let same = |head_s| StageCost {
+            overhead_s: 0.5,
+            layer_s: 1.0,
+            head_s,
+        };
+        assert_eq!(time_split(&[same(0.0); 2], 30), vec![(0, 15), (15, 30)]);
+        // A head worth 8 layers: 19 + 11 (19.5 against 19.5).
+        assert_eq!(time_split(&[same(8.0); 2], 30), vec![(0, 19), (19, 30)]);
+        // A worker twice as fast takes about twice the layers.
+        let fast = StageCost {
+            overhead_s: 0.0,
+            layer_s: 0.5,
+            head_s: 0.0,
+        };
+        assert_eq!(time_split(&[fast, same(0.0)], 30), vec![(0, 20), (20, 30)]);
+        // Nothing better exists: every other cut's slowest stage is at least as slow.
+        let costs = [same(3.0), fast, same(7.0)];
+        let got = time_split(&costs, 24);
+        let slowest = |s: &[(usize, usize)]| {
+            s.iter()
+                .enumerate()
+                .map(|(i, &(a, b))| costs[i].of(b - a, i == 2))
+                .fold(0.0, f64::max)
+        };
+        for x in 1..23 {
+            for y in (x + 1)..24 {
+                assert!(slowest(&got) <= slowest(&[(0, x), (x, y), (y, 24)]) + 1e-12);
+            }
+        }
+        // A head heavier than the rest still leaves the last stage a layer.
+        assert_eq!(time_split(&[same(100.0); 2], 2), vec![(0, 1), (1, 2)]);
+        assert_eq!(time_split(&[same(0.0); 3], 3), vec![(0, 1), (1, 2), (2, 3)]);
+    }
 
     /// Equal layers split evenly; a heavy tail (the output head) takes layers off the last
     /// range; every range keeps at least one layer.

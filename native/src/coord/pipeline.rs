@@ -339,6 +339,10 @@ struct Driver<'a> {
     checks: mpsc::UnboundedSender<(u32, Verdict)>,
     /// For the spot checks' tasks, which outlive a borrow.
     owner: Arc<Shared>,
+    /// The spot checks' tasks this request started: once they are over, the trusted
+    /// device forgets the request (it keeps each checked request's keys and values).
+    check_tasks: Vec<tokio::task::JoinHandle<()>>,
+    checked: bool,
     registered: Option<u32>,
 }
 
@@ -451,6 +455,7 @@ impl Driver<'_> {
                 },
                 Output::Blame { peer, why } => self.shared.peer_lost(&peer, &why),
                 Output::Check(check) => self.spot_check(check),
+                Output::Prefetch { request, context } => self.prefetch(request, context),
                 Output::Evict { peers, why } => {
                     for peer in &peers {
                         self.shared.evict(peer, &why);
@@ -466,7 +471,7 @@ impl Driver<'_> {
 impl Driver<'_> {
     /// Recomputes a held step on the trusted device, off the async threads;
     /// the verdict comes back through `checks`.
-    fn spot_check(&self, check: SpotCheck) {
+    fn spot_check(&mut self, check: SpotCheck) {
         let step = check.step;
         let tx = self.checks.clone();
         let Some(verifier) = self.shared.verifier.clone() else {
@@ -474,7 +479,9 @@ impl Driver<'_> {
             return;
         };
         let shared = self.owner.clone();
-        tokio::spawn(async move {
+        self.checked = true;
+        self.check_tasks.retain(|t| !t.is_finished());
+        self.check_tasks.push(tokio::spawn(async move {
             let verdict = tokio::task::spawn_blocking(move || verifier.check(&check))
                 .await
                 .unwrap_or_else(|e| Verdict::Unchecked(format!("the check stopped: {e}")));
@@ -485,12 +492,42 @@ impl Driver<'_> {
             };
             counter.fetch_add(1, Ordering::Relaxed);
             let _ = tx.send((step, verdict));
-        });
+        }));
+    }
+}
+
+impl Driver<'_> {
+    /// Has the trusted device compute `context` of `request` ahead of a check, off the
+    /// async threads; nothing comes back (a failure leaves the check to compute it).
+    fn prefetch(&mut self, request: u64, context: Vec<u32>) {
+        let Some(verifier) = self.shared.verifier.clone() else {
+            return;
+        };
+        self.checked = true;
+        self.check_tasks.retain(|t| !t.is_finished());
+        self.check_tasks.push(tokio::spawn(async move {
+            let _ = tokio::task::spawn_blocking(move || verifier.prefetch(request, &context)).await;
+        }));
     }
 }
 
 impl Drop for Driver<'_> {
     fn drop(&mut self) {
+        // A request that was checked: the trusted device drops what it keeps of it once
+        // its checks under way are over (one finishing later would keep it again).
+        if let Some(verifier) = self.shared.verifier.clone()
+            && self.checked
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let tasks = std::mem::take(&mut self.check_tasks);
+            let id = self.id;
+            rt.spawn(async move {
+                for t in tasks {
+                    let _ = t.await;
+                }
+                let _ = tokio::task::spawn_blocking(move || verifier.forget(id)).await;
+            });
+        }
         if self.registered.is_some() {
             self.shared
                 .pending
@@ -526,6 +563,8 @@ async fn drive(
         events: events_tx,
         checks: checks_tx,
         owner: shared.clone(),
+        check_tasks: Vec::new(),
+        checked: false,
         registered: None,
     };
     // The core's first view decides whether it runs at once or waits.

@@ -109,6 +109,13 @@ pub enum Output {
     /// [`Input::Checked`]; the step's token and every later one are held
     /// back until then.
     Check(SpotCheck),
+    /// A step of request `request` will be checked on this run: the trusted device may
+    /// compute `context` (the prompt and tokens so far) now, while the workers do, so
+    /// that check runs only what comes after. Nothing answers it.
+    Prefetch {
+        request: u64,
+        context: Vec<u32>,
+    },
     /// `peers` gave a wrong token: take them out of the cluster for good.
     Evict {
         peers: Vec<PeerId>,
@@ -192,6 +199,8 @@ pub struct Request {
     min_epoch: u64,
     /// Every placement a run went to (each may hold a cache of the request).
     ran_on: Vec<Placement>,
+    /// The trusted device was asked to compute the prompt ahead of a check.
+    prefetched: bool,
     queue: VecDeque<Output>,
 }
 
@@ -217,6 +226,7 @@ impl Request {
             relay_all: false,
             min_epoch: 0,
             ran_on: Vec::new(),
+            prefetched: false,
             queue: VecDeque::new(),
         }
     }
@@ -430,6 +440,7 @@ impl Request {
         if let Phase::Running(run) = &mut self.phase {
             run.rows = all.len();
         }
+        self.prefetch(&all);
         let tokens = match Tensor::from_values(DType::U32, vec![all.len() as u64], &all) {
             Ok(t) => t,
             Err(e) => {
@@ -592,6 +603,7 @@ impl Request {
                 suspects: suspects.clone(),
             });
             self.queue.push_back(Output::Check(SpotCheck {
+                request: self.cfg.id,
                 step,
                 context,
                 claimed: token,
@@ -632,6 +644,34 @@ impl Request {
         }
         self.set_waiting_on(waiting_on);
         None
+    }
+
+    /// Once per request, on the first run whose placement has untrusted stages, when a
+    /// step still to come will be checked (the choice is the coordinator's keyed hash, so
+    /// it is known here and nowhere else): the trusted device may compute `context` now.
+    fn prefetch(&mut self, context: &[u32]) {
+        /// The steps looked ahead for a check: past this a prompt computed now is likely
+        /// given back (the trusted pool is bounded) before its check comes.
+        const LOOK_AHEAD: usize = 1 << 16;
+        let Phase::Running(run) = &self.phase else {
+            return;
+        };
+        if self.prefetched
+            || self.cfg.spot.rate <= 0.0
+            || spot::suspects(&run.placement, &self.view.trusted).is_empty()
+        {
+            return;
+        }
+        let from = self.out.len();
+        let to = self.req.max_tokens.min(from + LOOK_AHEAD);
+        let id = self.cfg.id;
+        if (from..to).any(|s| self.cfg.spot.chosen(id, s as u32)) {
+            self.prefetched = true;
+            self.queue.push_back(Output::Prefetch {
+                request: id,
+                context: context.to_vec(),
+            });
+        }
     }
 
     /// What follows a run's end: the request's end, or another run.

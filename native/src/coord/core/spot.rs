@@ -74,6 +74,9 @@ fn splitmix(x: u64) -> u64 {
 /// and how it was sampled.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpotCheck {
+    /// The request it checks: the trusted device keeps each checked request's keys and
+    /// values, so its next check runs only the tokens since this one.
+    pub request: u64,
     /// The request's step (tokens generated before it).
     pub step: u32,
     /// The prompt and the tokens before this step.

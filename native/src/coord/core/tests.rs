@@ -246,6 +246,10 @@ fn clone_output(o: &Output) -> Output {
             why: why.clone(),
         },
         Output::Check(c) => Output::Check(c.clone()),
+        Output::Prefetch { request, context } => Output::Prefetch {
+            request: *request,
+            context: context.clone(),
+        },
         Output::Evict { peers, why } => Output::Evict {
             peers: peers.clone(),
             why: why.clone(),
@@ -1147,6 +1151,53 @@ fn a_wrong_last_token_found_after_the_run_ended_is_recomputed() {
     h.token("z", 2, 1, 601, true);
     assert_eq!(h.streamed(), vec![600, 601]);
     assert_eq!(h.finished(), Some(&Ok((FinishReason::Length, 1))));
+}
+
+fn prefetches(outputs: &[Output]) -> Vec<(u64, Vec<u32>)> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Prefetch { request, context } => Some((*request, context.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A request that will be checked has the trusted device compute its prompt as its first
+/// run starts (once: a later run does not ask again); one that will not, or runs on trusted
+/// workers alone, or with checks off, asks nothing.
+#[test]
+fn a_request_to_be_checked_has_its_prompt_computed_ahead_once() {
+    let mut h = Harness::spot(4, false, every_step());
+    let o = h.cluster(ring());
+    assert_eq!(prefetches(&o), vec![(7, PROMPT.to_vec())]);
+    h.token("c", 1, 0, 600, true);
+    // A new placement: another run, no second prefetch.
+    let mut moved = ring();
+    if let Some(a) = moved.active.as_mut() {
+        a.epoch = 2;
+    }
+    let o = h.cluster(moved);
+    assert_eq!(steps(&o).len(), 1, "a new run on the new placement");
+    assert!(prefetches(&o).is_empty());
+
+    let mut trusted_only = Harness::spot(4, false, every_step());
+    let mut honest = cluster(Some(placement(1, vec![stage("a", 0, 30, true)])), &["a"]);
+    honest.trusted = [peer("a")].into();
+    assert!(prefetches(&trusted_only.cluster(honest)).is_empty());
+
+    let mut off = Harness::new(4);
+    assert!(prefetches(&off.cluster(ring())).is_empty());
+
+    // At a rate that checks none of this request's 3 steps, nothing is computed ahead.
+    let rare = SpotConfig {
+        rate: 1e-9,
+        tolerance: 0.5,
+        seed: 1,
+    };
+    assert!((0..3).all(|s| !rare.chosen(7, s)));
+    let mut unchecked = Harness::spot(3, false, rare);
+    assert!(prefetches(&unchecked.cluster(ring())).is_empty());
 }
 
 #[test]
