@@ -12,7 +12,8 @@
 //! `fileLen`; `pieces[i]`: the bytes at file offset `offsets[i]`), `clear`, `telemetry`.
 //! Answer: `{id, msg?, telemetry?, error?, layers, served}`: `msg` the reply to send the
 //! coordinator (if any), `telemetry` the stage's as JSON, `layers` `[start, end]` or null.
-//! Before the first request the worker says `{ready: true}`, or `{failed: why}`.
+//! Before the first request the worker says `{ready: true, threads}` (the threads its
+//! engine runs on: 1, or the team's size in the threaded package), or `{failed: why}`.
 
 use std::sync::Arc;
 
@@ -225,9 +226,10 @@ fn post(scope: &DedicatedWorkerGlobalScope, out: &Object) {
     }
 }
 
-/// The Web Worker's entry point (`stage_worker.js` calls it once the package is loaded).
+/// The Web Worker's entry point (`stage_worker.js` calls it once the package is loaded,
+/// and in the threaded package once the team of `threads` is made).
 #[wasm_bindgen(js_name = cpuWorkerMain)]
-pub fn cpu_worker_main() -> Result<(), JsValue> {
+pub fn cpu_worker_main(threads: u32) -> Result<(), JsValue> {
     let scope: DedicatedWorkerGlobalScope = js_sys::global()
         .dyn_into()
         .map_err(|_| JsError::new("cpuWorkerMain runs in a dedicated Web Worker only"))?;
@@ -245,6 +247,11 @@ pub fn cpu_worker_main() -> Result<(), JsValue> {
     };
     let ready = Object::new();
     set(&ready, "ready", &JsValue::TRUE);
+    set(
+        &ready,
+        "threads",
+        &JsValue::from_f64(f64::from(threads.max(1))),
+    );
     post(&scope, &ready);
     wasm_bindgen_futures::spawn_local(async move {
         while let Some(data) = rx.next().await {

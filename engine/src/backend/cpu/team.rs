@@ -14,12 +14,24 @@
 //! rayon's hand-over; with workers and caller spinning flat out instead of yielding between
 //! checks it was 0.47 to 1.02x (on two cores the spinning thread takes the core from the one
 //! it waits for whenever anything else runs).
+//!
+//! In the browser (wasm32 built with `atomics`: the threaded package of the CPU fallback,
+//! web/src/team.rs) the team's workers cannot be started from here: wasm32 has no threads of
+//! its own. Each is a Web Worker over the same shared memory that calls [`serve_wasm_team`]
+//! once [`start_wasm_team`] has made the team; a worker that never comes (or comes late)
+//! only leaves its share of the tasks to the others, since nobody waits for a worker that
+//! has not joined the op.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(not(target_arch = "wasm32"))]
+use std::time::Instant;
+// std's clock panics on wasm32; this one is `performance.now()` there.
+#[cfg(target_arch = "wasm32")]
+use web_time::Instant;
 
 /// How long an idle worker watches for the next op before it sleeps: far longer than the
 /// serial ops between two parallel ones of a step (norms, rotations, residual adds: a few
@@ -72,6 +84,7 @@ impl Shared {
 
 /// The process's team: as many threads as the cpu backend's pool
 /// (`EngineOptions::cpu_threads`); `None` with one thread, or where threads cannot start.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn team() -> Option<&'static Team> {
     static TEAM: OnceLock<Option<Team>> = OnceLock::new();
     TEAM.get_or_init(|| {
@@ -79,6 +92,39 @@ pub(crate) fn team() -> Option<&'static Team> {
         (threads > 1).then(|| Team::new(threads).ok()).flatten()
     })
     .as_ref()
+}
+
+/// The browser's team, once [`start_wasm_team`] has made it.
+#[cfg(target_arch = "wasm32")]
+static WASM_TEAM: OnceLock<Team> = OnceLock::new();
+
+/// The page's team: `None` until [`start_wasm_team`] (one thread until then).
+#[cfg(target_arch = "wasm32")]
+pub(crate) fn team() -> Option<&'static Team> {
+    WASM_TEAM.get()
+}
+
+/// Makes the browser's team of `threads` (this thread and `threads - 1` workers, each a Web
+/// Worker calling [`serve_wasm_team`]). Returns `false` where a team exists already, or
+/// `threads` is below 2 (the ops then run on this thread alone).
+#[cfg(target_arch = "wasm32")]
+pub fn start_wasm_team(threads: usize) -> bool {
+    if threads < 2 || WASM_TEAM.get().is_some() {
+        return false;
+    }
+    WASM_TEAM.set(Team::without_workers()).is_ok()
+}
+
+/// Serves as one of the browser team's workers for as long as the team lives (its Web
+/// Worker's whole life). Returns at once, `false`, where no team was made. Blocks (waiting on
+/// the shared memory between ops): call it from a Web Worker, never from a page's thread.
+#[cfg(target_arch = "wasm32")]
+pub fn serve_wasm_team() -> bool {
+    let Some(team) = WASM_TEAM.get() else {
+        return false;
+    };
+    worker(&team.shared);
+    true
 }
 
 thread_local! {
@@ -95,7 +141,20 @@ pub(crate) struct Team {
 
 impl Team {
     /// The calling thread and `threads - 1` workers started now.
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn new(threads: usize) -> std::io::Result<Team> {
+        let team = Team::without_workers();
+        for i in 1..threads {
+            let shared = Arc::clone(&team.shared);
+            std::thread::Builder::new()
+                .name(format!("cairn-cpu-team-{i}"))
+                .spawn(move || worker(&shared))?;
+        }
+        Ok(team)
+    }
+
+    /// A team whose workers come later (each runs [`worker`] on its own thread).
+    fn without_workers() -> Team {
         let shared = Arc::new(Shared {
             slot: Mutex::new(Slot {
                 epoch: 0,
@@ -106,17 +165,10 @@ impl Team {
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
         });
-        let team = Team {
+        Team {
             shared,
             busy: Mutex::new(()),
-        };
-        for i in 1..threads {
-            let shared = Arc::clone(&team.shared);
-            std::thread::Builder::new()
-                .name(format!("cairn-cpu-team-{i}"))
-                .spawn(move || worker(&shared))?;
         }
-        Ok(team)
     }
 
     /// Runs `task(i)` for every `i < tasks` on this thread and the workers, returning when
