@@ -317,6 +317,11 @@ impl Page {
     }
 
     async fn call(&mut self, method: &str, params: Value) -> Value {
+        let r = self.try_call(method, params).await;
+        r.unwrap_or_else(|e| panic!("{method} failed: {e}"))
+    }
+
+    async fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         use tokio_tungstenite::tungstenite::Message as WsMessage;
         let id = self.next_id;
         self.next_id += 1;
@@ -331,20 +336,35 @@ impl Page {
             let WsMessage::Text(text) = m else { continue };
             let v: Value = serde_json::from_str(&text).unwrap();
             if v["id"] == id {
-                assert!(v["error"].is_null(), "{method} failed: {}", v["error"]);
-                return v["result"].clone();
+                if !v["error"].is_null() {
+                    return Err(v["error"].clone());
+                }
+                return Ok(v["result"].clone());
             }
         }
     }
 
-    /// The value of a JS expression (promises awaited).
+    /// The value of a JS expression (promises awaited). While the page has no JavaScript
+    /// context (a cross-origin isolated page is loaded in a fresh process: its context comes
+    /// a moment after the target), it asks again.
     async fn eval(&mut self, expression: &str) -> Value {
-        let r = self
-            .call(
-                "Runtime.evaluate",
-                json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
-            )
-            .await;
+        let deadline = Instant::now() + WAIT;
+        let params =
+            json!({ "expression": expression, "returnByValue": true, "awaitPromise": true });
+        let r = loop {
+            match self.try_call("Runtime.evaluate", params.clone()).await {
+                Ok(r) => break r,
+                Err(e)
+                    if e["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("execution context"))
+                        && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("Runtime.evaluate of `{expression}` failed: {e}"),
+            }
+        };
         assert!(
             r["exceptionDetails"].is_null(),
             "`{expression}` threw: {}",
@@ -1063,6 +1083,16 @@ async fn cpu_fallback_activations(
         pos0 += input.len() as u32;
     }
     link.send(Message::EndRequest { request: 3 }).await.unwrap();
+    if threads > 1 {
+        // The team's workers took part in ops (their results are the same as one thread's,
+        // so only this count shows they ran).
+        let joins = page.eval("self.cairnCpuTeamJoins || 0").await;
+        assert!(
+            joins.as_f64().is_some_and(|n| n > 0.0),
+            "the team's workers took part in no op: {joins}"
+        );
+        eprintln!("the team's workers took part in {joins} ops");
+    }
     drop(browser);
     (ran_on, out)
 }

@@ -89,6 +89,15 @@ impl Shared {
         if let Some(n) = field(data, "served").and_then(|v| v.as_f64()) {
             self.served.set(n as u64);
         }
+        // For the browser tests and a look in DevTools: whether the team's workers run
+        // tasks (they compute what one thread would, so only this shows they do).
+        if let Some(n) = field(data, "teamJoins") {
+            let _ = js_sys::Reflect::set(
+                &js_sys::global(),
+                &JsValue::from_str("cairnCpuTeamJoins"),
+                &n,
+            );
+        }
         let msg = field(data, "msg")
             .and_then(|m| m.dyn_into::<Uint8Array>().ok())
             .map(|m| Message::from_bytes(m.to_vec()).map_err(|e| e.to_string()));

@@ -50,8 +50,11 @@ async function threaded(threads) {
 }
 
 // No top-level await: the package imports this module too, and inside the worker it must
-// find it evaluated, not waiting on the package.
-if (typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope) {
+// find it evaluated, not waiting on the package. Both packages carry a copy of this file, and
+// a worker that loads the threaded one evaluates that copy too: only the first copy a worker
+// evaluates takes its role (`cairnWorkerRole`).
+if (typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope && !self.cairnWorkerRole) {
+  self.cairnWorkerRole = self.name;
   const m = /^cairn-cpu-stage(?: threads=(\d+))?$/.exec(self.name);
   if (m) {
     const asked = Number(m[1] || 1);

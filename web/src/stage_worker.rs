@@ -10,8 +10,9 @@
 //! `stage` (`msg`: a message for the stage server), `reuse` (`msg`: a `LoadShard` the worker
 //! may already hold), `load` (`msg`: the `LoadShard`; `header`: the GGUF header's bytes,
 //! `fileLen`; `pieces[i]`: the bytes at file offset `offsets[i]`), `clear`, `telemetry`.
-//! Answer: `{id, msg?, telemetry?, error?, layers, served}`: `msg` the reply to send the
-//! coordinator (if any), `telemetry` the stage's as JSON, `layers` `[start, end]` or null.
+//! Answer: `{id, msg?, telemetry?, error?, layers, served, teamJoins?}`: `msg` the reply to
+//! send the coordinator (if any), `telemetry` the stage's as JSON, `layers` `[start, end]` or
+//! null, `teamJoins` (threaded package) the ops its team's workers have taken part in.
 //! Before the first request the worker says `{ready: true, threads}` (the threads its
 //! engine runs on: 1, or the team's size in the threaded package), or `{failed: why}`.
 
@@ -210,6 +211,12 @@ impl Stage {
             &out,
             "served",
             &JsValue::from_f64(self.server.tokens_served() as f64),
+        );
+        #[cfg(target_feature = "atomics")]
+        set(
+            &out,
+            "teamJoins",
+            &JsValue::from_f64(cairn_engine::backend::cpu::wasm_team_joins() as f64),
         );
         Ok(out)
     }

@@ -115,6 +115,17 @@ pub fn start_wasm_team(threads: usize) -> bool {
     WASM_TEAM.set(Team::without_workers()).is_ok()
 }
 
+/// Ops a worker of the browser's team took part in, since the page started: what shows the
+/// team's Web Workers are running tasks (the stage worker reports it to the page).
+#[cfg(target_arch = "wasm32")]
+static WASM_JOINS: AtomicU64 = AtomicU64::new(0);
+
+/// Ops a worker of the browser's team took part in so far.
+#[cfg(target_arch = "wasm32")]
+pub fn wasm_team_joins() -> u64 {
+    WASM_JOINS.load(Ordering::Relaxed)
+}
+
 /// Serves as one of the browser team's workers for as long as the team lives (its Web
 /// Worker's whole life). Returns at once, `false`, where no team was made. Blocks (waiting on
 /// the shared memory between ops): call it from a Web Worker, never from a page's thread.
@@ -292,6 +303,8 @@ fn worker(shared: &Shared) {
             // lock, nor let it go while `joined` counts this worker.
             let job = unsafe { &*slot.job };
             job.joined.fetch_add(1, Ordering::Relaxed);
+            #[cfg(target_arch = "wasm32")]
+            WASM_JOINS.fetch_add(1, Ordering::Relaxed);
             job
         };
         work(job);
