@@ -30,59 +30,65 @@ if (!isMainThread) {
   // the thread's whole life.
   const pkg = await glue(workerData.dir);
   await pkg.default({ module_or_path: workerData.module, memory: workerData.memory });
-  pkg.cpuTeamWorker();
+  try {
+    pkg.cpuTeamWorker();
+  } catch (err) {
+    // A task trapped: the op it was in fails instead of waiting for it (web/src/team.rs).
+    Atomics.store(new Int32Array(workerData.memory.buffer), workerData.failedAt >> 2, 1);
+    throw err;
+  }
 } else {
   await main();
 }
 
 async function main() {
-const [pkgDir, url, tokensArg, roundsArg, threadsArg] = process.argv.slice(2);
-const tokens = Number(tokensArg || 16);
-const rounds = Number(roundsArg || 3);
-const threads = Number(threadsArg || 1);
-const dir = threads > 1 ? path.join(pkgDir, "threads") : pkgDir;
-if (!fs.existsSync(path.join(dir, "cairn_web_bg.wasm"))) {
-  console.error(`no package at ${dir} (the threaded one needs a cairn built with CAIRN_WEB_THREADS)`);
-  process.exit(1);
-}
-const pkg = await glue(dir);
-await pkg.default({ module_or_path: fs.readFileSync(path.join(dir, "cairn_web_bg.wasm")) });
-if (threads > 1) {
-  const shared = pkg.cpuTeamStart(threads);
-  for (let i = 1; i < threads; i++) {
-    const w = new Worker(fileURLToPath(import.meta.url), {
-      workerData: { dir, module: shared.module, memory: shared.memory },
-    });
-    // They serve until the process ends.
-    w.unref();
+  const [pkgDir, url, tokensArg, roundsArg, threadsArg] = process.argv.slice(2);
+  const tokens = Number(tokensArg || 16);
+  const rounds = Number(roundsArg || 3);
+  const threads = Number(threadsArg || 1);
+  const dir = threads > 1 ? path.join(pkgDir, "threads") : pkgDir;
+  if (!fs.existsSync(path.join(dir, "cairn_web_bg.wasm"))) {
+    console.error(`no package at ${dir} (the threaded one needs a cairn built with CAIRN_WEB_THREADS)`);
+    process.exit(1);
   }
-}
-console.log(`threads: ${threads}; kernels: ${pkg.checkCpuKernels()}`);
-const engine = await pkg.Engine.open("cpu");
-let t = performance.now();
-const model = await engine.loadModel(url);
-console.log(`load: ${((performance.now() - t) / 1e3).toFixed(1)} s (${engine.name})`);
-// A short prompt: the decode figure is a difference of two runs, and a long prefill's
-// jitter would swamp it.
-const prompt = "1, 2,";
-const decode = [];
-for (let r = 0; r <= rounds; r++) {
-  t = performance.now();
-  await model.generate(prompt, 1);
-  const one = performance.now() - t;
-  t = performance.now();
-  await model.generate(prompt, tokens);
-  const all = performance.now() - t;
-  // The same prompt's prefill in both; what the longer call adds is its decode steps.
-  const msPerToken = (all - one) / (tokens - 1);
-  const load = fs.readFileSync("/proc/loadavg", "utf8").split(" ")[0];
-  if (r === 0) {
-    console.log(`warm-up: prompt + 1 token ${one.toFixed(0)} ms, ${msPerToken.toFixed(1)} ms/token`);
-    continue;
+  const pkg = await glue(dir);
+  await pkg.default({ module_or_path: fs.readFileSync(path.join(dir, "cairn_web_bg.wasm")) });
+  if (threads > 1) {
+    const shared = pkg.cpuTeamStart(threads);
+    for (let i = 1; i < threads; i++) {
+      const w = new Worker(fileURLToPath(import.meta.url), {
+        workerData: { dir, module: shared.module, memory: shared.memory, failedAt: shared.failedAt },
+      });
+      // They serve until the process ends.
+      w.unref();
+    }
   }
-  decode.push(1e3 / msPerToken);
-  console.log(`round ${r}: prompt + 1 token ${one.toFixed(0)} ms; decode ${msPerToken.toFixed(1)} ms/token = ${(1e3 / msPerToken).toFixed(2)} tok/s (load ${load})`);
-}
-decode.sort((a, b) => a - b);
-console.log(`wasm decode median (${threads} thread${threads > 1 ? "s" : ""}): ${decode[Math.floor(decode.length / 2)].toFixed(2)} tok/s`);
+  console.log(`threads: ${threads}; kernels: ${pkg.checkCpuKernels()}`);
+  const engine = await pkg.Engine.open("cpu");
+  let t = performance.now();
+  const model = await engine.loadModel(url);
+  console.log(`load: ${((performance.now() - t) / 1e3).toFixed(1)} s (${engine.name})`);
+  // A short prompt: the decode figure is a difference of two runs, and a long prefill's
+  // jitter would swamp it.
+  const prompt = "1, 2,";
+  const decode = [];
+  for (let r = 0; r <= rounds; r++) {
+    t = performance.now();
+    await model.generate(prompt, 1);
+    const one = performance.now() - t;
+    t = performance.now();
+    await model.generate(prompt, tokens);
+    const all = performance.now() - t;
+    // The same prompt's prefill in both; what the longer call adds is its decode steps.
+    const msPerToken = (all - one) / (tokens - 1);
+    const load = fs.readFileSync("/proc/loadavg", "utf8").split(" ")[0];
+    if (r === 0) {
+      console.log(`warm-up: prompt + 1 token ${one.toFixed(0)} ms, ${msPerToken.toFixed(1)} ms/token`);
+      continue;
+    }
+    decode.push(1e3 / msPerToken);
+    console.log(`round ${r}: prompt + 1 token ${one.toFixed(0)} ms; decode ${msPerToken.toFixed(1)} ms/token = ${(1e3 / msPerToken).toFixed(2)} tok/s (load ${load})`);
+  }
+  decode.sort((a, b) => a - b);
+  console.log(`wasm decode median (${threads} thread${threads > 1 ? "s" : ""}): ${decode[Math.floor(decode.length / 2)].toFixed(2)} tok/s`);
 }

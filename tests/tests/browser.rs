@@ -1648,10 +1648,24 @@ fn check_served_assets(api: &str) {
         page.header("etag")
     );
     assert_eq!(page.header("cache-control"), Some("no-cache"));
+    // Cross-origin isolation (the CPU fallback's threads need it): on the page and on what
+    // it loads.
+    let isolated = |r: &ureq::Response, what: &str| {
+        assert_eq!(
+            (
+                r.header("cross-origin-opener-policy"),
+                r.header("cross-origin-embedder-policy")
+            ),
+            (Some("same-origin"), Some("require-corp")),
+            "{what} is served without the cross-origin isolation headers"
+        );
+    };
+    isolated(&page, "/join");
     let page = page.into_string().unwrap();
     assert!(page.contains("/pkg/cairn_web.js"), "{page}");
     let glue = get("/pkg/cairn_web.js");
     assert_eq!(glue.content_type(), "text/javascript");
+    isolated(&glue, "/pkg/cairn_web.js");
     let wasm = get("/pkg/cairn_web_bg.wasm");
     assert_eq!(wasm.content_type(), "application/wasm");
     let mut magic = [0u8; 4];

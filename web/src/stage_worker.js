@@ -71,8 +71,15 @@ if (typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScop
       self.onmessage = null;
       const pkg = await import(url(THREADED));
       await pkg.default({ module_or_path: e.data.module, memory: e.data.memory });
-      // Runs for the worker's whole life, waiting on the shared memory between ops.
-      pkg.cpuTeamWorker();
+      try {
+        // Runs for the worker's whole life, waiting on the shared memory between ops.
+        pkg.cpuTeamWorker();
+      } catch (err) {
+        // A task trapped (a panic): the op it was in would never finish. The stage
+        // worker's next check fails the op instead (web/src/team.rs, `failedAt`).
+        Atomics.store(new Int32Array(e.data.memory.buffer), e.data.failedAt >> 2, 1);
+        throw err;
+      }
     };
   }
 }

@@ -11,8 +11,11 @@ use wasm_bindgen::prelude::*;
 use crate::stage_worker::set;
 
 /// Makes the team of `threads` (this thread and `threads - 1` workers to come). Returns what
-/// each worker instantiates the package with, `{module, memory}`, or `null` where no team
-/// was made (`threads` below 2, or a team exists already).
+/// each worker instantiates the package with, `{module, memory, failedAt}`, or `null` where
+/// no team was made (`threads` below 2, or a team exists already). `failedAt` is the byte
+/// address of a 32-bit flag in the memory that a worker whose call into the module failed
+/// sets to 1 (`Atomics.store`): a task that panics traps on wasm32, and the op's caller would
+/// otherwise wait for it forever.
 #[wasm_bindgen(js_name = cpuTeamStart)]
 pub fn cpu_team_start(threads: u32) -> JsValue {
     if !cairn_engine::backend::cpu::start_wasm_team(threads as usize) {
@@ -21,6 +24,11 @@ pub fn cpu_team_start(threads: u32) -> JsValue {
     let shared = Object::new();
     set(&shared, "module", &wasm_bindgen::module());
     set(&shared, "memory", &wasm_bindgen::memory());
+    set(
+        &shared,
+        "failedAt",
+        &JsValue::from_f64(cairn_engine::backend::cpu::wasm_team_failed_flag() as f64),
+    );
     shared.into()
 }
 

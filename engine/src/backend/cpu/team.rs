@@ -98,7 +98,7 @@ pub(crate) fn team() -> Option<&'static Team> {
 #[cfg(target_arch = "wasm32")]
 static WASM_TEAM: OnceLock<Team> = OnceLock::new();
 
-/// The page's team: `None` until [`start_wasm_team`] (one thread until then).
+/// The browser's team: `None` until [`start_wasm_team`] (one thread until then).
 #[cfg(target_arch = "wasm32")]
 pub(crate) fn team() -> Option<&'static Team> {
     WASM_TEAM.get()
@@ -125,6 +125,30 @@ static WASM_JOINS: AtomicU64 = AtomicU64::new(0);
 pub fn wasm_team_joins() -> u64 {
     WASM_JOINS.load(Ordering::Relaxed)
 }
+
+/// Set (to 1) by a team worker's script when its call into the module failed: wasm32 has no
+/// unwinding, so a task that panics there traps, and its op would never count it done. The
+/// op's caller then fails instead of waiting forever.
+#[cfg(target_arch = "wasm32")]
+static WASM_WORKER_FAILED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Where [`WASM_WORKER_FAILED`] is in the shared memory, for the team workers' script.
+#[cfg(target_arch = "wasm32")]
+pub fn wasm_team_failed_flag() -> usize {
+    std::ptr::addr_of!(WASM_WORKER_FAILED) as usize
+}
+
+#[cfg(target_arch = "wasm32")]
+fn wasm_check_workers() {
+    if WASM_WORKER_FAILED.load(Ordering::Relaxed) != 0 {
+        panic!(
+            "a worker of the cpu backend's thread team failed (its Web Worker's error is in the console)"
+        );
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn wasm_check_workers() {}
 
 /// Serves as one of the browser team's workers for as long as the team lives (its Web
 /// Worker's whole life). Returns at once, `false`, where no team was made. Blocks (waiting on
@@ -225,12 +249,14 @@ impl Team {
         work(&job);
         // Offering the core between checks: a worker still on a task may be waiting for it.
         while job.done.load(Ordering::Acquire) < tasks {
+            wasm_check_workers();
             std::thread::yield_now();
         }
         // No worker joins after this; those that joined leave once they find the counter
         // run out (they touch nothing of the job after `joined`).
         self.shared.lock().job = std::ptr::null();
         while job.joined.load(Ordering::Acquire) > 0 {
+            wasm_check_workers();
             std::thread::yield_now();
         }
         if job.panicked.load(Ordering::Relaxed) {
