@@ -150,6 +150,38 @@ fn wasm_check_workers() {
 #[cfg(not(target_arch = "wasm32"))]
 fn wasm_check_workers() {}
 
+/// Lets another thread have this core for a moment: `sched_yield` natively. wasm32 has no
+/// yield (std's is a no-op), so a waiting thread would spin through its whole time slice on
+/// a busy machine while the thread it waits for is descheduled; it sleeps a few microseconds
+/// instead (`park_timeout`: on wasm32 with atomics a timed `memory.atomic.wait32`, which the
+/// browser and Node implement as a timed wait that gives up the core).
+#[cfg(not(target_arch = "wasm32"))]
+fn offer_core() {
+    std::thread::yield_now();
+}
+
+#[cfg(target_arch = "wasm32")]
+fn offer_core() {
+    std::thread::park_timeout(Duration::from_micros(5));
+}
+
+/// One check's pause in a caller's wait for its op's last tasks: natively [`offer_core`]
+/// every time (as before); on wasm32 a short spin first, since its [`offer_core`] sleeps.
+#[cfg(not(target_arch = "wasm32"))]
+fn wait_a_little(_spins: &mut u32) {
+    offer_core();
+}
+
+#[cfg(target_arch = "wasm32")]
+fn wait_a_little(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    if *spins > 1024 {
+        offer_core();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
 /// Serves as one of the browser team's workers for as long as the team lives (its Web
 /// Worker's whole life). Returns at once, `false`, where no team was made. Blocks (waiting on
 /// the shared memory between ops): call it from a Web Worker, never from a page's thread.
@@ -248,16 +280,17 @@ impl Team {
         }
         work(&job);
         // Offering the core between checks: a worker still on a task may be waiting for it.
+        let mut spins = 0u32;
         while job.done.load(Ordering::Acquire) < tasks {
             wasm_check_workers();
-            std::thread::yield_now();
+            wait_a_little(&mut spins);
         }
         // No worker joins after this; those that joined leave once they find the counter
         // run out (they touch nothing of the job after `joined`).
         self.shared.lock().job = std::ptr::null();
         while job.joined.load(Ordering::Acquire) > 0 {
             wasm_check_workers();
-            std::thread::yield_now();
+            wait_a_little(&mut spins);
         }
         if job.panicked.load(Ordering::Relaxed) {
             panic!("a task of the cpu backend's thread team panicked");
@@ -303,7 +336,7 @@ fn worker(shared: &Shared) {
             // between checks (on a quiet machine nobody does, and the check comes straight
             // back; on a busy one, the thread that will post the next op may be waiting).
             if spins > 1024 {
-                std::thread::yield_now();
+                offer_core();
             }
             if spins.is_multiple_of(64) && start.elapsed() > SPIN {
                 let mut slot = shared.lock();
