@@ -9,6 +9,14 @@
 //!
 //! `CAIRN_SKIP_WEB=1` builds the binary without the assets (fast development builds); its
 //! `/join` then says so.
+//!
+//! `CAIRN_WEB_THREADS=TOOLCHAIN` (a rustup toolchain name such as `nightly-2026-05-20`, or
+//! `1` for `nightly`) builds a second package beside the first, `pkg/threads/`: the same
+//! crate with shared memory (`+atomics`), so the CPU fallback runs on a team of Web Workers
+//! where the page is cross-origin isolated (web/src/stage_worker.js chooses at run time). It
+//! needs that toolchain with `rust-src`: the standard library is rebuilt with atomics
+//! (`-Z build-std`), which only nightly offers. Unset, the binary carries the single-thread
+//! package alone, built by the stable toolchain, and the fallback runs on one thread.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -18,6 +26,20 @@ use std::process::{Command, Stdio};
 const WEB_CRATE: &str = "cairn-web";
 const PKG_NAME: &str = "cairn_web";
 const WASM_TARGET: &str = "wasm32-unknown-unknown";
+/// The threaded package's memory may grow to wasm32's whole 4 GiB (a shared memory must
+/// declare its maximum; the linker's default is 1 GiB, too small for a CPU stage of a larger
+/// model).
+const THREADS_MAX_MEMORY: u64 = 4 << 30;
+
+/// One package to build: the toolchain's flags and where it goes.
+struct Flavor<'a> {
+    /// `None`: the toolchain running this build (stable, as the workspace); else the rustup
+    /// toolchain that builds with `-Z build-std`.
+    toolchain: Option<&'a str>,
+    /// `<target>/<this>`: the nested build's own target dir.
+    target_subdir: &'a str,
+    rustflags: String,
+}
 
 fn main() {
     let manifest_dir = PathBuf::from(env("CARGO_MANIFEST_DIR"));
@@ -28,6 +50,7 @@ fn main() {
     let out_dir = PathBuf::from(env("OUT_DIR"));
 
     println!("cargo:rerun-if-env-changed=CAIRN_SKIP_WEB");
+    println!("cargo:rerun-if-env-changed=CAIRN_WEB_THREADS");
     // Everything the package is made of; the join page itself is tracked by `include_bytes!`.
     for input in [
         "web/src",
@@ -50,7 +73,41 @@ fn main() {
         Vec::new()
     } else {
         let pkg = out_dir.join("pkg");
-        build_package(&root, &out_dir, &pkg);
+        // WebAssembly SIMD for the CPU fallback's kernels (engine/src/backend/cpu/dot/
+        // simd128.rs): wasm cannot detect it at run time, so the package is built with it;
+        // every current browser runs it (Chrome 91, Firefox 89, Safari 16.4).
+        let single = Flavor {
+            toolchain: None,
+            target_subdir: "web-build",
+            rustflags: "-Ctarget-feature=+simd128".into(),
+        };
+        build_package(&root, &out_dir, &pkg, &single);
+        if let Some(toolchain) = threads_toolchain() {
+            // Shared memory needs atomics and bulk memory (wasm-bindgen's thread support) and
+            // mutable globals (each thread's stack pointer); every browser with
+            // SharedArrayBuffer has all three. The linker is told to make the memory shared
+            // and imported (each worker instantiates the module over the first one's) and to
+            // export what wasm-bindgen sets each thread's thread-locals up with.
+            let mut rustflags =
+                String::from("-Ctarget-feature=+simd128,+atomics,+bulk-memory,+mutable-globals");
+            for arg in [
+                "--shared-memory".to_owned(),
+                "--import-memory".to_owned(),
+                format!("--max-memory={THREADS_MAX_MEMORY}"),
+                "--export=__wasm_init_tls".to_owned(),
+                "--export=__tls_size".to_owned(),
+                "--export=__tls_align".to_owned(),
+                "--export=__tls_base".to_owned(),
+            ] {
+                let _ = write!(rustflags, "\x1f-Clink-arg={arg}");
+            }
+            let threaded = Flavor {
+                toolchain: Some(&toolchain),
+                target_subdir: "web-build-threads",
+                rustflags,
+            };
+            build_package(&root, &out_dir, &pkg.join("threads"), &threaded);
+        }
         let mut files = vec![("www/join.html".to_owned(), root.join("web/www/join.html"))];
         collect(&pkg, &pkg, &mut files);
         files
@@ -58,21 +115,69 @@ fn main() {
     write_manifest(&out_dir.join("web_assets.rs"), &files);
 }
 
-fn build_package(root: &Path, out_dir: &Path, pkg: &Path) {
-    check_wasm_target();
-    let target_dir = nested_target_dir(out_dir);
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(root)
-        .args([
-            "build",
-            "-p",
-            WEB_CRATE,
-            "--release",
-            "--target",
-            WASM_TARGET,
-        ])
-        .arg("--manifest-path")
+/// The toolchain `CAIRN_WEB_THREADS` names for the threaded package, if any.
+fn threads_toolchain() -> Option<String> {
+    let v = std::env::var("CAIRN_WEB_THREADS").ok()?;
+    match v.trim() {
+        "" | "0" => None,
+        "1" => Some("nightly".into()),
+        name => Some(name.to_owned()),
+    }
+}
+
+/// Fails with the command that fixes it when `toolchain` cannot rebuild the standard library
+/// for wasm32 (it needs `rust-src`).
+fn check_build_std(toolchain: &str) {
+    let sysroot = Command::new("rustup")
+        .args(["run", toolchain, "rustc", "--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let has_src = sysroot
+        .as_ref()
+        .is_some_and(|s| s.join("lib/rustlib/src/rust/library/std").is_dir());
+    if !has_src {
+        fail(&format!(
+            "CAIRN_WEB_THREADS={toolchain} asks for the threaded wasm package, which rebuilds \
+             the standard library with atomics; that needs the {toolchain} toolchain with its \
+             sources. Install them with:\n\n    rustup toolchain install {toolchain} --profile \
+             minimal -c rust-src\n\n(or unset CAIRN_WEB_THREADS: the CPU fallback then runs on \
+             one thread)"
+        ));
+    }
+}
+
+fn build_package(root: &Path, out_dir: &Path, pkg: &Path, flavor: &Flavor<'_>) {
+    let target_dir = nested_target_dir(out_dir, flavor.target_subdir);
+    let mut cmd = match flavor.toolchain {
+        None => {
+            check_wasm_target();
+            Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        }
+        Some(toolchain) => {
+            check_build_std(toolchain);
+            let mut cmd = Command::new("rustup");
+            cmd.args(["run", toolchain, "cargo"]);
+            cmd
+        }
+    };
+    cmd.current_dir(root).args([
+        "build",
+        "-p",
+        WEB_CRATE,
+        "--release",
+        "--target",
+        WASM_TARGET,
+    ]);
+    if flavor.toolchain.is_some() {
+        cmd.args(["-Z", "build-std=panic_abort,std"]);
+        // The outer build's compiler is the stable one.
+        for key in ["RUSTC", "RUSTDOC", "RUSTUP_TOOLCHAIN", "CARGO"] {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.arg("--manifest-path")
         .arg(root.join("Cargo.toml"))
         .arg("--target-dir")
         .arg(&target_dir);
@@ -114,10 +219,7 @@ fn build_package(root: &Path, out_dir: &Path, pkg: &Path) {
     ] {
         cmd.env_remove(key);
     }
-    // WebAssembly SIMD for the CPU fallback's kernels (engine/src/backend/cpu/dot/simd128.rs):
-    // wasm cannot detect it at run time, so the package is built with it; every current
-    // browser runs it (Chrome 91, Firefox 89, Safari 16.4).
-    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-feature=+simd128");
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", &flavor.rustflags);
     // Cargo reads this script's stdout for directives; the nested build's output is for people.
     cmd.stdout(Stdio::from(std::io::stderr()));
     let status = cmd
@@ -125,8 +227,12 @@ fn build_package(root: &Path, out_dir: &Path, pkg: &Path) {
         .unwrap_or_else(|e| fail(&format!("cannot start cargo for the wasm package: {e}")));
     if !status.success() {
         fail(&format!(
-            "building the browser worker's wasm package (cargo build -p {WEB_CRATE} --target \
+            "building the browser worker's wasm package (cargo {}build -p {WEB_CRATE} --target \
              {WASM_TARGET} --release, target dir {}) failed; its errors are above",
+            flavor
+                .toolchain
+                .map(|t| format!("+{t} "))
+                .unwrap_or_default(),
             target_dir.display()
         ));
     }
@@ -192,16 +298,16 @@ fn check_wasm_target() {
     }
 }
 
-/// `<target>/web-build`: the outer target dir is the nearest ancestor of OUT_DIR that cargo
+/// `<target>/<subdir>`: the outer target dir is the nearest ancestor of OUT_DIR that cargo
 /// tagged with CACHEDIR.TAG; OUT_DIR itself if none is (the nested build is then not shared
 /// between feature sets, only slower).
-fn nested_target_dir(out_dir: &Path) -> PathBuf {
+fn nested_target_dir(out_dir: &Path, subdir: &str) -> PathBuf {
     out_dir
         .ancestors()
         .skip(1)
         .find(|dir| dir.join("CACHEDIR.TAG").is_file())
-        .map(|dir| dir.join("web-build"))
-        .unwrap_or_else(|| out_dir.join("web-build"))
+        .map(|dir| dir.join(subdir))
+        .unwrap_or_else(|| out_dir.join(subdir))
 }
 
 /// Every file under `dir`, keyed `pkg/<path relative to base>` with `/` separators.

@@ -1,19 +1,19 @@
 // The browser's CPU fallback (the engine's wasm build, simd128) under Node's V8, the engine
-// Chromium runs: the package's own `Engine`/`Model` API on the cpu backend, one thread, as
-// the fallback's Web Worker runs it. scripts/bench-wasm.sh starts it; see there.
+// Chromium runs: the package's own `Engine`/`Model` API on the cpu backend, on one thread as
+// the fallback's Web Worker runs the single-thread package, or with THREADS above 1 on the
+// threaded package (PKG_DIR/threads, built with CAIRN_WEB_THREADS) and a team of THREADS - 1
+// worker threads over its shared memory, as the fallback's team of Web Workers
+// (web/src/stage_worker.js). scripts/bench-wasm.sh starts it; see there.
 //
-//   node scripts/bench-wasm.mjs PKG_DIR MODEL_URL TOKENS ROUNDS
+//   node scripts/bench-wasm.mjs PKG_DIR MODEL_URL TOKENS ROUNDS [THREADS]
 //
 // Node has no window or worker scope: the engine's device discovery looks for one (wgpu asks
 // the scope for `navigator.gpu`), so the global object is made to look like a dedicated
 // worker's without WebGPU, which is what the fallback sees.
 import fs from "node:fs";
 import path from "node:path";
-import { pathToFileURL } from "node:url";
-
-const [pkgDir, url, tokensArg, roundsArg] = process.argv.slice(2);
-const tokens = Number(tokensArg || 16);
-const rounds = Number(roundsArg || 3);
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { Worker, isMainThread, workerData } from "node:worker_threads";
 
 class WorkerGlobalScope {}
 class DedicatedWorkerGlobalScope extends WorkerGlobalScope {}
@@ -23,33 +23,72 @@ Object.setPrototypeOf(globalThis, DedicatedWorkerGlobalScope.prototype);
 if (typeof globalThis.navigator === "undefined") globalThis.navigator = {};
 if (typeof globalThis.self === "undefined") globalThis.self = globalThis;
 
-const pkg = await import(pathToFileURL(path.join(pkgDir, "cairn_web.js")).href);
-await pkg.default({ module_or_path: fs.readFileSync(path.join(pkgDir, "cairn_web_bg.wasm")) });
-console.log(`kernels: ${pkg.checkCpuKernels()}`);
-const engine = await pkg.Engine.open("cpu");
-let t = performance.now();
-const model = await engine.loadModel(url);
-console.log(`load: ${((performance.now() - t) / 1e3).toFixed(1)} s (${engine.name})`);
-// A short prompt: the decode figure is a difference of two runs, and a long prefill's
-// jitter would swamp it.
-const prompt = "1, 2,";
-const decode = [];
-for (let r = 0; r <= rounds; r++) {
-  t = performance.now();
-  await model.generate(prompt, 1);
-  const one = performance.now() - t;
-  t = performance.now();
-  await model.generate(prompt, tokens);
-  const all = performance.now() - t;
-  // The same prompt's prefill in both; what the longer call adds is its decode steps.
-  const msPerToken = (all - one) / (tokens - 1);
-  const load = fs.readFileSync("/proc/loadavg", "utf8").split(" ")[0];
-  if (r === 0) {
-    console.log(`warm-up: prompt + 1 token ${one.toFixed(0)} ms, ${msPerToken.toFixed(1)} ms/token`);
-    continue;
+const glue = (dir) => import(pathToFileURL(path.join(dir, "cairn_web.js")).href);
+
+if (!isMainThread) {
+  // One of the team's workers: the same module over the same memory, serving the team for
+  // the thread's whole life.
+  const pkg = await glue(workerData.dir);
+  await pkg.default({ module_or_path: workerData.module, memory: workerData.memory });
+  try {
+    pkg.cpuTeamWorker();
+  } catch (err) {
+    // A task trapped: the op it was in fails instead of waiting for it (web/src/team.rs).
+    Atomics.store(new Int32Array(workerData.memory.buffer), workerData.failedAt >> 2, 1);
+    throw err;
   }
-  decode.push(1e3 / msPerToken);
-  console.log(`round ${r}: prompt + 1 token ${one.toFixed(0)} ms; decode ${msPerToken.toFixed(1)} ms/token = ${(1e3 / msPerToken).toFixed(2)} tok/s (load ${load})`);
+} else {
+  await main();
 }
-decode.sort((a, b) => a - b);
-console.log(`wasm decode median: ${decode[Math.floor(decode.length / 2)].toFixed(2)} tok/s`);
+
+async function main() {
+  const [pkgDir, url, tokensArg, roundsArg, threadsArg] = process.argv.slice(2);
+  const tokens = Number(tokensArg || 16);
+  const rounds = Number(roundsArg || 3);
+  const threads = Number(threadsArg || 1);
+  const dir = threads > 1 ? path.join(pkgDir, "threads") : pkgDir;
+  if (!fs.existsSync(path.join(dir, "cairn_web_bg.wasm"))) {
+    console.error(`no package at ${dir} (the threaded one needs a cairn built with CAIRN_WEB_THREADS)`);
+    process.exit(1);
+  }
+  const pkg = await glue(dir);
+  await pkg.default({ module_or_path: fs.readFileSync(path.join(dir, "cairn_web_bg.wasm")) });
+  if (threads > 1) {
+    const shared = pkg.cpuTeamStart(threads);
+    for (let i = 1; i < threads; i++) {
+      const w = new Worker(fileURLToPath(import.meta.url), {
+        workerData: { dir, module: shared.module, memory: shared.memory, failedAt: shared.failedAt },
+      });
+      // They serve until the process ends.
+      w.unref();
+    }
+  }
+  console.log(`threads: ${threads}; kernels: ${pkg.checkCpuKernels()}`);
+  const engine = await pkg.Engine.open("cpu");
+  let t = performance.now();
+  const model = await engine.loadModel(url);
+  console.log(`load: ${((performance.now() - t) / 1e3).toFixed(1)} s (${engine.name})`);
+  // A short prompt: the decode figure is a difference of two runs, and a long prefill's
+  // jitter would swamp it.
+  const prompt = "1, 2,";
+  const decode = [];
+  for (let r = 0; r <= rounds; r++) {
+    t = performance.now();
+    await model.generate(prompt, 1);
+    const one = performance.now() - t;
+    t = performance.now();
+    await model.generate(prompt, tokens);
+    const all = performance.now() - t;
+    // The same prompt's prefill in both; what the longer call adds is its decode steps.
+    const msPerToken = (all - one) / (tokens - 1);
+    const load = fs.readFileSync("/proc/loadavg", "utf8").split(" ")[0];
+    if (r === 0) {
+      console.log(`warm-up: prompt + 1 token ${one.toFixed(0)} ms, ${msPerToken.toFixed(1)} ms/token`);
+      continue;
+    }
+    decode.push(1e3 / msPerToken);
+    console.log(`round ${r}: prompt + 1 token ${one.toFixed(0)} ms; decode ${msPerToken.toFixed(1)} ms/token = ${(1e3 / msPerToken).toFixed(2)} tok/s (load ${load})`);
+  }
+  decode.sort((a, b) => a - b);
+  console.log(`wasm decode median (${threads} thread${threads > 1 ? "s" : ""}): ${decode[Math.floor(decode.length / 2)].toFixed(2)} tok/s`);
+}

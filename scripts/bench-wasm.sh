@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The browser's CPU fallback beside the native cpu backend, on this machine, in one run:
-# the wasm package that `cairn` carries (simd128, built by native/build.rs) run under Node
-# (V8, the engine Chromium runs; one thread, as in the fallback's Web Worker) decoding the
-# default model, then `cairn bench --backend cpu` with 1 and with 2 threads, alternating.
+# the wasm packages that `cairn` carries (simd128, built by native/build.rs) run under Node
+# (V8, the engine Chromium runs) decoding the default model: the single-thread one, as in the
+# fallback's Web Worker, and the threaded one (`pkg/threads`, where the binary carries it:
+# built with CAIRN_WEB_THREADS) with 2 threads, as the fallback's team of Web Workers runs it
+# on a cross-origin isolated page; then `cairn bench --backend cpu` with 1 and with 2 threads.
 #
 #   scripts/bench-wasm.sh [MODEL]
 #
 # Environment: TOKENS (16 generated per round), ROUNDS (3), CAIRN_BIN (a release cairn;
 # default target/release/cairn, built if missing), PKG (the package folder; default the
-# newest target/release/build/cairn-*/out/pkg). Needs node (18 or later) and python3 (it
-# serves the model file over HTTP for the package's loader).
+# newest target/release/build/cairn-*/out/pkg), WASM_THREADS (the threaded package's runs:
+# default "2"). Needs node (18 or later) and python3 (it serves the model file over HTTP for
+# the package's loader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +40,15 @@ sleep 1
 
 echo "== $(date -u +'%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg), $(basename "$model")"
 echo "== wasm (Node $(node --version)), package $pkg"
-node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" "$rounds"
+node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" "$rounds" 1
+if [ -f "$pkg/threads/cairn_web_bg.wasm" ]; then
+    for threads in ${WASM_THREADS:-2}; do
+        echo "== wasm, threaded package, $threads threads"
+        node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" "$rounds" "$threads"
+    done
+else
+    echo "== no threaded package in $pkg (build cairn with CAIRN_WEB_THREADS=nightly-...)"
+fi
 for threads in 1 2; do
     echo "== native cpu backend, $threads thread(s)"
     "$cairn" bench --model "$model" --backend cpu --cpu-threads "$threads" --prompt-tokens 8 \

@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh Debian/Ubuntu machine with only Rust present: installs what
 # the tests need (lavapipe for wgpu on the CPU, Chromium, the wasm32 target), fetches the default
 # model, then runs formatting, lints and every test. Building cairn builds the browser worker
-# (the engine for wasm32) into the binary (native/build.rs), so clippy already covers that build.
+# (the engine for wasm32, once single-threaded with the stable toolchain and once threaded with
+# a pinned nightly) into the binary (native/build.rs), so clippy already covers that build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,13 @@ echo "== rust components and targets"
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add wasm32-unknown-unknown >/dev/null
 rustup target add aarch64-unknown-linux-gnu >/dev/null
+# The CPU fallback's threaded wasm package (native/build.rs, CAIRN_WEB_THREADS): shared
+# memory needs the standard library rebuilt with atomics (-Z build-std), which only nightly
+# offers; pinned, with its sources. About 50 s to install, plus about 2 min of build on 2
+# cores for the second package (docs/performance.md, session 17).
+threads_toolchain=nightly-2026-05-20
+rustup toolchain install "$threads_toolchain" --profile minimal -c rust-src >/dev/null
+export CAIRN_WEB_THREADS="$threads_toolchain"
 
 scripts/fetch-model.sh
 # llama.cpp's tokenizer test data (vocabulary files with expected ids), for engine/tests/vocab.rs.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 /// `(path, bytes)` for every embedded file; empty in a build made with `CAIRN_SKIP_WEB`.
@@ -49,6 +49,22 @@ pub fn content_type(path: &str) -> &'static str {
     }
 }
 
+/// Makes the join page cross-origin isolated: on the page and on every file it loads (the
+/// package, its snippets, the CPU fallback's worker scripts), so the page and its workers
+/// have `crossOriginIsolated` and with it the shared memory the CPU fallback's threads need
+/// (web/src/stage_worker.js). The page loads nothing from other origins but CORS fetches
+/// (model shards) and the signaling socket, which `require-corp` leaves alone.
+pub fn add_isolation_headers(headers: &mut HeaderMap) {
+    headers.insert(
+        HeaderName::from_static("cross-origin-opener-policy"),
+        HeaderValue::from_static("same-origin"),
+    );
+    headers.insert(
+        HeaderName::from_static("cross-origin-embedder-policy"),
+        HeaderValue::from_static("require-corp"),
+    );
+}
+
 /// A strong validator per embedded file (FNV-1a of its bytes), computed once on first use.
 fn etag(path: &str) -> Option<&'static str> {
     static TAGS: LazyLock<HashMap<&'static str, String>> = LazyLock::new(|| {
@@ -68,6 +84,7 @@ fn etag(path: &str) -> Option<&'static str> {
 /// The embedded file at `path` as an HTTP response (`304` when `If-None-Match` names its
 /// tag); `None` when there is no such file. Browsers revalidate every time (`no-cache`), so
 /// a page reloaded after an upgrade never runs an old package against a new coordinator.
+/// Every answer carries [`add_isolation_headers`]'.
 pub fn response(path: &str, request_headers: &HeaderMap) -> Option<Response> {
     let bytes = get(path)?;
     let tag = etag(path)?;
@@ -77,6 +94,7 @@ pub fn response(path: &str, request_headers: &HeaderMap) -> Option<Response> {
         HeaderValue::from_static(content_type(path)),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    add_isolation_headers(&mut headers);
     if let Ok(v) = HeaderValue::from_str(tag) {
         headers.insert(header::ETAG, v);
     }

@@ -317,6 +317,11 @@ impl Page {
     }
 
     async fn call(&mut self, method: &str, params: Value) -> Value {
+        let r = self.try_call(method, params).await;
+        r.unwrap_or_else(|e| panic!("{method} failed: {e}"))
+    }
+
+    async fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         use tokio_tungstenite::tungstenite::Message as WsMessage;
         let id = self.next_id;
         self.next_id += 1;
@@ -331,20 +336,35 @@ impl Page {
             let WsMessage::Text(text) = m else { continue };
             let v: Value = serde_json::from_str(&text).unwrap();
             if v["id"] == id {
-                assert!(v["error"].is_null(), "{method} failed: {}", v["error"]);
-                return v["result"].clone();
+                if !v["error"].is_null() {
+                    return Err(v["error"].clone());
+                }
+                return Ok(v["result"].clone());
             }
         }
     }
 
-    /// The value of a JS expression (promises awaited).
+    /// The value of a JS expression (promises awaited). While the page has no JavaScript
+    /// context (a cross-origin isolated page is loaded in a fresh process: its context comes
+    /// a moment after the target), it asks again.
     async fn eval(&mut self, expression: &str) -> Value {
-        let r = self
-            .call(
-                "Runtime.evaluate",
-                json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
-            )
-            .await;
+        let deadline = Instant::now() + WAIT;
+        let params =
+            json!({ "expression": expression, "returnByValue": true, "awaitPromise": true });
+        let r = loop {
+            match self.try_call("Runtime.evaluate", params.clone()).await {
+                Ok(r) => break r,
+                Err(e)
+                    if e["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("execution context"))
+                        && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("Runtime.evaluate of `{expression}` failed: {e}"),
+            }
+        };
         assert!(
             r["exceptionDetails"].is_null(),
             "`{expression}` threw: {}",
@@ -961,6 +981,176 @@ async fn serve_layers_in_browser(webgpu: bool) {
     drop(browser);
 }
 
+/// Layers the threads test runs in the browser: every op of a layer, loaded in seconds.
+const THREADS_LAYERS: u32 = 4;
+
+/// What the CPU fallback's stage computed with `cpu-threads=threads`: the threads its worker
+/// reported and the activations of layers `0..THREADS_LAYERS` for the prompt's prefill and
+/// two decode steps.
+async fn cpu_fallback_activations(
+    binary: &Path,
+    file: &MappedGguf,
+    prompt: &[u32],
+    threads: u32,
+) -> (String, Vec<Vec<f32>>) {
+    let signal = signal_server().await;
+    let http = page_server(model_path()).await;
+    let mut coordinator = Mesh::join(
+        &signal.url(),
+        ROOM,
+        &token(&signal, Role::Coordinator),
+        LinkConfig {
+            capabilities: json!({ "role": "coordinator" }).to_string(),
+            ..LinkConfig::loopback()
+        },
+    )
+    .await
+    .unwrap();
+    let mut meta = serde_json::Map::new();
+    meta.insert("role".into(), json!("coordinator"));
+    coordinator.set_meta(meta);
+    let url = format!(
+        "http://{http}/join?signal={}&room={ROOM}&token={}&cpu-threads={threads}&pressure=ignore",
+        signal.url(),
+        token(&signal, Role::Worker)
+    );
+    let browser = Browser::launch(binary, &url, false);
+    let mut page = browser.page("/join").await;
+    page.wait_status("press the button", WAIT).await;
+    // The coordinator's headers (web_assets::add_isolation_headers) make the page
+    // cross-origin isolated, which the threaded package's shared memory needs.
+    assert_eq!(
+        page.eval("self.crossOriginIsolated").await,
+        json!(true),
+        "the join page is not cross-origin isolated"
+    );
+    page.eval("document.querySelector('#consent').click()")
+        .await;
+    let mut link = timeout(WAIT, link_to_worker(&mut coordinator))
+        .await
+        .expect("no link to the browser");
+    let ran_on = page
+        .eval(
+            "Array.from(document.querySelectorAll('#log li')).map(l => l.textContent)\
+             .filter(t => t.includes('the CPU worker runs on')).join('')",
+        )
+        .await
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    let mut telemetry = Vec::new();
+    link.send(Message::LoadShard {
+        model_hash: cairn_engine::gguf::model_id(file.bytes(), file.bytes().len() as u64),
+        layers: LayerRange {
+            start: 0,
+            end: THREADS_LAYERS,
+        },
+        source: format!("http://{http}/model.gguf"),
+        next: None,
+        prev: None,
+    })
+    .await
+    .unwrap();
+    match recv(&mut link, &mut telemetry, SLOW).await {
+        Message::ShardLoaded { .. } => {}
+        other => panic!("expected shard-loaded, got {other:?}"),
+    }
+    // The prompt, then two tokens one at a time (the one-token kernels).
+    let steps = [prompt.to_vec(), vec![prompt[1]], vec![prompt[2]]];
+    let max_len = steps.iter().map(Vec::len).sum::<usize>() as u32;
+    let mut pos0 = 0;
+    let mut out = Vec::new();
+    for input in steps {
+        let tensor = Tensor::from_values(DType::U32, vec![input.len() as u64], &input).unwrap();
+        link.send(Message::Forward {
+            request: 3,
+            seq: 1,
+            layers: LayerRange {
+                start: 0,
+                end: THREADS_LAYERS,
+            },
+            pos0,
+            max_len,
+            sample: None,
+            chain: None,
+            tensor,
+        })
+        .await
+        .unwrap();
+        match recv(&mut link, &mut telemetry, SLOW).await {
+            Message::Activations { tensor, .. } => out.push(tensor.to_f32().unwrap()),
+            other => panic!("expected activations, got {other:?}"),
+        }
+        pos0 += input.len() as u32;
+    }
+    link.send(Message::EndRequest { request: 3 }).await.unwrap();
+    if threads > 1 {
+        // The team's workers took part in ops (their results are the same as one thread's,
+        // so only this count shows they ran).
+        let joins = page.eval("self.cairnCpuTeamJoins || 0").await;
+        assert!(
+            joins.as_f64().is_some_and(|n| n > 0.0),
+            "the team's workers took part in no op: {joins}"
+        );
+        eprintln!("the team's workers took part in {joins} ops");
+    }
+    drop(browser);
+    (ran_on, out)
+}
+
+/// The CPU fallback's threaded package (a team of Web Workers over shared memory, on a
+/// cross-origin isolated page) computes what the single-thread package does, bit for bit:
+/// the team splits each op by output rows or heads, and every row is still one thread's
+/// whole sum in the same order with the same kernels. Runs where `cairn` carries the
+/// threaded package (built with CAIRN_WEB_THREADS, as scripts/test.sh does); skips otherwise,
+/// and fails then if CAIRN_WEB_THREADS is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threaded_cpu_fallback_matches_the_single_thread_one() {
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    if cairn_native::web_assets::get("pkg/threads/cairn_web.js").is_none() {
+        assert!(
+            std::env::var_os("CAIRN_WEB_THREADS").is_none_or(|v| v.is_empty() || v == "0"),
+            "CAIRN_WEB_THREADS is set but this cairn carries no threaded package (pkg/threads)"
+        );
+        eprintln!(
+            "SKIPPED: this cairn carries no threaded package (build it with \
+             CAIRN_WEB_THREADS=nightly-...: native/build.rs)"
+        );
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let file = MappedGguf::open(model_path()).unwrap();
+    let tok = Tokenizer::from_spec(&file.file.tokenizer_spec().unwrap()).unwrap();
+    let prompt = tok.encode_prompt(PROMPT, true).unwrap();
+    let (one_said, one) = cpu_fallback_activations(&binary, &file, &prompt, 1).await;
+    let (two_said, two) = cpu_fallback_activations(&binary, &file, &prompt, 2).await;
+    eprintln!("{one_said}; {two_said}");
+    assert!(one_said.contains("runs on 1 thread"), "{one_said}");
+    assert!(two_said.contains("runs on 2 threads"), "{two_said}");
+    assert_eq!(one.len(), two.len());
+    for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+        assert_eq!(a.len(), b.len(), "step {step}");
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert_eq!(
+            differ,
+            0,
+            "step {step}: {differ} of {} activations differ between 1 and 2 threads (worst {worst})",
+            a.len()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browser_serves_layers_on_webgpu() {
     serve_layers_in_browser(true).await;
@@ -1459,10 +1649,24 @@ fn check_served_assets(api: &str) {
         page.header("etag")
     );
     assert_eq!(page.header("cache-control"), Some("no-cache"));
+    // Cross-origin isolation (the CPU fallback's threads need it): on the page and on what
+    // it loads.
+    let isolated = |r: &ureq::Response, what: &str| {
+        assert_eq!(
+            (
+                r.header("cross-origin-opener-policy"),
+                r.header("cross-origin-embedder-policy")
+            ),
+            (Some("same-origin"), Some("require-corp")),
+            "{what} is served without the cross-origin isolation headers"
+        );
+    };
+    isolated(&page, "/join");
     let page = page.into_string().unwrap();
     assert!(page.contains("/pkg/cairn_web.js"), "{page}");
     let glue = get("/pkg/cairn_web.js");
     assert_eq!(glue.content_type(), "text/javascript");
+    isolated(&glue, "/pkg/cairn_web.js");
     let wasm = get("/pkg/cairn_web_bg.wasm");
     assert_eq!(wasm.content_type(), "application/wasm");
     let mut magic = [0u8; 4];

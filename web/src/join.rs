@@ -40,6 +40,9 @@ pub struct JoinParams {
     /// `pressure=ignore`: report compute pressure but never pause for it (a machine known
     /// to be busy: tests, benchmarks).
     pub ignore_pressure: bool,
+    /// `cpu-threads=N`: the CPU fallback's threads (1: the single-thread package); by
+    /// default [`cpu_threads`] chooses.
+    pub cpu_threads: Option<u32>,
 }
 
 impl JoinParams {
@@ -62,8 +65,42 @@ impl JoinParams {
             token: need("token")?,
             backend: q.get("backend").filter(|b| !b.is_empty()),
             ignore_pressure: q.get("pressure").as_deref() == Some("ignore"),
+            cpu_threads: match q.get("cpu-threads").filter(|v| !v.is_empty()) {
+                Some(v) => Some(
+                    v.parse::<u32>()
+                        .ok()
+                        .filter(|n| (1..=MAX_CPU_THREADS).contains(n))
+                        .ok_or_else(|| {
+                            format!("cpu-threads={v}: say a number from 1 to {MAX_CPU_THREADS}")
+                        })?,
+                ),
+                None => None,
+            },
         })
     }
+}
+
+/// The most threads the CPU fallback runs on (a phone or laptop lending its CPU keeps some).
+const MAX_CPU_THREADS: u32 = 8;
+
+/// The CPU fallback's threads: `asked`, else the cores the browser reports (at most
+/// [`MAX_CPU_THREADS`]). More than one only where the page is cross-origin isolated (shared
+/// memory exists: the coordinator's headers, `native/src/web_assets.rs`); the worker falls
+/// back to one where it cannot run them (`stage_worker.js`).
+fn cpu_threads(asked: Option<u32>, env: &Value) -> u32 {
+    let isolated =
+        js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("crossOriginIsolated"))
+            .ok()
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+    if !isolated {
+        return 1;
+    }
+    asked.unwrap_or_else(|| {
+        env["hardwareConcurrency"]
+            .as_u64()
+            .map_or(1, |n| n.clamp(1, u64::from(MAX_CPU_THREADS)) as u32)
+    })
 }
 
 /// The device the page will serve with, chosen before consent (no weights yet).
@@ -363,8 +400,15 @@ pub async fn run(params: JoinParams) -> Result<(), String> {
         // The CPU does the work on whatever thread calls it: not the page's, which keeps
         // the link's heartbeat and the UI.
         ui::set_status("starting the CPU worker…");
-        match CpuWorker::spawn(stage_tx).await {
-            Ok(w) => PageStage::Worker(w),
+        match CpuWorker::spawn(stage_tx, cpu_threads(params.cpu_threads, &env)).await {
+            Ok(w) => {
+                ui::log(&format!(
+                    "the CPU worker runs on {} thread{}",
+                    w.threads(),
+                    if w.threads() == 1 { "" } else { "s" }
+                ));
+                PageStage::Worker(w)
+            }
             Err(e) => {
                 ui::log(&format!("{e}; serving on the page's thread instead"));
                 PageStage::here(StageServer::new(Arc::clone(&device)))

@@ -12,7 +12,8 @@
 //! framing), `ice` (the STUN/TURN servers the coordinator shares), `signal` (the signaling socket), `fetch` (range requests and the weight cache),
 //! `ui` (the page), `js` (bindings to `probe.js`), `api` (the standalone API), `offload`
 //! (where the page's stage server runs: on the page, or for the CPU fallback in a Web
-//! Worker) and `stage_worker` (that Web Worker's side).
+//! Worker), `stage_worker` (that Web Worker's side) and `team` (its thread team, in the
+//! threaded package built with shared memory).
 
 // The engine's APIs share a device as `Arc<Device>`; on wasm32 wgpu's handles are neither
 // `Send` nor `Sync`, and the page is single-threaded.
@@ -40,6 +41,9 @@ mod offload;
 mod signal;
 #[cfg(target_arch = "wasm32")]
 mod stage_worker;
+// The threaded package only (shared memory).
+#[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+mod team;
 #[cfg(target_arch = "wasm32")]
 mod ui;
 

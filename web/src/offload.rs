@@ -2,8 +2,10 @@
 //! work and the page only waits on it) or, for the CPU fallback, in a dedicated Web Worker
 //! (`stage_worker`), so the page's thread stays free for the link, its heartbeat and the UI.
 //!
-//! One thread: the engine's wasm build has no threads of its own (wasm threads need
-//! SharedArrayBuffer, cross-origin isolation and a std built with atomics).
+//! Threads: where the page is cross-origin isolated and `cairn` carries the threaded package
+//! (built with shared memory by a nightly toolchain, native/build.rs), the worker runs that
+//! package with a team of Web Workers (`team`, `stage_worker.js`); otherwise the
+//! single-thread package, on the worker's one thread.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -24,7 +26,7 @@ use crate::stage_worker::{field, set};
 #[wasm_bindgen(module = "/src/stage_worker.js")]
 extern "C" {
     #[wasm_bindgen(js_name = spawnStageWorker, catch)]
-    fn spawn_stage_worker() -> Result<web_sys::Worker, JsValue>;
+    fn spawn_stage_worker(threads: u32) -> Result<web_sys::Worker, JsValue>;
 }
 
 /// What the Web Worker says later, for the serving loop.
@@ -87,6 +89,15 @@ impl Shared {
         if let Some(n) = field(data, "served").and_then(|v| v.as_f64()) {
             self.served.set(n as u64);
         }
+        // For the browser tests and a look in DevTools: whether the team's workers run
+        // tasks (they compute what one thread would, so only this shows they do).
+        if let Some(n) = field(data, "teamJoins") {
+            let _ = js_sys::Reflect::set(
+                &js_sys::global(),
+                &JsValue::from_str("cairnCpuTeamJoins"),
+                &n,
+            );
+        }
         let msg = field(data, "msg")
             .and_then(|m| m.dyn_into::<Uint8Array>().ok())
             .map(|m| Message::from_bytes(m.to_vec()).map_err(|e| e.to_string()));
@@ -145,6 +156,8 @@ impl Shared {
 /// The page's handle on the CPU fallback's Web Worker.
 pub struct CpuWorker {
     worker: web_sys::Worker,
+    /// The threads its engine runs on (its team's size; 1 without one).
+    threads: u32,
     shared: Rc<Shared>,
     next_id: Cell<u64>,
     _on_message: Closure<dyn FnMut(MessageEvent)>,
@@ -158,9 +171,13 @@ impl Drop for CpuWorker {
 }
 
 impl CpuWorker {
-    /// Starts the worker and waits until its engine is up.
-    pub async fn spawn(events: UnboundedSender<FromStage>) -> Result<CpuWorker, String> {
-        let worker = spawn_stage_worker()
+    /// Starts the worker and waits until its engine is up. With `threads` above 1 it runs
+    /// the threaded package on that many threads where the page can (see the module).
+    pub async fn spawn(
+        events: UnboundedSender<FromStage>,
+        threads: u32,
+    ) -> Result<CpuWorker, String> {
+        let worker = spawn_stage_worker(threads)
             .map_err(|e| format!("cannot start the CPU worker: {}", js_error_text(&e)))?;
         let shared = Rc::new(Shared {
             pending: RefCell::new(HashMap::new()),
@@ -168,7 +185,7 @@ impl CpuWorker {
             served: Cell::new(0),
             events,
         });
-        let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<u32, String>>();
         let ready_tx = Rc::new(RefCell::new(Some(ready_tx)));
         let on_message = Closure::<dyn FnMut(MessageEvent)>::new({
             let shared = Rc::clone(&shared);
@@ -179,7 +196,10 @@ impl CpuWorker {
                     field(&data, "ready").is_some() || field(&data, "failed").is_some()
                 }) {
                     let failed = field(&data, "failed").and_then(|v| v.as_string());
-                    let _ = tx.send(failed.map_or(Ok(()), Err));
+                    let threads = field(&data, "threads")
+                        .and_then(|v| v.as_f64())
+                        .map_or(1, |n| n as u32);
+                    let _ = tx.send(failed.map_or(Ok(threads), Err));
                     return;
                 }
                 shared.on_message(&data);
@@ -199,18 +219,27 @@ impl CpuWorker {
         });
         worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
         worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
-        let this = CpuWorker {
+        let mut this = CpuWorker {
             worker,
+            threads: 1,
             shared,
             next_id: Cell::new(0),
             _on_message: on_message,
             _on_error: on_error,
         };
         match ready_rx.await {
-            Ok(Ok(())) => Ok(this),
+            Ok(Ok(threads)) => {
+                this.threads = threads;
+                Ok(this)
+            }
             Ok(Err(why)) => Err(why),
             Err(_) => Err("the CPU worker went away before it started".into()),
         }
+    }
+
+    /// The threads the worker's engine runs on.
+    pub fn threads(&self) -> u32 {
+        self.threads
     }
 
     /// The layers the worker's stage holds, as of its last answer.

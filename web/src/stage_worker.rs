@@ -10,9 +10,11 @@
 //! `stage` (`msg`: a message for the stage server), `reuse` (`msg`: a `LoadShard` the worker
 //! may already hold), `load` (`msg`: the `LoadShard`; `header`: the GGUF header's bytes,
 //! `fileLen`; `pieces[i]`: the bytes at file offset `offsets[i]`), `clear`, `telemetry`.
-//! Answer: `{id, msg?, telemetry?, error?, layers, served}`: `msg` the reply to send the
-//! coordinator (if any), `telemetry` the stage's as JSON, `layers` `[start, end]` or null.
-//! Before the first request the worker says `{ready: true}`, or `{failed: why}`.
+//! Answer: `{id, msg?, telemetry?, error?, layers, served, teamJoins?}`: `msg` the reply to
+//! send the coordinator (if any), `telemetry` the stage's as JSON, `layers` `[start, end]` or
+//! null, `teamJoins` (threaded package) the ops its team's workers have taken part in.
+//! Before the first request the worker says `{ready: true, threads}` (the threads its
+//! engine runs on: 1, or the team's size in the threaded package), or `{failed: why}`.
 
 use std::sync::Arc;
 
@@ -210,6 +212,12 @@ impl Stage {
             "served",
             &JsValue::from_f64(self.server.tokens_served() as f64),
         );
+        #[cfg(target_feature = "atomics")]
+        set(
+            &out,
+            "teamJoins",
+            &JsValue::from_f64(cairn_engine::backend::cpu::wasm_team_joins() as f64),
+        );
         Ok(out)
     }
 }
@@ -225,9 +233,10 @@ fn post(scope: &DedicatedWorkerGlobalScope, out: &Object) {
     }
 }
 
-/// The Web Worker's entry point (`stage_worker.js` calls it once the package is loaded).
+/// The Web Worker's entry point (`stage_worker.js` calls it once the package is loaded,
+/// and in the threaded package once the team of `threads` is made).
 #[wasm_bindgen(js_name = cpuWorkerMain)]
-pub fn cpu_worker_main() -> Result<(), JsValue> {
+pub fn cpu_worker_main(threads: u32) -> Result<(), JsValue> {
     let scope: DedicatedWorkerGlobalScope = js_sys::global()
         .dyn_into()
         .map_err(|_| JsError::new("cpuWorkerMain runs in a dedicated Web Worker only"))?;
@@ -245,6 +254,11 @@ pub fn cpu_worker_main() -> Result<(), JsValue> {
     };
     let ready = Object::new();
     set(&ready, "ready", &JsValue::TRUE);
+    set(
+        &ready,
+        "threads",
+        &JsValue::from_f64(f64::from(threads.max(1))),
+    );
     post(&scope, &ready);
     wasm_bindgen_futures::spawn_local(async move {
         while let Some(data) = rx.next().await {

@@ -23,7 +23,7 @@ const TILE_ROWS: usize = 16;
 const DECODE_TOKENS: usize = 32;
 
 /// Below this much work (multiply-adds) the pool costs more than it saves.
-#[cfg(not(target_arch = "wasm32"))]
+#[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
 const PARALLEL_WORK: usize = 1 << 16;
 
 /// `y[t, r] = Σ_c w[r, c] · x[t, c]`, as [`reference::linear`] computes it but with the
@@ -286,13 +286,14 @@ fn tiles() -> Tiles {
 
 /// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.
 fn par_tasks(tasks: usize, work: usize, f: impl Fn(usize) + Sync) {
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
     if work >= PARALLEL_WORK && tasks > 1 {
         if let Some(team) = super::team::team()
             && team.run(tasks, &f)
         {
             return;
         }
+        #[cfg(not(target_arch = "wasm32"))]
         if let Some(pool) = reference::pool() {
             use rayon::prelude::*;
             pool.install(|| (0..tasks).into_par_iter().for_each(&f));
@@ -335,7 +336,7 @@ pub(super) fn par_chunks(
     f: impl Fn(usize, &mut [f32]) + Sync,
 ) {
     let chunk = chunk.max(1);
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
     if let Some(team) = super::team::team().filter(|_| work >= PARALLEL_WORK && out.len() > chunk) {
         let len = out.len();
         let base = ChunkBase(out.as_mut_ptr());

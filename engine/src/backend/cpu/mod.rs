@@ -13,13 +13,17 @@ mod check;
 mod dot;
 mod linear;
 mod q8;
-#[cfg(not(target_arch = "wasm32"))]
+// wasm32 has the team only where it is built with shared memory (the browser's threaded
+// package); its workers are Web Workers (`team`).
+#[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
 mod team;
 #[cfg(test)]
 mod tests;
 mod vecf32;
 
 pub use check::{KernelCheck, check_kernels};
+#[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+pub use team::{serve_wasm_team, start_wasm_team, wasm_team_failed_flag, wasm_team_joins};
 
 use access::{bytes, f, fm, rd, wr};
 

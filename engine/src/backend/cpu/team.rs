@@ -14,12 +14,24 @@
 //! rayon's hand-over; with workers and caller spinning flat out instead of yielding between
 //! checks it was 0.47 to 1.02x (on two cores the spinning thread takes the core from the one
 //! it waits for whenever anything else runs).
+//!
+//! In the browser (wasm32 built with `atomics`: the threaded package of the CPU fallback,
+//! web/src/team.rs) the team's workers cannot be started from here: wasm32 has no threads of
+//! its own. Each is a Web Worker over the same shared memory that calls [`serve_wasm_team`]
+//! once [`start_wasm_team`] has made the team; a worker that never comes (or comes late)
+//! only leaves its share of the tasks to the others, since nobody waits for a worker that
+//! has not joined the op.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(not(target_arch = "wasm32"))]
+use std::time::Instant;
+// std's clock panics on wasm32; this one is `performance.now()` there.
+#[cfg(target_arch = "wasm32")]
+use web_time::Instant;
 
 /// How long an idle worker watches for the next op before it sleeps: far longer than the
 /// serial ops between two parallel ones of a step (norms, rotations, residual adds: a few
@@ -72,6 +84,7 @@ impl Shared {
 
 /// The process's team: as many threads as the cpu backend's pool
 /// (`EngineOptions::cpu_threads`); `None` with one thread, or where threads cannot start.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn team() -> Option<&'static Team> {
     static TEAM: OnceLock<Option<Team>> = OnceLock::new();
     TEAM.get_or_init(|| {
@@ -79,6 +92,106 @@ pub(crate) fn team() -> Option<&'static Team> {
         (threads > 1).then(|| Team::new(threads).ok()).flatten()
     })
     .as_ref()
+}
+
+/// The browser's team, once [`start_wasm_team`] has made it.
+#[cfg(target_arch = "wasm32")]
+static WASM_TEAM: OnceLock<Team> = OnceLock::new();
+
+/// The browser's team: `None` until [`start_wasm_team`] (one thread until then).
+#[cfg(target_arch = "wasm32")]
+pub(crate) fn team() -> Option<&'static Team> {
+    WASM_TEAM.get()
+}
+
+/// Makes the browser's team of `threads` (this thread and `threads - 1` workers, each a Web
+/// Worker calling [`serve_wasm_team`]). Returns `false` where a team exists already, or
+/// `threads` is below 2 (the ops then run on this thread alone).
+#[cfg(target_arch = "wasm32")]
+pub fn start_wasm_team(threads: usize) -> bool {
+    if threads < 2 || WASM_TEAM.get().is_some() {
+        return false;
+    }
+    WASM_TEAM.set(Team::without_workers()).is_ok()
+}
+
+/// Ops a worker of the browser's team took part in, since the page started: what shows the
+/// team's Web Workers are running tasks (the stage worker reports it to the page).
+#[cfg(target_arch = "wasm32")]
+static WASM_JOINS: AtomicU64 = AtomicU64::new(0);
+
+/// Ops a worker of the browser's team took part in so far.
+#[cfg(target_arch = "wasm32")]
+pub fn wasm_team_joins() -> u64 {
+    WASM_JOINS.load(Ordering::Relaxed)
+}
+
+/// Set (to 1) by a team worker's script when its call into the module failed: wasm32 has no
+/// unwinding, so a task that panics there traps, and its op would never count it done. The
+/// op's caller then fails instead of waiting forever.
+#[cfg(target_arch = "wasm32")]
+static WASM_WORKER_FAILED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Where [`WASM_WORKER_FAILED`] is in the shared memory, for the team workers' script.
+#[cfg(target_arch = "wasm32")]
+pub fn wasm_team_failed_flag() -> usize {
+    std::ptr::addr_of!(WASM_WORKER_FAILED) as usize
+}
+
+#[cfg(target_arch = "wasm32")]
+fn wasm_check_workers() {
+    if WASM_WORKER_FAILED.load(Ordering::Relaxed) != 0 {
+        panic!(
+            "a worker of the cpu backend's thread team failed (its Web Worker's error is in the console)"
+        );
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn wasm_check_workers() {}
+
+/// Lets another thread have this core for a moment: `sched_yield` natively. wasm32 has no
+/// yield (std's is a no-op), so a waiting thread would spin through its whole time slice on
+/// a busy machine while the thread it waits for is descheduled; it sleeps a few microseconds
+/// instead (`park_timeout`: on wasm32 with atomics a timed `memory.atomic.wait32`, which the
+/// browser and Node implement as a timed wait that gives up the core).
+#[cfg(not(target_arch = "wasm32"))]
+fn offer_core() {
+    std::thread::yield_now();
+}
+
+#[cfg(target_arch = "wasm32")]
+fn offer_core() {
+    std::thread::park_timeout(Duration::from_micros(5));
+}
+
+/// One check's pause in a caller's wait for its op's last tasks: natively [`offer_core`]
+/// every time (as before); on wasm32 a short spin first, since its [`offer_core`] sleeps.
+#[cfg(not(target_arch = "wasm32"))]
+fn wait_a_little(_spins: &mut u32) {
+    offer_core();
+}
+
+#[cfg(target_arch = "wasm32")]
+fn wait_a_little(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    if *spins > 1024 {
+        offer_core();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// Serves as one of the browser team's workers for as long as the team lives (its Web
+/// Worker's whole life). Returns at once, `false`, where no team was made. Blocks (waiting on
+/// the shared memory between ops): call it from a Web Worker, never from a page's thread.
+#[cfg(target_arch = "wasm32")]
+pub fn serve_wasm_team() -> bool {
+    let Some(team) = WASM_TEAM.get() else {
+        return false;
+    };
+    worker(&team.shared);
+    true
 }
 
 thread_local! {
@@ -95,7 +208,20 @@ pub(crate) struct Team {
 
 impl Team {
     /// The calling thread and `threads - 1` workers started now.
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn new(threads: usize) -> std::io::Result<Team> {
+        let team = Team::without_workers();
+        for i in 1..threads {
+            let shared = Arc::clone(&team.shared);
+            std::thread::Builder::new()
+                .name(format!("cairn-cpu-team-{i}"))
+                .spawn(move || worker(&shared))?;
+        }
+        Ok(team)
+    }
+
+    /// A team whose workers come later (each runs [`worker`] on its own thread).
+    fn without_workers() -> Team {
         let shared = Arc::new(Shared {
             slot: Mutex::new(Slot {
                 epoch: 0,
@@ -106,17 +232,10 @@ impl Team {
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
         });
-        let team = Team {
+        Team {
             shared,
             busy: Mutex::new(()),
-        };
-        for i in 1..threads {
-            let shared = Arc::clone(&team.shared);
-            std::thread::Builder::new()
-                .name(format!("cairn-cpu-team-{i}"))
-                .spawn(move || worker(&shared))?;
         }
-        Ok(team)
     }
 
     /// Runs `task(i)` for every `i < tasks` on this thread and the workers, returning when
@@ -161,14 +280,17 @@ impl Team {
         }
         work(&job);
         // Offering the core between checks: a worker still on a task may be waiting for it.
+        let mut spins = 0u32;
         while job.done.load(Ordering::Acquire) < tasks {
-            std::thread::yield_now();
+            wasm_check_workers();
+            wait_a_little(&mut spins);
         }
         // No worker joins after this; those that joined leave once they find the counter
         // run out (they touch nothing of the job after `joined`).
         self.shared.lock().job = std::ptr::null();
         while job.joined.load(Ordering::Acquire) > 0 {
-            std::thread::yield_now();
+            wasm_check_workers();
+            wait_a_little(&mut spins);
         }
         if job.panicked.load(Ordering::Relaxed) {
             panic!("a task of the cpu backend's thread team panicked");
@@ -214,7 +336,7 @@ fn worker(shared: &Shared) {
             // between checks (on a quiet machine nobody does, and the check comes straight
             // back; on a busy one, the thread that will post the next op may be waiting).
             if spins > 1024 {
-                std::thread::yield_now();
+                offer_core();
             }
             if spins.is_multiple_of(64) && start.elapsed() > SPIN {
                 let mut slot = shared.lock();
@@ -240,6 +362,8 @@ fn worker(shared: &Shared) {
             // lock, nor let it go while `joined` counts this worker.
             let job = unsafe { &*slot.job };
             job.joined.fetch_add(1, Ordering::Relaxed);
+            #[cfg(target_arch = "wasm32")]
+            WASM_JOINS.fetch_add(1, Ordering::Relaxed);
             job
         };
         work(job);

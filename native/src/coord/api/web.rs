@@ -57,7 +57,7 @@ async fn join_page_from(source: &WebSource, request: Request) -> Response {
                 ))
                 .into_response();
             }
-            serve(ServeFile::new(page), request).await
+            isolated(serve(ServeFile::new(page), request).await)
         }
         WebSource::Embedded => embedded(web_assets::JOIN_PAGE, &request),
     }
@@ -79,14 +79,23 @@ async fn pkg_from(source: &WebSource, path: &str, request: Request) -> Response 
                 Ok(u) => u,
                 Err(_) => return ApiError::not_found("bad path").into_response(),
             };
-            serve(
-                ServeDir::new(dir.join("pkg")),
-                Request::from_parts(parts, body),
+            isolated(
+                serve(
+                    ServeDir::new(dir.join("pkg")),
+                    Request::from_parts(parts, body),
+                )
+                .await,
             )
-            .await
         }
         WebSource::Embedded => embedded(&format!("pkg/{path}"), &request),
     }
+}
+
+/// A file of the join page's from `CAIRN_WEB_DIR`, with the headers the embedded copies
+/// carry (`web_assets::add_isolation_headers`).
+fn isolated(mut response: Response) -> Response {
+    web_assets::add_isolation_headers(response.headers_mut());
+    response
 }
 
 fn embedded(path: &str, request: &Request) -> Response {
