@@ -291,11 +291,15 @@ fn tiles() -> Tiles {
     })
 }
 
-/// Whether decode takes the several-row kernels where they exist (`CAIRN_CPU_ROWS=off`: one
-/// row per call, as before them, to measure one against the other in one binary).
+/// Whether decode takes the several-row kernels where they exist: only with
+/// `CAIRN_CPU_ROWS=on` for now. From L2/L3 they run 1.6x to 1.9x the one-row kernel, but a
+/// decode step streams its weights from memory, and on the loaded machine they were measured
+/// on (docs/performance.md, issue 20 session 17) a step took as much CPU time or 3% to 8%
+/// more with them (four rows read side by side are four streams); the quiet machine's
+/// comparison decides the default.
 fn decode_rows() -> bool {
     static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() != Ok("off"))
+    *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() == Ok("on"))
 }
 
 /// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.

@@ -1,5 +1,6 @@
 //! Decode's products for the 32-element formats: several weight rows against one token's
-//! activations per call, four rows at a time.
+//! activations per call, four rows at a time (taken with `CAIRN_CPU_ROWS=on`: see
+//! `linear::decode_rows`).
 //!
 //! What [`super::pairs`] does per row, with the work that does not depend on the row done
 //! once per pair of blocks for four rows (the activations' 64 bytes, their two steps and
@@ -10,8 +11,8 @@
 //! four streams, so each pair's bytes of the next four rows are prefetched.
 //!
 //! One thread, rows of 576 (SmolLM2's), against the one-row kernel called per row: 1.6x to
-//! 1.9x from L2/L3 and 1.6x to 2.3x from DRAM on Q5_0, Q4_1 and Q8_0 (docs/performance.md,
-//! issue 20 session 17).
+//! 1.9x from L2/L3 on Q5_0, Q4_1 and Q8_0; in a whole decode step on a loaded machine, no
+//! gain (docs/performance.md, issue 20 session 17).
 
 use std::arch::x86_64::*;
 
