@@ -291,15 +291,13 @@ fn tiles() -> Tiles {
     })
 }
 
-/// Whether decode takes the several-row kernels where they exist: only with
-/// `CAIRN_CPU_ROWS=on` for now. From L2/L3 they run 1.6x to 1.9x the one-row kernel, but a
-/// decode step streams its weights from memory, and on the loaded machine they were measured
-/// on (docs/performance.md, issue 20 session 17) a step took as much CPU time or 3% to 8%
-/// more with them (four rows read side by side are four streams); the quiet machine's
-/// comparison decides the default.
+/// Whether decode hands a task's rows to one call of the several-row kernels where they exist
+/// (`CAIRN_CPU_ROWS=off`: one call of the one-row kernel per row, as before them, to compare
+/// the two in one binary). One thread, Q4_K_M, CPU time per decode token at load 5.3 to 5.9:
+/// 9.8 to 10.2 ms against 10.6 to 12.1 (docs/performance.md, issue 20 session 17).
 fn decode_rows() -> bool {
     static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() == Ok("on"))
+    *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() != Ok("off"))
 }
 
 /// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.
