@@ -293,8 +293,9 @@ fn tiles() -> Tiles {
 
 /// Whether decode hands a task's rows to one call of the several-row kernels where they exist
 /// (`CAIRN_CPU_ROWS=off`: one call of the one-row kernel per row, as before them, to compare
-/// the two in one binary). One thread, Q4_K_M, CPU time per decode token at load 5.3 to 5.9:
-/// 9.8 to 10.2 ms against 10.6 to 12.1 (docs/performance.md, issue 20 session 17).
+/// the two in one binary). One thread, CPU time per decode token at load 3.3 to 3.6: Q4_K_M
+/// 8.9 to 9.3 ms against 10.6 to 11.3, Q4_1 9.6 against 11.1 to 11.4 (docs/performance.md,
+/// issue 20 session 17).
 fn decode_rows() -> bool {
     static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() != Ok("off"))

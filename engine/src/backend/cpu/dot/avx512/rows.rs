@@ -10,8 +10,8 @@
 //! Rows stay one stream: four rows at a time (the activations' work shared by the four, one
 //! horizontal sum per four rows) ran 1.6x to 1.9x this kernel's predecessor from L2/L3, but a
 //! decode step reads its weights from memory, and there four rows side by side are four
-//! streams: a step took as much CPU time as with the one-row kernel or more. One row at a
-//! time took 6% to 19% less (docs/performance.md, issue 20 session 17).
+//! streams: a step took as much CPU time as with the one-row kernel or more. One row after
+//! another takes 13% to 17% off a step's CPU time (docs/performance.md, issue 20 session 17).
 
 use std::arch::x86_64::*;
 
