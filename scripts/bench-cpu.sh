@@ -19,9 +19,13 @@
 #
 # Environment: PROMPT_TOKENS (128), GEN_TOKENS (64), ROUNDS (3), THREADS (2), CAIRN_BIN
 # (a cairn binary instead of building target/release/cairn), LLAMA_BENCH, LLAMA_BUILD,
-# LLAMA_SRC, LLAMA_QUANTIZE; CAIRN_CPU_TILES (off, all) and CAIRN_CPU_ISA (avx2, scalar)
-# reach Cairn's binary and are printed. A shared machine's load bends both engines (llama.cpp's
-# spinning threads the most): the load average is printed with every round.
+# LLAMA_SRC, LLAMA_QUANTIZE; CAIRN_CPU_TILES (off, all), CAIRN_CPU_ROWS (off) and CAIRN_CPU_ISA
+# (avx2, scalar) reach Cairn's binary and are printed. CONFIGS runs Cairn in several settings alternating in
+# every round, each against the same llama.cpp runs: settings separated by `;`, each a
+# space-separated list of VAR=VALUE (an empty one is the default), e.g.
+# CONFIGS=';CAIRN_CPU_ROWS=off' for after/before in one binary. A shared machine's load bends
+# both engines (llama.cpp's spinning threads the most): the load average is printed with every
+# round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,7 +97,7 @@ grep -m1 'model name' /proc/cpuinfo | sed 's/.*: /cpu: /'
 echo "cores: $(nproc), memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
 echo "prompt $prompt_tokens tokens, generate $gen_tokens, $threads threads, $rounds rounds"
 "$cairn" devices 2>/dev/null | grep -E '^cpu ' || true
-env | grep -E '^CAIRN_CPU_(TILES|ISA)=' || true
+env | grep -E '^CAIRN_CPU_(TILES|ROWS|ISA)=' || true
 
 results="$(mktemp)"
 summary="$(mktemp)"
@@ -106,7 +110,7 @@ import json, statistics, sys
 
 def speeds(r):
     o = r["out"]
-    if r["engine"] == "cairn":
+    if r["engine"].startswith("cairn"):
         return o["prefill_tokens_per_s"], o["decode_tokens_per_s"]
     prefill = next(x["avg_ts"] for x in o if x["n_prompt"] > 0)
     decode = next(x["avg_ts"] for x in o if x["n_gen"] > 0)
@@ -117,34 +121,42 @@ lines = [json.loads(line) for line in sys.stdin if line.strip()]
 if sys.argv[1] == "rows":
     for r in lines:
         p, d = speeds(r)
-        print(f"round {r['round']} {r['model']:<36} {r['engine']:<10} prefill {p:7.1f} tok/s"
+        print(f"round {r['round']} {r['model']:<36} {r['engine']:<24} prefill {p:7.1f} tok/s"
               f"  decode {d:6.1f} tok/s  (load {r['load']})")
     sys.exit()
 rows = {}
 for r in lines:
     rows.setdefault(r["model"], {}).setdefault(r["engine"], []).append(speeds(r))
-print(f"{'model':<36} {'engine':<10} {'prefill':>8} {'decode':>8}")
+print(f"{'model':<36} {'engine':<24} {'prefill':>8} {'decode':>8}")
 for model, engines in rows.items():
     med = {e: tuple(statistics.median(v[i] for v in vals) for i in range(2))
            for e, vals in engines.items()}
     for e, (p, d) in med.items():
-        print(f"{model:<36} {e:<10} {p:8.1f} {d:8.1f}")
-    if "cairn" in med and "llama.cpp" in med:
-        (cp, cd), (lp, ld) = med["cairn"], med["llama.cpp"]
-        print(f"{model:<36} {'ratio':<10} {cp / lp:7.2f}x {cd / ld:7.2f}x")
+        print(f"{model:<36} {e:<24} {p:8.1f} {d:8.1f}")
+    for e in med:
+        if e.startswith("cairn") and "llama.cpp" in med:
+            (cp, cd), (lp, ld) = med[e], med["llama.cpp"]
+            print(f"{model:<36} {'ratio ' + e[5:]:<24} {cp / lp:7.2f}x {cd / ld:7.2f}x")
 EOF
 for r in $(seq 1 "$rounds"); do
     for m in "${models[@]}"; do
         name="$(basename "$m" .gguf)"
-        load="$(cut -d' ' -f1 /proc/loadavg)"
-        c="$("$cairn" bench --model "$m" --backend cpu --cpu-threads "$threads" \
-            --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" --runs 1 --json 2>/dev/null)"
-        echo "{\"round\": $r, \"model\": \"$name\", \"engine\": \"cairn\", \"load\": $load, \"out\": $c}" >>"$results"
+        IFS=';' read -r -a configs <<<"${CONFIGS:-}"
+        [ ${#configs[@]} -eq 0 ] && configs=("")
+        for cfg in "${configs[@]}"; do
+            load="$(cut -d' ' -f1 /proc/loadavg)"
+            # shellcheck disable=SC2086 # the setting's assignments are words for env
+            c="$(env $cfg "$cairn" bench --model "$m" --backend cpu --cpu-threads "$threads" \
+                --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" --runs 1 --json 2>/dev/null)"
+            engine="cairn${cfg:+ $cfg}"
+            echo "{\"round\": $r, \"model\": \"$name\", \"engine\": \"$engine\", \"load\": $load, \"out\": $c}" >>"$results"
+            tail -1 "$results" | python3 "$summary" rows
+        done
         load="$(cut -d' ' -f1 /proc/loadavg)"
         l="$(LD_LIBRARY_PATH="$(dirname "$llama_bench")" "$llama_bench" -m "$m" -t "$threads" \
             -p "$prompt_tokens" -n "$gen_tokens" -r 1 -o json 2>/dev/null)"
         echo "{\"round\": $r, \"model\": \"$name\", \"engine\": \"llama.cpp\", \"load\": $load, \"out\": $(echo "$l" | tr -d '\n')}" >>"$results"
-        tail -2 "$results" | python3 "$summary" rows
+        tail -1 "$results" | python3 "$summary" rows
     done
 done
 

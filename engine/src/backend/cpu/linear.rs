@@ -99,6 +99,13 @@ pub(super) fn linear_with(
     let tile = tile_rows(rows);
     if tokens == 1 {
         let x = q8.row(0);
+        // The 32-element formats have no outliers: a task's rows go to one call.
+        if let Some(rows) = isa.rows(wtype).filter(|_| !outliers && decode_rows()) {
+            par_chunks(y, tile, work, |first, out| {
+                rows(&w[first * row_bytes..], row_bytes, x, out);
+            });
+            return;
+        }
         par_chunks(y, tile, work, |first, out| {
             for (j, o) in out.iter_mut().enumerate() {
                 *o = dot(wrow(first + j), x);
@@ -282,6 +289,16 @@ fn tiles() -> Tiles {
         Ok("all") => Tiles::All,
         _ => Tiles::On,
     })
+}
+
+/// Whether decode hands a task's rows to one call of the several-row kernels where they exist
+/// (`CAIRN_CPU_ROWS=off`: one call of the one-row kernel per row, as before them, to compare
+/// the two in one binary). One thread, CPU time per decode token at load 3.3 to 3.6: Q4_K_M
+/// 8.9 to 9.3 ms against 10.6 to 11.3, Q4_1 9.6 against 11.1 to 11.4 (docs/performance.md,
+/// issue 20 session 17).
+fn decode_rows() -> bool {
+    static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() != Ok("off"))
 }
 
 /// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.

@@ -386,6 +386,54 @@ fn attention_matches_the_reference() {
     }
 }
 
+/// Decode's several-row kernels give each row what the scalar kernel gives it: row counts
+/// off the groups of four, block counts odd and even, and the model's rows of 576.
+#[test]
+fn decode_row_kernels_match_the_scalar_kernel() {
+    let mut rng = StdRng::seed_from_u64(27);
+    let mut compared = 0;
+    for isa in Isa::available() {
+        for ty in quantized() {
+            let Some(rows_kernel) = isa.rows(ty) else {
+                continue;
+            };
+            let (scalar, layout) = Isa::Scalar.dot(ty).expect("quantized");
+            for cols in [32, 96, 576, 4096] {
+                let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+                for rows in [1, 3, 4, 5, 9] {
+                    let w = random_rows(&mut rng, ty, rows, cols);
+                    let x = activations(&mut rng, cols, layout.block());
+                    let mut q8 = Q8::default();
+                    q8.quantize(layout, &x, cols, 1);
+                    // A NaN left in an output the kernel skipped fails the comparison.
+                    let mut got = vec![f32::NAN; rows];
+                    rows_kernel(&w, row_bytes, q8.row(0), &mut got);
+                    let mut deq = vec![0f32; cols];
+                    for (r, &g) in got.iter().enumerate() {
+                        let wr = &w[r * row_bytes..][..row_bytes];
+                        dequantize_row(ty, wr, &mut deq);
+                        let scale = magnitude(&deq, &x) * 1.5 + 1e-3;
+                        let want = scalar(wr, q8.row(0));
+                        let err = f64::from((g - want).abs());
+                        assert!(
+                            err <= 1e-5 * scale,
+                            "{} {} cols {cols} rows {rows} row {r}: {g} vs scalar {want}",
+                            isa.name(),
+                            ty.name()
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::available().iter().any(|i| i.name() == "avx512vnni") {
+        // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 on four column counts and five row counts.
+        assert_eq!(compared, 5 * 4 * (1 + 3 + 4 + 5 + 9));
+    }
+}
+
 /// The four-token kernels give each token what the one-token kernel gives it.
 #[test]
 fn four_token_kernels_match_the_one_token_kernels() {

@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::tile::{self, Acts, TILE, Tile};
-use super::{Dot4Fn, DotFn, TileFn};
+use super::{Dot4Fn, DotFn, RowsFn, TileFn};
 use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
 use crate::quant::GgmlType;
 use crate::quant::kquants::scale_min_k4;
@@ -49,6 +49,41 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
         GgmlType::Q8_0 => |w, x| unsafe { q8_0(w, x) },
         GgmlType::Q4_K => |w, x| unsafe { q4_k(w, x) },
         GgmlType::Q6_K => |w, x| unsafe { q6_k(w, x) },
+        _ => return None,
+    })
+}
+
+mod rows;
+
+/// Decode's kernel for `ty`: rows against one token, four at a time (`rows.rs`). `None` as
+/// for [`dot`], and for the K-quants.
+pub(super) fn rows(ty: GgmlType) -> Option<RowsFn> {
+    if !available() {
+        return None;
+    }
+    // SAFETY (every closure below): as in `dot`.
+    Some(match ty {
+        GgmlType::Q4_0 => |w, n, x, o| unsafe {
+            rows::rows(w, n, x, o, Q4_0, |a, b| nibbles64(&a[2..18], &b[2..18]))
+        },
+        GgmlType::Q4_1 => |w, n, x, o| unsafe {
+            rows::rows(w, n, x, o, Q4_1, |a, b| nibbles64(&a[4..20], &b[4..20]))
+        },
+        GgmlType::Q5_0 => |w, n, x, o| unsafe {
+            rows::rows(w, n, x, o, Q5_0, |a, b| {
+                fifth_bit(nibbles64(&a[6..22], &b[6..22]), &a[2..6], &b[2..6])
+            })
+        },
+        GgmlType::Q5_1 => |w, n, x, o| unsafe {
+            rows::rows(w, n, x, o, Q5_1, |a, b| {
+                fifth_bit(nibbles64(&a[8..24], &b[8..24]), &a[4..8], &b[4..8])
+            })
+        },
+        GgmlType::Q8_0 => |w, n, x, o| unsafe {
+            rows::rows(w, n, x, o, Q8_0, |a, b| {
+                join(load256(&a[2..34]), load256(&b[2..34]))
+            })
+        },
         _ => return None,
     })
 }

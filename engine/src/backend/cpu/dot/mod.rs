@@ -26,6 +26,10 @@ pub(crate) type DotFn = fn(&[u8], Q8Row<'_>) -> f32;
 /// One weight row against four tokens' activations.
 pub(crate) type Dot4Fn = fn(&[u8], [Q8Row<'_>; 4]) -> [f32; 4];
 
+/// Rows (`out.len()` of the given byte length, one after another) against one token's
+/// activations, one result per row: decode's product where an instruction set has one.
+pub(crate) type RowsFn = fn(&[u8], usize, Q8Row<'_>, &mut [f32]);
+
 /// A prefill tile's rows against a range of the prompt's tokens, each token's 16 results
 /// into one entry of the output (`tile.rs`).
 pub(crate) type TileFn = fn(&Tile, &Acts<'_>, Range<usize>, &mut [[f32; TILE]]);
@@ -192,6 +196,21 @@ impl Isa {
             Isa::Neon | Isa::NeonDot => None,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Isa::Simd128 => None,
+        }
+    }
+}
+
+impl Isa {
+    /// Decode's several-row kernel for `ty`, where this instruction set has one (the
+    /// 32-element formats on AVX-512); elsewhere decode calls [`Isa::dot`] row by row.
+    pub(crate) fn rows(self, ty: GgmlType) -> Option<RowsFn> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::rows(ty),
+            _ => {
+                let _ = ty;
+                None
+            }
         }
     }
 }
