@@ -1048,6 +1048,7 @@ async fn cpu_fallback_activations(
         source: format!("http://{http}/model.gguf"),
         next: None,
         prev: None,
+        split: cairn_engine::placement::StageSplit::Layers,
     })
     .await
     .unwrap();
