@@ -145,6 +145,26 @@ fn token(server: &Server, role: Role) -> String {
     )
 }
 
+/// The test's coordinator in the room: a mesh peer over `link` that says so in its
+/// capabilities and its room metadata, as `cairn serve`'s does.
+async fn join_as_coordinator(signal: &Server, link: LinkConfig) -> Mesh {
+    let coordinator = Mesh::join(
+        &signal.url(),
+        ROOM,
+        &token(signal, Role::Coordinator),
+        LinkConfig {
+            capabilities: json!({ "role": "coordinator" }).to_string(),
+            ..link
+        },
+    )
+    .await
+    .unwrap();
+    let mut meta = serde_json::Map::new();
+    meta.insert("role".into(), json!("coordinator"));
+    coordinator.set_meta(meta);
+    coordinator
+}
+
 /// Headless Chromium with a fresh profile, killed on drop.
 struct Browser {
     child: Child,
@@ -743,20 +763,7 @@ async fn serve_layers_in_browser(webgpu: bool) {
 
     let signal = signal_server().await;
     let http = page_server(model.clone()).await;
-    let mut coordinator = Mesh::join(
-        &signal.url(),
-        ROOM,
-        &token(&signal, Role::Coordinator),
-        LinkConfig {
-            capabilities: json!({ "role": "coordinator" }).to_string(),
-            ..LinkConfig::loopback()
-        },
-    )
-    .await
-    .unwrap();
-    let mut meta = serde_json::Map::new();
-    meta.insert("role".into(), json!("coordinator"));
-    coordinator.set_meta(meta);
+    let mut coordinator = join_as_coordinator(&signal, LinkConfig::loopback()).await;
 
     let url = format!(
         "http://{http}/join?signal={}&room={ROOM}&token={}",
@@ -995,20 +1002,7 @@ async fn cpu_fallback_activations(
 ) -> (String, Vec<Vec<f32>>) {
     let signal = signal_server().await;
     let http = page_server(model_path()).await;
-    let mut coordinator = Mesh::join(
-        &signal.url(),
-        ROOM,
-        &token(&signal, Role::Coordinator),
-        LinkConfig {
-            capabilities: json!({ "role": "coordinator" }).to_string(),
-            ..LinkConfig::loopback()
-        },
-    )
-    .await
-    .unwrap();
-    let mut meta = serde_json::Map::new();
-    meta.insert("role".into(), json!("coordinator"));
-    coordinator.set_meta(meta);
+    let mut coordinator = join_as_coordinator(&signal, LinkConfig::loopback()).await;
     let url = format!(
         "http://{http}/join?signal={}&room={ROOM}&token={}&cpu-threads={threads}&pressure=ignore",
         signal.url(),
@@ -1176,12 +1170,9 @@ async fn browser_links_through_the_coordinators_turn_server() {
     let (turn, turn_addr) = turn_server::start().await;
     let signal = signal_server().await;
     let http = page_server(model_path()).await;
-    let mut coordinator = Mesh::join(
-        &signal.url(),
-        ROOM,
-        &token(&signal, Role::Coordinator),
+    let mut coordinator = join_as_coordinator(
+        &signal,
         LinkConfig {
-            capabilities: json!({ "role": "coordinator" }).to_string(),
             ice_servers: vec![IceServer {
                 urls: vec![format!("turn:{turn_addr}?transport=udp")],
                 username: Some(turn_server::USER.into()),
@@ -1192,11 +1183,7 @@ async fn browser_links_through_the_coordinators_turn_server() {
             ..LinkConfig::loopback()
         },
     )
-    .await
-    .unwrap();
-    let mut meta = serde_json::Map::new();
-    meta.insert("role".into(), json!("coordinator"));
-    coordinator.set_meta(meta);
+    .await;
 
     let url = format!(
         "http://{http}/join?signal={}&room={ROOM}&token={}&pressure=ignore",
