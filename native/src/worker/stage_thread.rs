@@ -145,6 +145,8 @@ struct Context {
     #[cfg(feature = "dev-hooks")]
     fail_device: Option<(usize, u64)>,
     passes: std::cell::Cell<u64>,
+    /// When the last batched pass finished sending its outputs (for the per-pass trace).
+    last_pass_end: std::cell::Cell<Option<std::time::Instant>>,
     /// Told the index of a device that failed a pass; the thread stops serving then.
     failed: mpsc::UnboundedSender<usize>,
     /// Tests, `dev-hooks` builds: reports wrong tokens.
@@ -174,6 +176,7 @@ impl StageThread {
                 Some((i.parse().ok()?, n.parse().ok()?))
             }),
             passes: std::cell::Cell::new(0),
+            last_pass_end: std::cell::Cell::new(None),
             failed,
             corrupt: CorruptTokens::from_env(),
         };
@@ -330,15 +333,33 @@ impl Context {
             );
             server.fail_device(index);
         }
+        let start = std::time::Instant::now();
+        let seqs = steps.len();
         let outs = pollster::block_on(server.step_forwards(steps));
         if let Some(index) = server.take_failed_device() {
             warn!(index, "a device of this worker failed a pass");
             let _ = self.failed.send(index);
             return false;
         }
+        let ran = std::time::Instant::now();
         for out in outs {
             self.dispatch(out);
         }
+        let end = std::time::Instant::now();
+        // Where a stage's time goes between passes (issue 19's busy share): waiting for
+        // work since the last pass's outputs left, the pass, and sending its outputs.
+        // `bench cluster --logs` with RUST_LOG=cairn_native::worker::stage_thread=debug.
+        let idle_us = self
+            .last_pass_end
+            .replace(Some(end))
+            .map(|prev| start.saturating_duration_since(prev).as_micros() as u64);
+        debug!(
+            seqs,
+            idle_us,
+            pass_us = (ran - start).as_micros() as u64,
+            dispatch_us = (end - ran).as_micros() as u64,
+            "pass"
+        );
         true
     }
 
