@@ -303,6 +303,12 @@ pub struct Telemetry {
     pub mean_batch: Option<f32>,
     /// The stage's key/value pool.
     pub kv: Option<KvReport>,
+    /// Seconds spent in forward passes since the stage was made (every window), so that two
+    /// reports' difference over their `uptime_ms` is the busy share between them.
+    pub busy_total_s: f64,
+    /// Forward passes, and the sequences they ran, since the stage was made.
+    pub passes_total: u64,
+    pub seqs_total: u64,
 }
 
 /// A stage's key/value pool, in blocks of `block_positions` positions.

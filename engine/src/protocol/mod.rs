@@ -34,10 +34,10 @@ pub use message::{
 };
 
 /// The protocol version this build speaks (in every frame header and in `Hello`).
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 
 /// The oldest version this build still understands.
-pub const MIN_PROTOCOL_VERSION: u8 = 6;
+pub const MIN_PROTOCOL_VERSION: u8 = 7;
 
 /// The version two peers use: the highest both speak, or an error when their
 /// ranges do not overlap.

@@ -392,6 +392,9 @@ fn arb_telemetry() -> impl Strategy<Value = Telemetry> {
                     blocks_budget: start.max(end),
                     block_positions: 16,
                 }),
+                busy_total_s: kernel_ms,
+                passes_total: u64::from(forwards),
+                seqs_total: uptime_ms,
             }
         },
     )
@@ -735,6 +738,8 @@ fn a_message_is_small_and_boxed_telemetry_keeps_its_wire_bytes() {
     head.extend([1, 4, b'c', b'u', b'd', b'a']); // backend
     head.push(0); // links
     head.extend([0, 0]); // mean_batch, kv
+    head.extend([0; 8]); // busy_total_s
+    head.extend([0, 0]); // passes_total, seqs_total
     let mut want = head.clone();
     want.extend((head.len() as u32).to_le_bytes());
     let encoded = super::message::encode(&m).unwrap();

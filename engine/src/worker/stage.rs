@@ -41,6 +41,10 @@ pub struct StageServer {
     /// Forward calls and the seconds they took since the last telemetry.
     window_calls: u32,
     window_busy_s: f64,
+    /// Every window's passes, seconds and sequences together (`Telemetry::busy_total_s`).
+    busy_total_s: f64,
+    passes_total: u64,
+    seqs_total: u64,
     window_tokens: u64,
     /// Every token row run since the stage was made (a browser shows it to its owner).
     tokens_total: u64,
@@ -273,6 +277,9 @@ impl StageServer {
             started: Instant::now(),
             window_calls: 0,
             window_busy_s: 0.0,
+            busy_total_s: 0.0,
+            passes_total: 0,
+            seqs_total: 0,
             window_tokens: 0,
             tokens_total: 0,
             window_start: Instant::now(),
@@ -651,6 +658,9 @@ impl StageServer {
         self.window_tokens += rows as u64;
         self.tokens_total += rows as u64;
         self.window_seqs += ready.len() as u64;
+        self.busy_total_s += took;
+        self.passes_total += 1;
+        self.seqs_total += ready.len() as u64;
         self.last_kernel_ms = took * 1e3;
         let results = match result {
             Ok(r) => r,
@@ -909,6 +919,9 @@ impl StageServer {
                 start: start as u32,
                 end: end as u32,
             }),
+            busy_total_s: self.busy_total_s,
+            passes_total: self.passes_total,
+            seqs_total: self.seqs_total,
             ..Telemetry::default()
         };
         self.window_calls = 0;

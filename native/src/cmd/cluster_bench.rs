@@ -781,6 +781,46 @@ impl Cluster {
 }
 
 /// `cairn bench` on one device in a child process: the baseline.
+/// A stage's busy share and mean batch inside the concurrent phase, from its cumulative
+/// counters (`busy_total_s`, `passes_total`, `seqs_total`) between the second and the last
+/// distinct reports seen while the requests ran: the first may have been made before they
+/// started, and each report's window straddles whatever came before it, so only differences
+/// of later reports are wholly inside the phase. `None` with fewer than three reports (a
+/// phase shorter than about three seconds: ask for more `--gen-tokens`).
+fn phase_load(samples: &[Value], id: &str) -> (Option<f64>, Option<f64>) {
+    let mut reports: Vec<(u64, f64, u64, u64)> = Vec::new();
+    for s in samples {
+        let Some(t) = s["peers"]
+            .as_array()
+            .and_then(|peers| peers.iter().find(|p| p["peer_id"] == id))
+            .map(|p| &p["telemetry"])
+        else {
+            continue;
+        };
+        let (Some(up), Some(busy), Some(passes), Some(seqs)) = (
+            t["uptime_ms"].as_u64(),
+            t["busy_total_s"].as_f64(),
+            t["passes_total"].as_u64(),
+            t["seqs_total"].as_u64(),
+        ) else {
+            continue;
+        };
+        if reports.last().is_none_or(|r| r.0 != up) {
+            reports.push((up, busy, passes, seqs));
+        }
+    }
+    let (Some(first), Some(last)) = (reports.get(1), reports.last()) else {
+        return (None, None);
+    };
+    if last.0 <= first.0 {
+        return (None, None);
+    }
+    let busy = (last.1 - first.1) / ((last.0 - first.0) as f64 / 1e3);
+    let passes = last.2.saturating_sub(first.2);
+    let batch = (passes > 0).then(|| last.3.saturating_sub(first.3) as f64 / passes as f64);
+    (Some(busy.clamp(0.0, 1.0)), batch)
+}
+
 fn baseline(a: &Args, exe: &Path, model: &Path, logs: &Path) -> Result<Value> {
     let mut args: Vec<String> = [
         "bench",
@@ -1062,17 +1102,34 @@ async fn measure(a: &Args, exe: &Path, tmp: &Path, logs: &Path) -> Result<Value>
                             .collect();
                         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
                     };
-                    json!({"peer_id": id, "busy": of("utilization"), "mean_batch": of("mean_batch")})
+                    let (busy, mean_batch) = phase_load(&samples, id);
+                    json!({
+                        "peer_id": id,
+                        "busy": busy,
+                        "mean_batch": mean_batch,
+                        // The mean of the reports' one-second windows, which straddle the
+                        // phase's start and end (what this field held before protocol 7).
+                        "busy_windows": of("utilization"),
+                        "mean_batch_windows": of("mean_batch"),
+                    })
                 })
                 .collect();
             let tokens: u64 = done.iter().map(|s| s.completion_tokens).sum();
             let checks = c.spot_checks().await?.saturating_sub(checks_before);
             let identical = done.iter().all(|s| s.text == reference);
+            let busy: Vec<String> = stage_load
+                .iter()
+                .map(|s| match (s["busy"].as_f64(), s["mean_batch"].as_f64()) {
+                    (Some(b), Some(m)) => format!("{b:.2} (batch {m:.1})"),
+                    _ => "?".to_owned(),
+                })
+                .collect();
             say(format!(
-                "  {} at once: {:.2} tok/s in all ({:.2}x one request), identical outputs: {identical}",
+                "  {} at once: {:.2} tok/s in all ({:.2}x one request), identical outputs: {identical}; stages busy {}",
                 a.concurrent,
                 tokens as f64 / wall,
-                tokens as f64 / wall / single_e2e
+                tokens as f64 / wall / single_e2e,
+                busy.join(" / ")
             ));
             row["concurrent"] = json!({
                 "requests": a.concurrent,

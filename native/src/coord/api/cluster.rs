@@ -106,6 +106,11 @@ pub fn cluster_json(shared: &Shared, scope: Scope) -> Value {
                     "block_positions": k.block_positions,
                 })),
                 "requests": t.map(|t| t.requests),
+                // Cumulative, for busy shares over any interval between two reports.
+                "uptime_ms": t.map(|t| t.uptime_ms),
+                "busy_total_s": t.map(|t| t.busy_total_s),
+                "passes_total": t.map(|t| t.passes_total),
+                "seqs_total": t.map(|t| t.seqs_total),
             },
             "calibration": p.calibration,
             "joined_s_ago": p.joined.elapsed().as_secs(),
