@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Sums the stage threads' per-pass trace (idle, pass, dispatch) per worker log."""
+"""Sums the stage threads' per-pass trace (idle, pass, dispatch) per worker log, over the
+concurrent phase of a `cairn bench cluster` run (from its first pass of several sequences to
+its last): `RUST_LOG=warn,cairn_native=info,cairn_native::worker::stage_thread=debug cairn
+bench cluster ... --logs DIR`, then `benches/stage-passes.py DIR`."""
 import re, sys, glob, os, statistics as st
 pat = re.compile(r'^(\S+) DEBUG \S+stage_thread: pass seqs=(\d+)(?: idle_us=(\d+))? pass_us=(\d+) dispatch_us=(\d+)')
 for d in sys.argv[1:]:
@@ -10,8 +13,9 @@ for d in sys.argv[1:]:
             m = pat.match(line)
             if m and m.group(3) is not None:
                 rows.append((int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
-        # steady state: passes with idle below 50 ms (between phases the stage waits seconds)
-        steady = [r for r in rows if r[1] < 50_000]
+        # the concurrent phase: from the first pass of several sequences to the last
+        multi = [i for i, r in enumerate(rows) if r[0] > 1]
+        steady = rows[multi[0] + 1:multi[-1] + 1] if len(multi) > 1 else []
         if not steady:
             print(os.path.basename(f), 'no passes'); continue
         tot = sum(r[1] + r[2] + r[3] for r in steady)

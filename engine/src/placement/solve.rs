@@ -19,17 +19,28 @@ const BOTH_ENDS: usize = 3;
 /// Stages as the programme chose them: (candidate, role, layers, split), in device order.
 type Chosen = Vec<(usize, Role, usize, StageSplit)>;
 
-/// A partial placement's per-token cost and its number of stages.
+/// A partial placement's per-token cost, its number of stages, and its slowest stage's
+/// per-token time.
 #[derive(Clone, Copy, Debug)]
 struct Value {
     cost: f64,
     stages: u32,
+    /// The pipeline's bottleneck under concurrent requests: where placements tie on one
+    /// token's latency (every cut of a model over identical devices does: the sum of the
+    /// stages' times is the same), the one whose slowest stage is fastest keeps every stage
+    /// busiest when several requests are in flight (the head makes an even layer cut uneven
+    /// in time).
+    slowest: f64,
 }
 
 const UNREACHED: Value = Value {
     cost: f64::INFINITY,
     stages: u32::MAX,
+    slowest: f64::INFINITY,
 };
+
+/// Two slowest-stage times closer than this (relative) count as equal.
+const SLOWEST_TIE: f64 = 1e-9;
 
 impl Value {
     fn reached(self) -> bool {
@@ -49,8 +60,10 @@ impl Value {
             true
         } else if self.cost > other.cost + tolerance {
             false
-        } else {
+        } else if self.stages != other.stages {
             self.stages < other.stages
+        } else {
+            self.slowest < other.slowest - SLOWEST_TIE * self.slowest.abs().max(other.slowest.abs())
         }
     }
 }
@@ -182,6 +195,7 @@ impl Programme {
         current[0] = Value {
             cost: 0.0,
             stages: 0,
+            slowest: 0.0,
         };
         for (i, candidate) in candidates.iter().enumerate() {
             // Leaving the device unused keeps every state as it is.
@@ -209,6 +223,7 @@ impl Programme {
                                 let value = Value {
                                     cost: from.cost + cost,
                                     stages: from.stages + 1,
+                                    slowest: from.slowest.max(cost),
                                 };
                                 let to = first + n * 4;
                                 if value.better_than(next[to]) {
@@ -292,7 +307,11 @@ fn best_alone(candidates: &[Candidate], layers: usize) -> Option<(Value, Vec<Sta
         let Some((cost, split)) = candidate.only else {
             continue;
         };
-        let value = Value { cost, stages: 1 };
+        let value = Value {
+            cost,
+            stages: 1,
+            slowest: cost,
+        };
         if best.is_none_or(|(b, _, _)| value.better_than(b)) {
             best = Some((value, i, split));
         }

@@ -840,3 +840,47 @@ fn a_worker_splits_its_stage_the_way_that_predicts_the_faster_token() {
         "{refused:?}"
     );
 }
+
+/// Where cuts tie on one token's latency (identical devices: the stages' times always sum to
+/// the same), the one with the fastest slowest stage wins: the last stage's head counts, so
+/// the first stage takes more layers, and under concurrent requests neither stage waits on
+/// the other (issue 19: the even cut left the first of two GPUs 0.76 to 0.79 busy).
+#[test]
+fn latency_ties_go_to_the_cut_whose_slowest_stage_is_fastest() {
+    let m = model(32);
+    let mut devices = vec![device("a", 3_400, 1e-3), device("b", 3_400, 1e-3)];
+    for d in &mut devices {
+        d.head_s = 4e-3;
+    }
+    let stages = place(&devices, &m).unwrap();
+    assert_eq!(stages.len(), 2, "{stages:?}");
+    let slowest = |stages: &[Stage]| {
+        let p = evaluate(&devices, &m, stages, 1).unwrap();
+        let s = p
+            .stages
+            .iter()
+            .map(|s| s.compute_s + s.link_s)
+            .fold(0.0, f64::max);
+        (p.s_per_token, s)
+    };
+    let (latency, chosen) = slowest(&stages);
+    let mut best = f64::INFINITY;
+    for first in 8..=25 {
+        let cut = |device: &str, start, end| Stage::new(device, start, end);
+        for (x, y) in [("a", "b"), ("b", "a")] {
+            let manual = [cut(x, 0, first), cut(y, first, 32)];
+            if let Ok(p) = evaluate(&devices, &m, &manual, 1) {
+                assert!(
+                    close(p.s_per_token, latency),
+                    "cut at {first}: the latencies tie"
+                );
+                best = best.min(slowest(&manual).1);
+            }
+        }
+    }
+    assert!(
+        close(chosen, best),
+        "slowest stage {chosen} s, best cut's {best} s: {stages:?}"
+    );
+    assert!(layers_on(&stages, &stages[0].device) > 16, "{stages:?}");
+}
