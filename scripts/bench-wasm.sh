@@ -76,11 +76,8 @@ engine="${WASM_ENGINE:-$([ -n "$browser" ] && echo chromium || echo node)}"
 # wasm GLUE THREADS: one run of the package whose glue is /pkg/GLUE on THREADS threads.
 wasm() {
     if [ "$engine" = node ]; then
-        local dir="$pkg"
-        [ "$1" = threads/cairn_web.js ] && dir="$pkg" && export THREADED_PKG=1
-        node scripts/bench-wasm.mjs "$dir" "http://127.0.0.1:$port/model.gguf" "$tokens" \
+        node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" \
             "$rounds" "$2"
-        unset THREADED_PKG
         return
     fi
     local log="$serve/chromium.log"
