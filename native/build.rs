@@ -88,8 +88,13 @@ fn main() {
             // SharedArrayBuffer has all three. The linker is told to make the memory shared
             // and imported (each worker instantiates the module over the first one's) and to
             // export what wasm-bindgen sets each thread's thread-locals up with.
-            let mut rustflags =
-                String::from("-Ctarget-feature=+simd128,+atomics,+bulk-memory,+mutable-globals");
+            // It is built with relaxed SIMD as well (the CPU fallback's integer dot products:
+            // engine/src/backend/cpu/dot/simd128.rs): Chromium has it since 114 and Firefox
+            // since 146, Safari not (2026); where it is missing, the page runs the
+            // single-thread package (web/src/stage_worker.js checks before loading this one).
+            let mut rustflags = String::from(
+                "-Ctarget-feature=+simd128,+relaxed-simd,+atomics,+bulk-memory,+mutable-globals",
+            );
             for arg in [
                 "--shared-memory".to_owned(),
                 "--import-memory".to_owned(),

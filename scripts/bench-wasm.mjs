@@ -3,7 +3,11 @@
 // the fallback's Web Worker runs the single-thread package, or with THREADS above 1 on the
 // threaded package (PKG_DIR/threads, built with CAIRN_WEB_THREADS) and a team of THREADS - 1
 // worker threads over its shared memory, as the fallback's team of Web Workers
-// (web/src/stage_worker.js). scripts/bench-wasm.sh starts it; see there.
+// (web/src/stage_worker.js). scripts/bench-wasm.sh starts it with WASM_ENGINE=node; see there.
+// The threaded package is built with relaxed SIMD, which Node 20's V8 (11.3) has only behind
+// `--experimental-wasm-relaxed-simd` and computes wrongly (`i32x4.relaxed_dot_i8x16_i7x16_add_s`
+// returns twice the sum), so its runs here fail the kernel check: time it in Chromium
+// (scripts/bench-wasm-worker.js).
 //
 //   node scripts/bench-wasm.mjs PKG_DIR MODEL_URL TOKENS ROUNDS [THREADS]
 //
@@ -41,6 +45,14 @@ if (!isMainThread) {
   await main();
 }
 
+// Tokens the long prompt has beyond the short one: the package counts them where it can
+// (`Model.countTokens`); older packages lack it, and this prompt pair gives 48 with the
+// default model's tokenizer.
+function PREFILL_EXTRA_TOKENS(model, long, short) {
+  if (typeof model.countTokens === "function") return model.countTokens(long) - model.countTokens(short);
+  return Number(process.env.PREFILL_EXTRA || 48);
+}
+
 async function main() {
   const [pkgDir, url, tokensArg, roundsArg, threadsArg] = process.argv.slice(2);
   const tokens = Number(tokensArg || 16);
@@ -53,7 +65,7 @@ async function main() {
   }
   const pkg = await glue(dir);
   await pkg.default({ module_or_path: fs.readFileSync(path.join(dir, "cairn_web_bg.wasm")) });
-  if (threads > 1) {
+  if (dir !== pkgDir) {
     const shared = pkg.cpuTeamStart(threads);
     for (let i = 1; i < threads; i++) {
       const w = new Worker(fileURLToPath(import.meta.url), {
@@ -63,7 +75,7 @@ async function main() {
       w.unref();
     }
   }
-  console.log(`threads: ${threads}; kernels: ${pkg.checkCpuKernels()}`);
+  console.log(`threads: ${threads} (${path.basename(dir)}); kernels: ${pkg.checkCpuKernels()}`);
   const engine = await pkg.Engine.open("cpu");
   let t = performance.now();
   const model = await engine.loadModel(url);
@@ -90,5 +102,24 @@ async function main() {
     console.log(`round ${r}: prompt + 1 token ${one.toFixed(0)} ms; decode ${msPerToken.toFixed(1)} ms/token = ${(1e3 / msPerToken).toFixed(2)} tok/s (load ${load})`);
   }
   decode.sort((a, b) => a - b);
-  console.log(`wasm decode median (${threads} thread${threads > 1 ? "s" : ""}): ${decode[Math.floor(decode.length / 2)].toFixed(2)} tok/s`);
+  const tn = `${threads} thread${threads > 1 ? "s" : ""}`;
+  console.log(`wasm decode median (${tn}): ${decode[Math.floor(decode.length / 2)].toFixed(2)} tok/s`);
+  // Prefill: a longer prompt's first token against the short one's; the difference is the
+  // extra prompt tokens' prefill (the count from the package's tokenizer, where it has one).
+  const long = Array.from({ length: 24 }, (_, i) => `${i + 1},`).join(" ");
+  const extra = PREFILL_EXTRA_TOKENS(model, long, prompt);
+  const prefill = [];
+  for (let r = 0; r <= rounds; r++) {
+    t = performance.now();
+    await model.generate(prompt, 1);
+    const short = performance.now() - t;
+    t = performance.now();
+    await model.generate(long, 1);
+    const ms = performance.now() - t - short;
+    if (r === 0) continue;
+    prefill.push((extra * 1e3) / ms);
+    console.log(`prefill round ${r}: ${extra} more prompt tokens in ${ms.toFixed(0)} ms = ${((extra * 1e3) / ms).toFixed(1)} tok/s`);
+  }
+  prefill.sort((a, b) => a - b);
+  console.log(`wasm prefill median (${tn}): ${prefill[Math.floor(prefill.length / 2)].toFixed(1)} tok/s`);
 }

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # The browser's CPU fallback beside the native cpu backend, on this machine, in one run:
-# the wasm packages that `cairn` carries (simd128, built by native/build.rs) run under Node
-# (V8, the engine Chromium runs) decoding the default model: the single-thread one, as in the
-# fallback's Web Worker, and the threaded one (`pkg/threads`, where the binary carries it:
-# built with CAIRN_WEB_THREADS) with 2 threads, as the fallback's team of Web Workers runs it
-# on a cross-origin isolated page; then `cairn bench --backend cpu` with 1 and with 2 threads.
+# the wasm packages that `cairn` carries (built by native/build.rs) in headless Chromium
+# (scripts/bench-wasm.html and bench-wasm-worker.js, served cross-origin isolated as the
+# join page is), decoding and prefilling the default model: the single-thread package
+# (simd128) on one thread, as in the fallback's Web Worker, and the threaded one
+# (`pkg/threads`, simd128 + relaxed SIMD, where the binary carries it: built with
+# CAIRN_WEB_THREADS) on 1 and 2 threads, as the fallback's team of Web Workers runs it; then
+# `cairn bench --backend cpu` with 1 and with 2 threads.
 #
 #   scripts/bench-wasm.sh [MODEL]
 #
-# Environment: TOKENS (16 generated per round), ROUNDS (3), CAIRN_BIN (a release cairn;
-# default target/release/cairn, built if missing), PKG (the package folder; default the
-# newest target/release/build/cairn-*/out/pkg), WASM_THREADS (the threaded package's runs:
-# default "2"). Needs node (18 or later) and python3 (it serves the model file over HTTP for
-# the package's loader).
+# Each wasm run reports decode (the difference of two generations) and prefill (a 24-number
+# prompt's first token against the short prompt's: 81 more tokens); the native runs prefill
+# 48 tokens.
+#
+# Environment: TOKENS (16 generated per round), ROUNDS (3), PASSES (1: the whole set again,
+# so the variants alternate), CAIRN_BIN (a cairn; default target/release/cairn, built if
+# missing), PKG (the package folder; default the newest target/release/build/cairn-*/out/pkg),
+# BASELINE_PKG (another package folder, e.g. main's, run first in every pass), WASM_THREADS
+# (the threaded package's runs: default "1 2"), WASM_ENGINE (chromium, the default where it
+# is installed, or node: scripts/bench-wasm.mjs, single-thread package only), CHROMIUM (the
+# browser binary). Needs python3 (it serves the files over HTTP).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,26 +40,85 @@ fi
 
 serve="$(mktemp -d)"
 ln -s "$(realpath "$model")" "$serve/model.gguf"
+ln -s "$(realpath "$pkg")" "$serve/pkg"
+# BASELINE_PKG: another package folder (say main's) run first in every pass, on one thread.
+if [ -n "${BASELINE_PKG:-}" ]; then
+    ln -s "$(realpath "$BASELINE_PKG")" "$serve/base"
+fi
+ln -s "$PWD/scripts/bench-wasm.html" "$PWD/scripts/bench-wasm-worker.js" "$serve/"
 port=$((20000 + RANDOM % 20000))
-python3 -m http.server "$port" --bind 127.0.0.1 --directory "$serve" >/dev/null 2>&1 &
+# Cross-origin isolated, as the coordinator serves the join page: the threaded package's
+# shared memory needs it in a browser.
+python3 - "$port" "$serve" <<'PY' >/dev/null 2>&1 &
+import functools, http.server, sys
+class Isolated(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                      ".js": "text/javascript", ".wasm": "application/wasm"}
+    def end_headers(self):
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+        super().end_headers()
+    def log_message(self, *args):
+        pass
+handler = functools.partial(Isolated, directory=sys.argv[2])
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), handler).serve_forever()
+PY
 server=$!
 trap 'kill "$server" 2>/dev/null; rm -rf "$serve"' EXIT
 sleep 1
 
-echo "== $(date -u +'%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg), $(basename "$model")"
-echo "== wasm (Node $(node --version)), package $pkg"
-node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" "$rounds" 1
-if [ -f "$pkg/threads/cairn_web_bg.wasm" ]; then
-    for threads in ${WASM_THREADS:-2}; do
-        echo "== wasm, threaded package, $threads threads"
-        node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" "$rounds" "$threads"
+# WASM_ENGINE: chromium (default where it is installed: headless, the page's workers) or
+# node (V8 alone, scripts/bench-wasm.mjs; Node 20's V8 computes relaxed SIMD's dot product
+# wrongly, so there the threaded package is not run).
+browser="${CHROMIUM:-$(command -v chromium || true)}"
+engine="${WASM_ENGINE:-$([ -n "$browser" ] && echo chromium || echo node)}"
+# wasm GLUE THREADS: one run of the package whose glue is /pkg/GLUE on THREADS threads.
+wasm() {
+    if [ "$engine" = node ]; then
+        node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" \
+            "$rounds" "$2"
+        return
+    fi
+    local log="$serve/chromium.log"
+    "$browser" --headless=new --no-sandbox --no-first-run --disable-background-networking \
+        --disable-component-update --disable-sync --user-data-dir="$serve/profile" \
+        --enable-logging=stderr --v=0 \
+        "http://127.0.0.1:$port/bench-wasm.html?pkg=/pkg/$1&threads=$2&tokens=$tokens&rounds=$rounds" \
+        >/dev/null 2>"$log" &
+    local chromium=$!
+    for _ in $(seq 900); do
+        grep -q '"BENCH DONE"' "$log" 2>/dev/null && break
+        sleep 1
     done
-else
-    echo "== no threaded package in $pkg (build cairn with CAIRN_WEB_THREADS=nightly-...)"
-fi
-for threads in 1 2; do
-    echo "== native cpu backend, $threads thread(s)"
-    "$cairn" bench --model "$model" --backend cpu --cpu-threads "$threads" --prompt-tokens 8 \
-        --gen-tokens "$tokens" --runs "$rounds" 2>/dev/null | grep -E '^  (prefill|decode) '
+    kill "$chromium" 2>/dev/null
+    wait "$chromium" 2>/dev/null || true
+    grep -o '"BENCH [^"]*"' "$log" | sed 's/^"BENCH //; s/"$//' 
+    rm -rf "$serve/profile" "$log"
+}
+
+echo "== $(date -u +'%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg), $(basename "$model")"
+echo "== wasm in $engine ($([ "$engine" = node ] && node --version || "$browser" --version)), package $pkg"
+# PASSES: the whole set again, so variants alternate on a machine whose load changes.
+for pass in $(seq "${PASSES:-1}"); do
+    if [ -n "${BASELINE_PKG:-}" ] && [ "$engine" = chromium ]; then
+        echo "== pass $pass: wasm, baseline package $BASELINE_PKG, 1 thread"
+        wasm ../base/cairn_web.js 1
+    fi
+    echo "== pass $pass: wasm, single-thread package (simd128), 1 thread"
+    wasm cairn_web.js 1
+    if [ -f "$pkg/threads/cairn_web_bg.wasm" ] && [ "$engine" = chromium ]; then
+        for threads in ${WASM_THREADS:-1 2}; do
+            echo "== pass $pass: wasm, threaded package (simd128+relaxed), $threads thread(s)"
+            wasm threads/cairn_web.js "$threads"
+        done
+    else
+        echo "== no threaded package run (none in $pkg, or not in Chromium)"
+    fi
+    for threads in 1 2; do
+        echo "== pass $pass: native cpu backend, $threads thread(s)"
+        "$cairn" bench --model "$model" --backend cpu --cpu-threads "$threads" --prompt-tokens 48 \
+            --gen-tokens "$tokens" --runs "$rounds" 2>/dev/null | grep -E '^  (prefill|decode) '
+    done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1018,6 +1018,30 @@ async fn cpu_fallback_activations(
         json!(true),
         "the join page is not cross-origin isolated"
     );
+    // The threaded package is built with relaxed SIMD (its integer dot products): its
+    // kernels against the scalar reference, where only the real target can run them.
+    let kernels = if threads > 1 {
+        let check = page
+            .eval(
+                "import('/pkg/threads/cairn_web.js').then(async (m) => { await m.default(); \
+                 try { return m.checkCpuKernels(); } catch (e) { return 'failed: ' + e; } })",
+            )
+            .await;
+        let check = check.as_str().unwrap_or_default().to_owned();
+        assert!(
+            check.starts_with("simd128+relaxed: ") && !check.contains("failed"),
+            "the threaded package's kernels: {check}"
+        );
+        let compared: usize = check
+            .trim_start_matches("simd128+relaxed: ")
+            .trim_end_matches(" comparisons")
+            .parse()
+            .unwrap_or(0);
+        assert!(compared >= 21, "too few kernels compared: {check}");
+        format!(" (kernels {check})")
+    } else {
+        String::new()
+    };
     page.eval("document.querySelector('#consent').click()")
         .await;
     let mut link = timeout(WAIT, link_to_worker(&mut coordinator))
@@ -1090,7 +1114,7 @@ async fn cpu_fallback_activations(
         eprintln!("the team's workers took part in {joins} ops");
     }
     drop(browser);
-    (ran_on, out)
+    (ran_on + &kernels, out)
 }
 
 /// The CPU fallback's threaded package (a team of Web Workers over shared memory, on a

@@ -225,6 +225,18 @@ impl Model {
         self.inner.shard.config().n_layers as u32
     }
 
+    /// Tokens `prompt` encodes to (as `generate` takes it): for benchmarks that time a
+    /// prompt's prefill.
+    #[wasm_bindgen(js_name = countTokens)]
+    pub fn count_tokens(&self, prompt: String) -> Result<u32, JsValue> {
+        let ids = self
+            .inner
+            .tokenizer
+            .encode_prompt(&prompt, true)
+            .map_err(js_err)?;
+        Ok(ids.len() as u32)
+    }
+
     /// Greedy continuation of `prompt` (taken as raw text, no chat template), up to
     /// `max_tokens` tokens. Resolves to the generated text.
     pub fn generate(&self, prompt: String, max_tokens: u32) -> Promise {

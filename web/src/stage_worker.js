@@ -9,7 +9,10 @@
 // carries the threaded package (`pkg/threads/`, built with shared memory by a nightly
 // toolchain: native/build.rs), the stage worker loads that one, makes a team of `threads`
 // and starts `threads - 1` team workers over the same module and memory. Otherwise it loads
-// the single-thread package beside the page's own (`pkg/cairn_web.js`).
+// the single-thread package beside the page's own (`pkg/cairn_web.js`). The threaded package
+// is also built with relaxed SIMD (its integer dot products), which a browser without it
+// (Safari, Firefox before 146) refuses to compile: there too the single-thread one runs,
+// decided by validating a tiny module that uses the instruction before fetching the package.
 
 const STAGE_NAME = "cairn-cpu-stage";
 const TEAM_NAME = "cairn-cpu-team";
@@ -24,9 +27,34 @@ export function spawnStageWorker(threads) {
 
 const url = (rel) => new URL(rel, import.meta.url).href;
 
+// Whether this engine has relaxed SIMD: a module whose one function returns
+// `i32x4.relaxed_dot_i8x16_i7x16_add_s` of three zero vectors.
+export function hasRelaxedSimd() {
+  const zero = new Array(16).fill(0);
+  const v128Const = [0xfd, 0x0c, ...zero];
+  const module = new Uint8Array([
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+    0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // types: () -> v128
+    0x03, 0x02, 0x01, 0x00, // one function of type 0
+    0x0a, 0x3d, 0x01, 0x3b, 0x00, // code: one body of 59 bytes, no locals
+    ...v128Const, ...v128Const, ...v128Const,
+    0xfd, 0x93, 0x02, // i32x4.relaxed_dot_i8x16_i7x16_add_s
+    0x0b, // end
+  ]);
+  try {
+    return WebAssembly.validate(module);
+  } catch {
+    return false;
+  }
+}
+
 // The threaded package with its team started, or null (then the single-thread one runs).
 async function threaded(threads) {
   if (!(threads > 1) || !self.crossOriginIsolated) return null;
+  if (!hasRelaxedSimd()) {
+    console.warn("cairn cpu worker: this browser has no relaxed SIMD, which the threaded package needs; one thread");
+    return null;
+  }
   let pkg, shared;
   try {
     // Missing where this cairn was built without it; its shared memory may also be refused

@@ -82,7 +82,18 @@ pub fn check_kernels() -> Result<KernelCheck, String> {
             if cols >= 2 * layout.block() {
                 x[layout.block()..2 * layout.block()].fill(0.0);
             }
-            q8.quantize(layout, &x, cols, 1);
+            // Four tokens: the one compared alone, and three more for the four-token
+            // kernels (the same values scaled and shifted, so each has its own steps).
+            let x4: Vec<f32> = (0..4)
+                .flat_map(|t| {
+                    let x = &x;
+                    x.iter().enumerate().map(move |(i, v)| match t {
+                        0 => *v,
+                        _ => v * (t as f32 + 0.5) - x[(i + t) % cols],
+                    })
+                })
+                .collect();
+            q8.quantize(layout, &x4, cols, 4);
             let mut deq = vec![0f32; cols];
             dequantize_row(ty, &w, &mut deq);
             let magnitude: f64 = deq
@@ -105,6 +116,28 @@ pub fn check_kernels() -> Result<KernelCheck, String> {
                         isa.name(),
                         ty.name()
                     ));
+                }
+                let Some(dot4) = isa.dot4(ty) else {
+                    continue;
+                };
+                let rows: [_; 4] = std::array::from_fn(|t| q8.row(t));
+                for (t, got) in dot4(&w, rows).into_iter().enumerate() {
+                    let want = reference(&w, rows[t]);
+                    let magnitude: f64 = deq
+                        .iter()
+                        .zip(&x4[t * cols..])
+                        .map(|(a, b)| f64::from((a * b).abs()))
+                        .sum();
+                    comparisons += 1;
+                    let err = f64::from((got - want).abs());
+                    if err.is_nan() || err > 1e-5 * (magnitude * 1.5 + 1e-3) {
+                        return Err(format!(
+                            "{} {} four-token kernel, token {t}, over {cols} columns: {got}, \
+                             the scalar reference {want}",
+                            isa.name(),
+                            ty.name()
+                        ));
+                    }
                 }
             }
         }

@@ -50,7 +50,8 @@ pub(crate) enum Isa {
     /// aarch64 NEON with `sdot` (Armv8.2's dot-product extension, detected at run time).
     #[cfg(target_arch = "aarch64")]
     NeonDot,
-    /// wasm SIMD, chosen when the build enables it (wasm cannot detect it at run time).
+    /// wasm SIMD, chosen when the build enables it (wasm cannot detect it at run time);
+    /// with relaxed SIMD's integer dot product where the build enables that too.
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     Simd128,
 }
@@ -146,6 +147,8 @@ impl Isa {
             #[cfg(target_arch = "aarch64")]
             Isa::NeonDot => "neon+dotprod",
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Isa::Simd128 if simd128::RELAXED => "simd128+relaxed",
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Isa::Simd128 => "simd128",
         }
     }
@@ -195,7 +198,7 @@ impl Isa {
             #[cfg(target_arch = "aarch64")]
             Isa::Neon | Isa::NeonDot => None,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            Isa::Simd128 => None,
+            Isa::Simd128 => simd128::dot4(ty),
         }
     }
 }

@@ -1,0 +1,79 @@
+// The browser's CPU fallback timed in a real browser (headless Chromium): the package's own
+// `Engine`/`Model` API on the cpu backend in a dedicated Web Worker, as the fallback's stage
+// worker runs it, on one thread or (the threaded package) with a team of Web Workers over its
+// shared memory. scripts/bench-wasm.sh serves this with scripts/bench-wasm.html; the figures
+// are the same as scripts/bench-wasm.mjs prints under Node, whose V8 (11, Node 20) computes
+// relaxed SIMD's dot product wrongly (twice the sum), so the threaded package is timed here.
+//
+// Worker names: "bench PKG THREADS TOKENS ROUNDS" (PKG: the package's glue URL), or
+// "bench-team PKG" for the team's workers.
+
+const [role, glue, ...args] = self.name.split(" ");
+const say = (line) => self.postMessage(line);
+
+async function team() {
+  self.onmessage = async (e) => {
+    self.onmessage = null;
+    const pkg = await import(glue);
+    await pkg.default({ module_or_path: e.data.module, memory: e.data.memory });
+    try {
+      pkg.cpuTeamWorker();
+    } catch (err) {
+      Atomics.store(new Int32Array(e.data.memory.buffer), e.data.failedAt >> 2, 1);
+      throw err;
+    }
+  };
+}
+
+async function bench() {
+  const [threads, tokens, rounds] = args.map(Number);
+  const pkg = await import(glue);
+  await pkg.default();
+  if (glue.includes("/threads/")) {
+    const shared = pkg.cpuTeamStart(threads);
+    for (let i = 1; i < threads; i++) {
+      const w = new Worker(import.meta.url, { type: "module", name: `bench-team ${glue}` });
+      w.postMessage(shared);
+    }
+  }
+  say(`threads: ${threads}; kernels: ${pkg.checkCpuKernels()}`);
+  const engine = await pkg.Engine.open("cpu");
+  let t = performance.now();
+  const model = await engine.loadModel(new URL("/model.gguf", self.location.href).href);
+  say(`load: ${((performance.now() - t) / 1e3).toFixed(1)} s (${engine.name})`);
+  const prompt = "1, 2,";
+  const long = Array.from({ length: 24 }, (_, i) => `${i + 1},`).join(" ");
+  // Packages before `countTokens` (a baseline): the default model's count.
+  const count = (p) => (typeof model.countTokens === "function" ? model.countTokens(p) : null);
+  const extra = count(long) !== null ? count(long) - count(prompt) : 81;
+  const median = (v) => v.sort((a, b) => a - b)[Math.floor(v.length / 2)];
+  const decode = [];
+  const prefill = [];
+  for (let r = 0; r <= rounds; r++) {
+    t = performance.now();
+    await model.generate(prompt, 1);
+    const one = performance.now() - t;
+    t = performance.now();
+    await model.generate(prompt, tokens);
+    const msPerToken = (performance.now() - t - one) / (tokens - 1);
+    t = performance.now();
+    await model.generate(long, 1);
+    const prefillMs = performance.now() - t - one;
+    if (r === 0) continue;
+    decode.push(1e3 / msPerToken);
+    prefill.push((extra * 1e3) / prefillMs);
+    say(
+      `round ${r}: decode ${msPerToken.toFixed(1)} ms/token = ${(1e3 / msPerToken).toFixed(2)} tok/s; ` +
+        `prefill ${extra} more tokens in ${prefillMs.toFixed(0)} ms = ${((extra * 1e3) / prefillMs).toFixed(1)} tok/s`,
+    );
+  }
+  say(`decode median: ${median(decode).toFixed(2)} tok/s; prefill median: ${median(prefill).toFixed(1)} tok/s`);
+}
+
+if (role === "bench-team") {
+  team();
+} else {
+  bench()
+    .catch((e) => say(`failed: ${(e && e.stack) || e}`))
+    .finally(() => say("DONE"));
+}
