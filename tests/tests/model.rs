@@ -345,6 +345,80 @@ fn real_model_greedy_generation_matches_llama_cpp_until_the_first_near_tie() {
     }
 }
 
+/// Pipelined decode (step n+1 queued before step n's token is read; the default on `wgpu`
+/// and `vulkan`) draws the same greedy tokens as waiting for each token, on every `wgpu` and
+/// `vulkan` device (both twins of a software adapter), and a stop mid-pipeline (the caller
+/// stopping after the third token, the way a stop rule or a cancelled stream does) or
+/// `max_tokens` leaves the shard as it was: the discarded step's key/value writes lie past
+/// the sequence's end. Four tokens after the first case's first six (a decode step is
+/// about half a second on lavapipe).
+#[test]
+fn real_model_pipelined_decode_draws_the_serial_tokens() {
+    use cairn_engine::model::generate::{Flow, generate_with};
+    const TOKENS: usize = 4;
+    const STOP_AFTER: usize = 2;
+    let file = MappedGguf::open(model_path()).unwrap();
+    let r = reference();
+    let prompt: Vec<u32> = ids(&r["cases"][0]["prompt_tokens"])
+        .into_iter()
+        .take(6)
+        .collect();
+    let found = cairn_engine::device::discover_blocking();
+    let gpus = found.devices.iter().filter(|d| {
+        d.support != Support::Unsupported
+            && d.api != "gl"
+            && matches!(d.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+    });
+    for info in gpus {
+        let dev = Arc::new(pollster::block_on(found.open_info(info.clone())).expect("open"));
+        assert!(dev.pipelines_decode(), "{}: pipelined by default", info.id);
+        let shard = load(&dev, &file);
+        let greedy = |max_tokens| GenerateOptions {
+            max_tokens,
+            sample: SampleParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            stop_at_eog: false,
+        };
+        let run = |max_tokens, stop_after: usize| {
+            let mut seen = Vec::new();
+            let (out, _) = pollster::block_on(generate_with(
+                &shard,
+                &prompt,
+                &greedy(max_tokens),
+                &mut |t| {
+                    seen.push(t);
+                    if seen.len() == stop_after {
+                        Flow::Stop
+                    } else {
+                        Flow::Continue
+                    }
+                },
+            ))
+            .expect("generate");
+            assert_eq!(out, seen, "{}: every token reaches the caller", info.id);
+            out
+        };
+        dev.set_pipelined_decode(false);
+        let serial = run(TOKENS, usize::MAX);
+        assert_eq!(serial.len(), TOKENS, "{}", info.id);
+        dev.set_pipelined_decode(true);
+        assert_eq!(
+            run(TOKENS, STOP_AFTER),
+            serial[..STOP_AFTER].to_vec(),
+            "{}: pipelined, stopped after {STOP_AFTER}",
+            info.id
+        );
+        assert_eq!(
+            run(TOKENS - 1, usize::MAX),
+            serial[..TOKENS - 1].to_vec(),
+            "{}: pipelined, up to max_tokens, after a stopped run",
+            info.id
+        );
+    }
+}
+
 /// The default model as one stage split by tensors over two and three cpu devices of one
 /// process (SmolLM2-135M's 3 key/value heads: 2 and 1 on two devices, one each on three;
 /// each device's output-product columns on Q4_1's 32-element blocks) draws llama.cpp's
