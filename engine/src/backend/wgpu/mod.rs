@@ -35,8 +35,11 @@ pub const PACKED_DOT_FEATURE: &str = "packed-4x8-integer-dot-product";
 pub(crate) const PARAM_WORDS: usize = 12;
 /// [`PARAM_WORDS`] in bytes.
 pub(crate) const PARAM_BYTES: u32 = PARAM_WORDS as u32 * 4;
-/// Host-readable buffers kept for staged reads: a pipelined decode has two in flight.
+/// Host-readable buffers kept for reads (`read`, staged reads): a pipelined decode has two
+/// in flight.
 const MAX_STAGING_BUFFERS: usize = 4;
+/// Larger staging buffers (a prompt's hidden states, scoring's logits) are not kept.
+const STAGING_MAX_KEPT_BYTES: u64 = 1 << 20;
 /// The smallest staged-read buffer: a batch's tokens fit.
 const STAGING_MIN_BYTES: u64 = 256;
 /// Past this many cached bind groups the cache starts over, bounding what it keeps alive.
@@ -126,8 +129,8 @@ pub struct WgpuBackend {
     attention: WgpuAttention,
     /// ...through this buffer.
     attention_scratch: Mutex<Option<Arc<Buffer>>>,
-    /// Small host-readable buffers that reads queued behind a run copy into
-    /// ([`WgpuBackend::run_then_read`]), kept for the next steps instead of made per read.
+    /// Small host-readable buffers that reads copy into (`read`, and reads queued behind a run:
+    /// [`WgpuBackend::run_then_read`]), kept for the next steps instead of made per read.
     staging: Mutex<Vec<wgpu::Buffer>>,
     /// Whether generation queues decode step n+1 before reading step n's token
     /// (`WgpuOptions::serial_decode` off); changeable at run time for comparisons.
@@ -558,13 +561,21 @@ impl WgpuBackend {
             view[r.skip..r.skip + r.len].to_vec()
         };
         r.staging.unmap();
+        self.recycle(r.staging);
+        self.check_errors()?;
+        Ok(out)
+    }
+
+    /// Keeps an unmapped staging buffer for the next read, if it is small and few are kept.
+    fn recycle(&self, staging: wgpu::Buffer) {
+        if staging.size() > STAGING_MAX_KEPT_BYTES {
+            return;
+        }
         if let Ok(mut pool) = self.staging.lock()
             && pool.len() < MAX_STAGING_BUFFERS
         {
-            pool.push(r.staging);
+            pool.push(staging);
         }
-        self.check_errors()?;
-        Ok(out)
     }
 
     /// A host-readable buffer of at least `bytes`: a kept one, or a new one.
@@ -578,7 +589,7 @@ impl WgpuBackend {
         }
         drop(pool);
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("cairn staged read"),
+            label: Some("cairn readback"),
             size: bytes.max(STAGING_MIN_BYTES),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
@@ -841,12 +852,7 @@ impl WgpuBackend {
         let start = offset / 4 * 4;
         let end = (offset + len).div_ceil(4) * 4;
         let size = (end - start).max(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("cairn readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.staging_buffer(size)?;
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -855,12 +861,14 @@ impl WgpuBackend {
         if end > start {
             enc.copy_buffer_to_buffer(buf, start, &staging, 0, end - start);
         }
+        // Timed from the submission: a software adapter's queue may block there until the
+        // work before it is done.
+        let t0 = HostClock::now();
         self.queue.submit([enc.finish()]);
         let (tx, rx) = futures::channel::oneshot::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
-        let t0 = HostClock::now();
         self.wait()?;
         // How long the host waited for the GPU (all queued work, this read's copy included).
         tracing::trace!(wait_us = HostClock::us(t0, HostClock::now()), "wgpu read");
@@ -874,6 +882,7 @@ impl WgpuBackend {
         let out = view[skip..skip + len as usize].to_vec();
         drop(view);
         staging.unmap();
+        self.recycle(staging);
         self.check_errors()?;
         Ok(out)
     }
