@@ -137,9 +137,14 @@ async fn generate_pipelined(
     }
     let dev = shard.device();
     let t0 = Instant::now();
+    // Held to the end: each queued step reads the token the one before drew into the
+    // scratch, so no other pass on this shard may run in between.
+    let s = shard.scratch.lock().await;
     let mut params = opts.sample;
     params.step = 0;
-    let mut pending = shard.queue_sample(&mut cache, Some(prompt), params).await?;
+    let mut pending = shard
+        .queue_sample(&s, &mut cache, Some(prompt), params)
+        .await?;
     // Tokens whose step is queued; never more than `max_tokens`, so the cache's capacity
     // (prompt plus `max_tokens`) holds every queued step.
     let mut queued = 1;
@@ -148,7 +153,7 @@ async fn generate_pipelined(
         let ahead = if queued < opts.max_tokens {
             params.step = queued as u32;
             queued += 1;
-            Some(shard.queue_sample(&mut cache, None, params).await?)
+            Some(shard.queue_sample(&s, &mut cache, None, params).await?)
         } else {
             None
         };

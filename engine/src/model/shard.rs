@@ -644,8 +644,12 @@ impl Shard {
     /// device, copied into the input ids by this pass's first op). The token comes with
     /// [`crate::Device::collect`]; until then further passes may be queued behind it
     /// (`generate`'s pipelined decode). The cache counts the positions as written at once.
+    /// `s` is this shard's scratch, locked by the caller for the whole generation: between
+    /// two queued passes the drawn token lives only in `s.token`, which no other pass may
+    /// overwrite.
     pub(super) async fn queue_sample(
         &self,
+        s: &Scratch,
         cache: &mut KvCache,
         prompt: Option<&[u32]>,
         params: SampleParams,
@@ -666,7 +670,6 @@ impl Shard {
                 capacity: cache.capacity(),
             });
         }
-        let s = self.scratch.lock().await;
         let mut done = 0;
         loop {
             let t = (n - done).min(self.max_batch);
@@ -685,10 +688,10 @@ impl Shard {
                 })),
             }
             let pos0 = cache.len();
-            self.encode_blocks(&s, Kv::Dense { cache, pos0 }, t, &mut ops);
+            self.encode_blocks(s, Kv::Dense { cache, pos0 }, t, &mut ops);
             done += t;
             if done == n {
-                self.encode_head(&s, t, want, &mut ops)?;
+                self.encode_head(s, t, want, &mut ops)?;
                 let read = self.dev.run_then_read(&ops, &s.token, 0, 4).await?;
                 cache.advance(t);
                 return Ok(read);
