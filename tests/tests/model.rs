@@ -423,8 +423,9 @@ fn real_model_pipelined_decode_draws_the_serial_tokens() {
 /// check, `CAIRN_TEST_REQUIRE_GPU=1 ... synthetic_model_pipelined`), on every `wgpu` and
 /// `vulkan` device: greedy and seeded sampling (the device's draw keyed by seed and step) give
 /// the same tokens, a stop mid-pipeline and `max_tokens` too, and the shard serves the same
-/// tokens again after a discarded step. On a GPU, where step n+1 really runs while the host
-/// reads step n, the 135M shape and 48 tokens; on a software adapter the tiny shape and 8.
+/// tokens again after a discarded step; the prompt is queued in two passes. On a GPU, where
+/// step n+1 really runs while the host reads step n, the 135M shape and 48 tokens; on a
+/// software adapter the tiny shape and 8.
 #[test]
 fn synthetic_model_pipelined_decode_draws_the_serial_tokens() {
     use cairn_engine::model::ModelConfig;
@@ -455,7 +456,8 @@ fn synthetic_model_pipelined_decode_draws_the_serial_tokens() {
         let cfg = ModelConfig::synthetic(shape).expect("synthetic shape");
         let model = SyntheticModel::new(&cfg, 5);
         let dev = Arc::new(pollster::block_on(found.open_info(info.clone())).expect("open"));
-        let shard = Shard::load(dev.clone(), &model, 0, cfg.n_layers, 64, &mut |_, _| {})
+        // Passes of at most 4 rows: the 7-token prompt is queued as two.
+        let shard = Shard::load(dev.clone(), &model, 0, cfg.n_layers, 4, &mut |_, _| {})
             .expect("load synthetic model");
         let prompt: Vec<u32> = (0..7)
             .map(|i| (i * 131 + 17) % cfg.vocab_size as u32)
