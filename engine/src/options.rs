@@ -89,6 +89,11 @@ pub struct WgpuOptions {
     /// Decode attention split across workgroups by keys (flash-decoding) or one workgroup per
     /// head.
     pub attention: WgpuAttention,
+    /// Generation waits for each decode step's token before queueing the next step (the
+    /// order before session 18). Off by default: step n+1, whose input is the token step n
+    /// sampled into a device buffer, is queued before step n's token is read back, so the
+    /// GPU does not idle while the host encodes (`model::generate`).
+    pub serial_decode: bool,
 }
 
 /// The limits the `wgpu` and `vulkan` backends open a device with. A tensor larger than the

@@ -197,6 +197,15 @@ pub const CUDA_MATVEC_MAX_TOKENS: usize = 16;
 /// where present) takes over.
 pub const CUDA_DECODE_MAX_TOKENS: usize = 4;
 
+/// Bytes [`Device::run_then_read`] queued: read already, or on their way to the host behind
+/// a submission. Dropping it uncollected discards them (the work still runs).
+pub struct PendingRead(Pending);
+
+enum Pending {
+    Ready(Vec<u8>),
+    Wgpu(wgpu::StagedRead),
+}
+
 enum Inner {
     Cpu(cpu::CpuBackend),
     Wgpu(Box<wgpu::WgpuBackend>),
@@ -437,6 +446,75 @@ impl Device {
     /// Queues `ops` as one submission. Every op is validated (shapes against buffer sizes,
     /// buffers of this device) before anything is queued.
     pub fn run(&self, ops: &[Op<'_>]) -> Result<()> {
+        self.validate_ops(ops)?;
+        match &self.inner {
+            Inner::Cpu(b) => b.run(ops),
+            Inner::Wgpu(b) => b.run(ops, &self.accounting),
+            Inner::Cuda(b) => b.run(ops),
+        }
+    }
+
+    /// Whether generation on this device queues decode step n+1 before reading step n's
+    /// token (`model::generate`): the `wgpu` and `vulkan` backends, unless
+    /// `WgpuOptions::serial_decode` or [`Device::set_pipelined_decode`] turned it off. The cpu
+    /// backend runs each step to its end inside `run`, and the cuda backend's reads wait for
+    /// the whole stream, so neither gains from it.
+    pub fn pipelines_decode(&self) -> bool {
+        match &self.inner {
+            Inner::Wgpu(b) => b.pipelines_decode(),
+            _ => false,
+        }
+    }
+
+    /// Turns pipelined decode on or off for this device (the `wgpu` and `vulkan` backends;
+    /// nothing elsewhere): to compare both in one process.
+    pub fn set_pipelined_decode(&self, on: bool) {
+        if let Inner::Wgpu(b) = &self.inner {
+            b.set_pipelined_decode(on);
+        }
+    }
+
+    /// Queues `ops` like [`Device::run`], then `len` bytes of `buf` at `offset` as they are
+    /// once those ops have run, to be taken with [`Device::collect`]. On `wgpu` and `vulkan`
+    /// the bytes are copied into host-readable memory by the same submission and collecting
+    /// them waits for that submission only, so later work can be queued first; elsewhere they
+    /// are read at once.
+    pub async fn run_then_read(
+        &self,
+        ops: &[Op<'_>],
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+    ) -> Result<PendingRead> {
+        self.check_range("read", buf, offset, len)?;
+        self.validate_ops(ops)?;
+        if let (Inner::Wgpu(b), Storage::Wgpu(s)) = (&self.inner, &buf.storage) {
+            return Ok(PendingRead(Pending::Wgpu(b.run_then_read(
+                ops,
+                &self.accounting,
+                s,
+                offset,
+                len,
+            )?)));
+        }
+        self.run(ops)?;
+        Ok(PendingRead(Pending::Ready(
+            self.read(buf, offset, len).await?,
+        )))
+    }
+
+    /// The bytes a [`Device::run_then_read`] queued, once its work has finished.
+    pub async fn collect(&self, read: PendingRead) -> Result<Vec<u8>> {
+        match (read.0, &self.inner) {
+            (Pending::Ready(bytes), _) => Ok(bytes),
+            (Pending::Wgpu(r), Inner::Wgpu(b)) => b.collect(r).await,
+            (Pending::Wgpu(_), _) => Err(BackendError::ForeignBuffer {
+                label: "a staged read of another device".into(),
+            }),
+        }
+    }
+
+    fn validate_ops(&self, ops: &[Op<'_>]) -> Result<()> {
         for op in ops {
             for u in with_op!(op, o => validate::validate(o))? {
                 if !u.buf.same_device(&self.accounting) {
@@ -446,11 +524,7 @@ impl Device {
                 }
             }
         }
-        match &self.inner {
-            Inner::Cpu(b) => b.run(ops),
-            Inner::Wgpu(b) => b.run(ops, &self.accounting),
-            Inner::Cuda(b) => b.run(ops),
-        }
+        Ok(())
     }
 
     /// Lets each of `devices` read every other's memory directly: true where all of them are

@@ -46,6 +46,14 @@ fn need_whole(shard: &Shard) -> Result<(), ModelError> {
     }
 }
 
+/// What a [`generate_with`] caller says after each token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// This token is the last (a stop rule matched, or the caller cancelled).
+    Stop,
+}
+
 /// Generates from `prompt`, calling `on_token(id)` for each new token as it is drawn (the
 /// end-of-generation token included, so callers can tell why it stopped).
 pub async fn generate(
@@ -55,7 +63,34 @@ pub async fn generate(
     opts: &GenerateOptions,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<(Vec<u32>, GenerateStats), ModelError> {
+    generate_with(shard, prompt, opts, &mut |t| {
+        on_token(t);
+        if opts.stop_at_eog && tokenizer.is_end_of_generation(t) {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    })
+    .await
+}
+
+/// Generates from `prompt` until `opts.max_tokens` or until `on_token` says stop (its own
+/// stop rules; `opts.stop_at_eog` is [`generate`]'s). On devices that pipeline decode
+/// ([`crate::Device::pipelines_decode`]) step n+1 is queued, its input the token step n drew
+/// on the device, before step n's token is read, so the GPU has the next step while the host
+/// waits for and hands on this one; a step queued past a stop is discarded (its key/value
+/// writes lie past the sequence's end, in a cache that ends with this call). The tokens are
+/// the same either way.
+pub async fn generate_with(
+    shard: &Shard,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+) -> Result<(Vec<u32>, GenerateStats), ModelError> {
     need_whole(shard)?;
+    if shard.device().pipelines_decode() {
+        return generate_pipelined(shard, prompt, opts, on_token).await;
+    }
     let mut cache = shard.new_cache(prompt.len() + opts.max_tokens)?;
     let mut stats = GenerateStats {
         prompt_tokens: prompt.len(),
@@ -73,16 +108,75 @@ pub async fn generate(
     let t1 = Instant::now();
     loop {
         out.push(next);
-        on_token(next);
-        if out.len() >= opts.max_tokens
-            || (opts.stop_at_eog && tokenizer.is_end_of_generation(next))
-        {
+        if on_token(next) == Flow::Stop || out.len() >= opts.max_tokens {
             break;
         }
         params.step = out.len() as u32;
         next = sample(shard, &mut cache, ShardInput::Tokens(&[next]), params).await?;
     }
     stats.decode_s = t1.elapsed().as_secs_f64();
+    stats.generated = out.len();
+    Ok((out, stats))
+}
+
+/// [`generate_with`] with one decode step always queued behind the one being read.
+async fn generate_pipelined(
+    shard: &Shard,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+) -> Result<(Vec<u32>, GenerateStats), ModelError> {
+    let mut cache = shard.new_cache(prompt.len() + opts.max_tokens)?;
+    let mut stats = GenerateStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    if opts.max_tokens == 0 {
+        return Ok((out, stats));
+    }
+    let dev = shard.device();
+    let t0 = Instant::now();
+    // Held to the end: each queued step reads the token the one before drew into the
+    // scratch, so no other pass on this shard may run in between.
+    let s = shard.scratch.lock().await;
+    let mut params = opts.sample;
+    params.step = 0;
+    let mut pending = shard
+        .queue_sample(&s, &mut cache, Some(prompt), params)
+        .await?;
+    // Tokens whose step is queued; never more than `max_tokens`, so the cache's capacity
+    // (prompt plus `max_tokens`) holds every queued step.
+    let mut queued = 1;
+    let mut t1 = None;
+    loop {
+        let ahead = if queued < opts.max_tokens {
+            params.step = queued as u32;
+            queued += 1;
+            Some(shard.queue_sample(&s, &mut cache, None, params).await?)
+        } else {
+            None
+        };
+        let b = dev.collect(pending).await?;
+        let next = b
+            .get(..4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_le_bytes)
+            .ok_or(ModelError::WrongInput("a sampled token is 4 bytes"))?;
+        if t1.is_none() {
+            stats.prefill_s = t0.elapsed().as_secs_f64();
+            t1 = Some(Instant::now());
+        }
+        out.push(next);
+        if on_token(next) == Flow::Stop || out.len() >= opts.max_tokens {
+            break;
+        }
+        match ahead {
+            Some(p) => pending = p,
+            None => break,
+        }
+    }
+    stats.decode_s = t1.map_or(0.0, |t| t.elapsed().as_secs_f64());
     stats.generated = out.len();
     Ok((out, stats))
 }

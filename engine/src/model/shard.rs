@@ -10,7 +10,7 @@ use super::config::ModelConfig;
 use super::kv_pool::{KV_BLOCK, KvPool, SeqKv};
 use super::tensor_split::TensorPart;
 use super::weights::{self, Matrix, ShardWeights};
-use crate::backend::{Buffer, Device};
+use crate::backend::{Buffer, Device, PendingRead};
 use crate::gguf::TensorSource;
 use crate::kernels::{
     Add, AddBias, Attention, BufferCopy, Embed, GeluMul, KvStore, Linear, Op, PagedAttention,
@@ -636,6 +636,69 @@ impl Shard {
                 ShardOutput::Token(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             }
         })
+    }
+
+    /// Queues a pass of the whole model (this shard must hold it) at the cache's next
+    /// positions that ends in a token drawn on the device, without waiting for it: over
+    /// `prompt` where given, else over the one token the previous pass drew (still on the
+    /// device, copied into the input ids by this pass's first op). The token comes with
+    /// [`crate::Device::collect`]; until then further passes may be queued behind it
+    /// (`generate`'s pipelined decode). The cache counts the positions as written at once.
+    /// `s` is this shard's scratch, locked by the caller for the whole generation: between
+    /// two queued passes the drawn token lives only in `s.token`, which no other pass may
+    /// overwrite.
+    pub(super) async fn queue_sample(
+        &self,
+        s: &Scratch,
+        cache: &mut KvCache,
+        prompt: Option<&[u32]>,
+        params: SampleParams,
+    ) -> Result<PendingRead, ModelError> {
+        let want = Want::Sample(params);
+        let n = match prompt {
+            Some(ids) => self.rows_of(ShardInput::Tokens(ids), want)?,
+            None => 1,
+        };
+        if !(self.is_first() && self.is_last()) {
+            return Err(ModelError::WrongInput(
+                "this needs a shard holding the whole model",
+            ));
+        }
+        if cache.len() + n > cache.capacity() {
+            return Err(ModelError::ContextFull {
+                needed: cache.len() + n,
+                capacity: cache.capacity(),
+            });
+        }
+        let mut done = 0;
+        loop {
+            let t = (n - done).min(self.max_batch);
+            let mut ops = Vec::with_capacity(16 * (self.end - self.start) + 8);
+            match prompt {
+                Some(ids) => {
+                    self.dev
+                        .write(&s.ids, 0, bytemuck::cast_slice(&ids[done..done + t]))?
+                }
+                None => ops.push(Op::Copy(BufferCopy {
+                    src: &s.token,
+                    src_offset: 0,
+                    dst: &s.ids,
+                    dst_offset: 0,
+                    bytes: 4,
+                })),
+            }
+            let pos0 = cache.len();
+            self.encode_blocks(s, Kv::Dense { cache, pos0 }, t, &mut ops);
+            done += t;
+            if done == n {
+                self.encode_head(s, t, want, &mut ops)?;
+                let read = self.dev.run_then_read(&ops, &s.token, 0, 4).await?;
+                cache.advance(t);
+                return Ok(read);
+            }
+            self.dev.run(&ops)?;
+            cache.advance(t);
+        }
     }
 
     /// Runs the whole model over `tokens` at the cache's next positions and returns the

@@ -44,6 +44,10 @@ pub struct EngineArgs {
     /// software rasterizers).
     #[arg(long, env = "CAIRN_WGPU_ATTENTION", value_enum, default_value_t = WgpuAttentionArg::Auto)]
     pub wgpu_attention: WgpuAttentionArg,
+    /// wgpu and vulkan: queue each decode step before reading the previous step's token
+    /// (false: wait for every token before encoding the next step).
+    #[arg(long, env = "CAIRN_WGPU_PIPELINE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub wgpu_pipeline: bool,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
     #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_graphs: bool,
@@ -155,6 +159,7 @@ impl EngineArgs {
                     WgpuAttentionArg::Single => WgpuAttention::Single,
                     WgpuAttentionArg::Auto => WgpuAttention::ByAdapter,
                 },
+                serial_decode: !self.wgpu_pipeline,
             },
             cuda: CudaOptions {
                 graphs: self.cuda_graphs,
@@ -216,6 +221,7 @@ mod tests {
             "CAIRN_CPU_THREADS",
             "CAIRN_WGPU_FUSE",
             "CAIRN_WGPU_MATVEC",
+            "CAIRN_WGPU_PIPELINE",
             "CAIRN_CUDA_GRAPHS",
             "CAIRN_CUDA_FUSE",
             "CAIRN_CUDA_FUSED_BLOCKS_PER_SM",
@@ -273,6 +279,8 @@ mod tests {
             WgpuMatvec::Repacked
         );
         assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
+        assert!(!parse(&[]).wgpu.serial_decode);
+        assert!(parse(&["--wgpu-pipeline", "0"]).wgpu.serial_decode);
         let limited = parse(&["--wgpu-limits", "default", "--wgpu-max-binding", "1048576"]);
         assert!(limited.wgpu.limits.webgpu_defaults);
         assert_eq!(limited.wgpu.limits.max_binding_bytes, Some(1 << 20));

@@ -17,7 +17,7 @@ mod rows;
 mod split_attention;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::{Accounting, BackendError, Buffer, Result, Storage};
@@ -35,6 +35,13 @@ pub const PACKED_DOT_FEATURE: &str = "packed-4x8-integer-dot-product";
 pub(crate) const PARAM_WORDS: usize = 12;
 /// [`PARAM_WORDS`] in bytes.
 pub(crate) const PARAM_BYTES: u32 = PARAM_WORDS as u32 * 4;
+/// Host-readable buffers kept for reads (`read`, staged reads): a pipelined decode has two
+/// in flight.
+const MAX_STAGING_BUFFERS: usize = 4;
+/// Larger staging buffers (a prompt's hidden states, scoring's logits) are not kept.
+const STAGING_MAX_KEPT_BYTES: u64 = 1 << 20;
+/// The smallest staged-read buffer: a batch's tokens fit.
+const STAGING_MIN_BYTES: u64 = 256;
 /// Past this many cached bind groups the cache starts over, bounding what it keeps alive.
 const MAX_CACHED_BIND_GROUPS: usize = 8192;
 
@@ -122,6 +129,12 @@ pub struct WgpuBackend {
     attention: WgpuAttention,
     /// ...through this buffer.
     attention_scratch: Mutex<Option<Arc<Buffer>>>,
+    /// Small host-readable buffers that reads copy into (`read`, and reads queued behind a run:
+    /// [`WgpuBackend::run_then_read`]), kept for the next steps instead of made per read.
+    staging: Mutex<Vec<wgpu::Buffer>>,
+    /// Whether generation queues decode step n+1 before reading step n's token
+    /// (`WgpuOptions::serial_decode` off); changeable at run time for comparisons.
+    pipelined_decode: AtomicBool,
     /// Dispatches and buffer copies of the latest `run`.
     last_dispatches: AtomicUsize,
     last_copies: AtomicUsize,
@@ -196,6 +209,8 @@ impl WgpuBackend {
             parts_scratch: Mutex::new(None),
             attention: WgpuAttention::Single,
             attention_scratch: Mutex::new(None),
+            staging: Mutex::new(Vec::new()),
+            pipelined_decode: AtomicBool::new(true),
             last_dispatches: AtomicUsize::new(0),
             last_copies: AtomicUsize::new(0),
             errors,
@@ -239,6 +254,7 @@ impl WgpuBackend {
         };
         self.tiled_prefill = opts.tiled_prefill;
         self.attention = opts.attention.resolve(info.is_software());
+        self.pipelined_decode = AtomicBool::new(!opts.serial_decode);
         tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, tiled_prefill = self.tiled_prefill, attention = ?self.attention, "wgpu kernels");
         self
     }
@@ -476,6 +492,118 @@ impl WgpuBackend {
     }
 
     pub(crate) fn run(&self, ops: &[Op<'_>], accounting: &Arc<Accounting>) -> Result<()> {
+        self.run_with(ops, accounting, None).map(|_| ())
+    }
+
+    /// Whether generation should queue decode step n+1 before reading step n's token.
+    pub(crate) fn pipelines_decode(&self) -> bool {
+        self.pipelined_decode.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_pipelined_decode(&self, on: bool) {
+        self.pipelined_decode.store(on, Ordering::Relaxed);
+    }
+
+    /// `run`, with `len` bytes of `buf` at `offset` copied, at the end of the same command
+    /// buffer, into a host-readable buffer: [`Self::collect`] waits for this submission only,
+    /// not for work queued after it, so the next decode step can be queued before this one's
+    /// token is read.
+    pub(crate) fn run_then_read(
+        &self,
+        ops: &[Op<'_>],
+        accounting: &Arc<Accounting>,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        len: u64,
+    ) -> Result<StagedRead> {
+        let start = offset / 4 * 4;
+        let end = (offset + len).div_ceil(4) * 4;
+        let size = (end - start).max(4);
+        let staging = self.staging_buffer(size)?;
+        let submission =
+            self.run_with(ops, accounting, Some((buf, start, &staging, end - start)))?;
+        Ok(StagedRead {
+            staging,
+            submission,
+            skip: (offset - start) as usize,
+            len: len as usize,
+        })
+    }
+
+    /// Waits for `r`'s submission (and the work queued before it) and returns its bytes.
+    pub(crate) async fn collect(&self, r: StagedRead) -> Result<Vec<u8>> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        r.staging.map_async(wgpu::MapMode::Read, .., move |m| {
+            let _ = tx.send(m);
+        });
+        let t0 = HostClock::now();
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(r.submission.clone()),
+                timeout: None,
+            })
+            .map_err(|e| BackendError::Gpu(format!("poll: {e}")))?;
+        // How long the host waited for the GPU (pipelined decode: the step behind this one
+        // is queued meanwhile).
+        tracing::trace!(
+            wait_us = HostClock::us(t0, HostClock::now()),
+            "wgpu collect"
+        );
+        rx.await
+            .map_err(|_| BackendError::DeviceLost("readback was cancelled".into()))?
+            .map_err(|e| BackendError::Gpu(format!("mapping readback: {e}")))?;
+        let out = {
+            let view = r
+                .staging
+                .get_mapped_range(..)
+                .map_err(|e| BackendError::Gpu(format!("mapped range: {e}")))?;
+            view[r.skip..r.skip + r.len].to_vec()
+        };
+        r.staging.unmap();
+        self.recycle(r.staging);
+        self.check_errors()?;
+        Ok(out)
+    }
+
+    /// Keeps an unmapped staging buffer for the next read, if it is small and few are kept.
+    fn recycle(&self, staging: wgpu::Buffer) {
+        if staging.size() > STAGING_MAX_KEPT_BYTES {
+            return;
+        }
+        if let Ok(mut pool) = self.staging.lock()
+            && pool.len() < MAX_STAGING_BUFFERS
+        {
+            pool.push(staging);
+        }
+    }
+
+    /// A host-readable buffer of at least `bytes`: a kept one, or a new one.
+    fn staging_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
+        let mut pool = self
+            .staging
+            .lock()
+            .map_err(|_| BackendError::Gpu("poisoned".into()))?;
+        if let Some(i) = pool.iter().position(|b| b.size() >= bytes) {
+            return Ok(pool.swap_remove(i));
+        }
+        drop(pool);
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("cairn readback"),
+            size: bytes.max(STAGING_MIN_BYTES),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// `run`, plus the copy into `read` = (source, offset, staging, bytes) where given;
+    /// returns the submission's index.
+    fn run_with(
+        &self,
+        ops: &[Op<'_>],
+        accounting: &Arc<Accounting>,
+        read: Option<(&wgpu::Buffer, u64, &wgpu::Buffer, u64)>,
+    ) -> Result<wgpu::SubmissionIndex> {
         self.check_errors()?;
         let t0 = HostClock::now();
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
@@ -695,9 +823,14 @@ impl WgpuBackend {
                 i += 1;
             }
         }
+        if let Some((src, offset, staging, bytes)) = read
+            && bytes > 0
+        {
+            enc.copy_buffer_to_buffer(src, offset, staging, 0, bytes);
+        }
         let cmd = enc.finish();
         let t_encode = HostClock::now();
-        self.queue.submit([cmd]);
+        let submission = self.queue.submit([cmd]);
         // Host time of a run, for issue 22's dispatch-bound steps: planning (fusion, kernel
         // choice, repacked retargeting), pipelines, bind groups and parameters, encoding the
         // passes, and the submission (`RUST_LOG=cairn_engine::backend::wgpu=trace`).
@@ -710,7 +843,8 @@ impl WgpuBackend {
             submit_us = HostClock::us(t_encode, HostClock::now()),
             "wgpu run"
         );
-        self.check_errors()
+        self.check_errors()?;
+        Ok(submission)
     }
 
     pub(crate) async fn read(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -718,12 +852,7 @@ impl WgpuBackend {
         let start = offset / 4 * 4;
         let end = (offset + len).div_ceil(4) * 4;
         let size = (end - start).max(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("cairn readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.staging_buffer(size)?;
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -732,12 +861,17 @@ impl WgpuBackend {
         if end > start {
             enc.copy_buffer_to_buffer(buf, start, &staging, 0, end - start);
         }
+        // Timed from the submission: a software adapter's queue may block there until the
+        // work before it is done.
+        let t0 = HostClock::now();
         self.queue.submit([enc.finish()]);
         let (tx, rx) = futures::channel::oneshot::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
         self.wait()?;
+        // How long the host waited for the GPU (all queued work, this read's copy included).
+        tracing::trace!(wait_us = HostClock::us(t0, HostClock::now()), "wgpu read");
         rx.await
             .map_err(|_| BackendError::DeviceLost("readback was cancelled".into()))?
             .map_err(|e| BackendError::Gpu(format!("mapping readback: {e}")))?;
@@ -748,6 +882,7 @@ impl WgpuBackend {
         let out = view[skip..skip + len as usize].to_vec();
         drop(view);
         staging.unmap();
+        self.recycle(staging);
         self.check_errors()?;
         Ok(out)
     }
@@ -771,6 +906,15 @@ impl WgpuBackend {
             .map_err(|e| BackendError::Gpu(format!("poll: {e}")))?;
         Ok(())
     }
+}
+
+/// Bytes read back after a run ([`WgpuBackend::run_then_read`]), waiting in a host-readable
+/// buffer for their submission to finish.
+pub(crate) struct StagedRead {
+    staging: wgpu::Buffer,
+    submission: wgpu::SubmissionIndex,
+    skip: usize,
+    len: usize,
 }
 
 /// A host clock for the run's trace event: `Instant` natively; nothing in a browser, where
