@@ -46,6 +46,9 @@ pub struct CudaOptions {
     /// Prefill's matrix products run on f16 tensor cores where the device has them (compute
     /// capability 8.0 and up); `false` keeps the f32 FMA tiles.
     pub tensor_cores: bool,
+    /// Generation waits for each decode step's token before queueing the next (the order
+    /// before session 18); off by default, as `WgpuOptions::serial_decode`.
+    pub serial_decode: bool,
 }
 
 impl Default for CudaOptions {
@@ -57,6 +60,7 @@ impl Default for CudaOptions {
             split_attention: 4,
             int8_dot: true,
             tensor_cores: true,
+            serial_decode: false,
         }
     }
 }
@@ -317,6 +321,7 @@ mod tests {
                 split_attention: 4,
                 int8_dot: true,
                 tensor_cores: true,
+                serial_decode: false,
             }
         );
         assert_eq!(o.wgpu.fuse, WgpuFuse::ByAdapter);

@@ -347,7 +347,7 @@ fn real_model_greedy_generation_matches_llama_cpp_until_the_first_near_tie() {
 
 /// Pipelined decode (step n+1 queued before step n's token is read; the default on `wgpu`
 /// and `vulkan`) draws the same greedy tokens as waiting for each token, on every `wgpu` and
-/// `vulkan` device (both twins of a software adapter), and a stop mid-pipeline (the caller
+/// `vulkan` device (both twins of a software adapter) and every `cuda` one, and a stop mid-pipeline (the caller
 /// stopping after the third token, the way a stop rule or a cancelled stream does) or
 /// `max_tokens` leaves the shard as it was: the discarded step's key/value writes lie past
 /// the sequence's end. Four tokens after the first case's first six (a decode step is
@@ -367,7 +367,7 @@ fn real_model_pipelined_decode_draws_the_serial_tokens() {
     let gpus = found.devices.iter().filter(|d| {
         d.support != Support::Unsupported
             && d.api != "gl"
-            && matches!(d.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+            && matches!(d.backend, BackendKind::Wgpu | BackendKind::Vulkan | BackendKind::Cuda)
     });
     for info in gpus {
         let dev = Arc::new(pollster::block_on(found.open_info(info.clone())).expect("open"));
@@ -438,7 +438,7 @@ fn synthetic_model_pipelined_decode_draws_the_serial_tokens() {
         .filter(|d| {
             d.support != Support::Unsupported
                 && d.api != "gl"
-                && matches!(d.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+                && matches!(d.backend, BackendKind::Wgpu | BackendKind::Vulkan | BackendKind::Cuda)
         })
         .collect();
     if std::env::var_os("CAIRN_TEST_REQUIRE_GPU").is_some() {

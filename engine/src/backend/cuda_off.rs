@@ -17,6 +17,8 @@ pub(crate) struct CudaStorage(Never);
 
 pub(crate) struct CudaBackend(Never);
 
+pub(crate) struct StagedRead(Never);
+
 pub(crate) fn discover() -> (Vec<DeviceInfo>, Option<String>) {
     (Vec::new(), Some(NOT_COMPILED.into()))
 }
@@ -52,6 +54,28 @@ impl CudaBackend {
 
     pub(crate) fn sync(&self) -> Result<()> {
         match self.0 {}
+    }
+
+    pub(crate) fn pipelines_decode(&self) -> bool {
+        match self.0 {}
+    }
+
+    pub(crate) fn set_pipelined_decode(&self, _on: bool) {
+        match self.0 {}
+    }
+
+    pub(crate) fn run_then_read(
+        &self,
+        _ops: &[Op<'_>],
+        _s: &CudaStorage,
+        _offset: u64,
+        _len: u64,
+    ) -> Result<StagedRead> {
+        match self.0 {}
+    }
+
+    pub(crate) fn collect(&self, read: StagedRead) -> Result<Vec<u8>> {
+        match read.0 {}
     }
 
     pub(crate) fn run(&self, _ops: &[Op<'_>]) -> Result<()> {

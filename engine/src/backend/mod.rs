@@ -204,6 +204,7 @@ pub struct PendingRead(Pending);
 enum Pending {
     Ready(Vec<u8>),
     Wgpu(wgpu::StagedRead),
+    Cuda(cuda::StagedRead),
 }
 
 enum Inner {
@@ -455,30 +456,33 @@ impl Device {
     }
 
     /// Whether generation on this device queues decode step n+1 before reading step n's
-    /// token (`model::generate`): the `wgpu` and `vulkan` backends, unless
-    /// `WgpuOptions::serial_decode` or [`Device::set_pipelined_decode`] turned it off. The cpu
-    /// backend runs each step to its end inside `run`, and the cuda backend's reads wait for
-    /// the whole stream, so neither gains from it.
+    /// token (`model::generate`): the `wgpu`, `vulkan` and `cuda` backends, unless
+    /// `WgpuOptions::serial_decode`, `CudaOptions::serial_decode` or
+    /// [`Device::set_pipelined_decode`] turned it off. The cpu backend runs each step to its
+    /// end inside `run`, so it would not gain from it.
     pub fn pipelines_decode(&self) -> bool {
         match &self.inner {
             Inner::Wgpu(b) => b.pipelines_decode(),
-            _ => false,
+            Inner::Cuda(b) => b.pipelines_decode(),
+            Inner::Cpu(_) => false,
         }
     }
 
-    /// Turns pipelined decode on or off for this device (the `wgpu` and `vulkan` backends;
-    /// nothing elsewhere): to compare both in one process.
+    /// Turns pipelined decode on or off for this device (the GPU backends; nothing on the
+    /// cpu): to compare both in one process.
     pub fn set_pipelined_decode(&self, on: bool) {
-        if let Inner::Wgpu(b) = &self.inner {
-            b.set_pipelined_decode(on);
+        match &self.inner {
+            Inner::Wgpu(b) => b.set_pipelined_decode(on),
+            Inner::Cuda(b) => b.set_pipelined_decode(on),
+            Inner::Cpu(_) => {}
         }
     }
 
     /// Queues `ops` like [`Device::run`], then `len` bytes of `buf` at `offset` as they are
     /// once those ops have run, to be taken with [`Device::collect`]. On `wgpu` and `vulkan`
-    /// the bytes are copied into host-readable memory by the same submission and collecting
-    /// them waits for that submission only, so later work can be queued first; elsewhere they
-    /// are read at once.
+    /// the bytes are copied into host-readable memory by the same submission, on `cuda` into
+    /// pinned memory by a copy with an event behind it, and collecting them waits for that
+    /// work only, so later work can be queued first; on the cpu they are read at once.
     pub async fn run_then_read(
         &self,
         ops: &[Op<'_>],
@@ -497,6 +501,11 @@ impl Device {
                 len,
             )?)));
         }
+        if let (Inner::Cuda(b), Storage::Cuda(s)) = (&self.inner, &buf.storage) {
+            return Ok(PendingRead(Pending::Cuda(
+                b.run_then_read(ops, s, offset, len)?,
+            )));
+        }
         self.run(ops)?;
         Ok(PendingRead(Pending::Ready(
             self.read(buf, offset, len).await?,
@@ -508,7 +517,8 @@ impl Device {
         match (read.0, &self.inner) {
             (Pending::Ready(bytes), _) => Ok(bytes),
             (Pending::Wgpu(r), Inner::Wgpu(b)) => b.collect(r).await,
-            (Pending::Wgpu(_), _) => Err(BackendError::ForeignBuffer {
+            (Pending::Cuda(r), Inner::Cuda(b)) => b.collect(r),
+            (Pending::Wgpu(_) | Pending::Cuda(_), _) => Err(BackendError::ForeignBuffer {
                 label: "a staged read of another device".into(),
             }),
         }

@@ -48,6 +48,10 @@ pub struct EngineArgs {
     /// (false: wait for every token before encoding the next step).
     #[arg(long, env = "CAIRN_WGPU_PIPELINE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub wgpu_pipeline: bool,
+    /// cuda: queue each decode step before reading the previous step's token (false: wait
+    /// for every token before planning the next step).
+    #[arg(long, env = "CAIRN_CUDA_PIPELINE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub cuda_pipeline: bool,
     /// cuda: replay repeated runs (decode steps) as CUDA graphs.
     #[arg(long, env = "CAIRN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub cuda_graphs: bool,
@@ -172,6 +176,7 @@ impl EngineArgs {
                 split_attention: self.cuda_split_attention,
                 int8_dot: self.cuda_int8_dot,
                 tensor_cores: self.cuda_tensor_cores,
+                serial_decode: !self.cuda_pipeline,
             },
             vulkan: VulkanOptions {
                 push_constants: self.vulkan_push_constants,
@@ -222,6 +227,7 @@ mod tests {
             "CAIRN_WGPU_FUSE",
             "CAIRN_WGPU_MATVEC",
             "CAIRN_WGPU_PIPELINE",
+            "CAIRN_CUDA_PIPELINE",
             "CAIRN_CUDA_GRAPHS",
             "CAIRN_CUDA_FUSE",
             "CAIRN_CUDA_FUSED_BLOCKS_PER_SM",
@@ -281,6 +287,8 @@ mod tests {
         assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
         assert!(!parse(&[]).wgpu.serial_decode);
         assert!(parse(&["--wgpu-pipeline", "0"]).wgpu.serial_decode);
+        assert!(!parse(&[]).cuda.serial_decode);
+        assert!(parse(&["--cuda-pipeline", "false"]).cuda.serial_decode);
         let limited = parse(&["--wgpu-limits", "default", "--wgpu-max-binding", "1048576"]);
         assert!(limited.wgpu.limits.webgpu_defaults);
         assert_eq!(limited.wgpu.limits.max_binding_bytes, Some(1 << 20));
@@ -301,6 +309,7 @@ mod tests {
                 split_attention: 2,
                 int8_dot: false,
                 tensor_cores: false,
+                serial_decode: false,
             }
         );
         assert!(o.vulkan.push_constants);

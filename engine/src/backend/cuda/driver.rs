@@ -294,6 +294,84 @@ impl Drop for ParamSlot {
     }
 }
 
+/// Pinned host memory that a device-to-host copy queued on the stream lands in, and an event
+/// recorded behind that copy: the bytes can be taken once the copy (and only what was queued
+/// before it) has run, while later work goes on queueing (pipelined decode).
+pub(crate) struct HostStage {
+    host: *mut u8,
+    bytes: usize,
+    done: sys::CUevent,
+}
+
+// SAFETY: the pointers are owned by the stage, which one thread uses at a time.
+unsafe impl Send for HostStage {}
+
+impl HostStage {
+    pub(crate) fn new(bytes: usize) -> Result<HostStage, BackendError> {
+        let bytes = bytes.max(64);
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: allocates `bytes` of page-locked memory, freed in Drop.
+        unsafe { sys::cuMemHostAlloc(&mut host, bytes, 0) }
+            .result()
+            .map_err(gpu_err("cuMemHostAlloc"))?;
+        let mut stage = HostStage {
+            host: host.cast(),
+            bytes,
+            done: std::ptr::null_mut(),
+        };
+        stage.done = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(gpu_err("cuEventCreate"))?;
+        Ok(stage)
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Queues a copy of `len` bytes from `src` into the stage behind the stream's work so far.
+    pub(crate) fn queue(
+        &self,
+        ctx: &Context,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        if len > self.bytes {
+            return Err(BackendError::Gpu(format!(
+                "cuda: a read of {len} bytes into a stage of {}",
+                self.bytes
+            )));
+        }
+        // SAFETY: `src..src + len` lies inside one allocation (range checked by the caller);
+        // `host` holds at least `len` pinned bytes and is not read until `done` completes.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(self.host.cast(), src, len, ctx.stream)
+                .result()
+                .map_err(gpu_err("cuMemcpyDtoHAsync (staged read)"))?;
+            result::event::record(self.done, ctx.stream).map_err(gpu_err("cuEventRecord"))
+        }
+    }
+
+    /// Waits for the queued copy, then takes its first `len` bytes.
+    pub(crate) fn take(&self, len: usize) -> Result<Vec<u8>, BackendError> {
+        // SAFETY: a live event; a never-recorded one counts as complete.
+        unsafe { result::event::synchronize(self.done) }.map_err(gpu_err("cuEventSynchronize"))?;
+        // SAFETY: the copy into `host` has completed; `len <= bytes` was checked when queued.
+        let host = unsafe { std::slice::from_raw_parts(self.host, len.min(self.bytes)) };
+        Ok(host.to_vec())
+    }
+}
+
+impl Drop for HostStage {
+    fn drop(&mut self) {
+        // SAFETY: waits for the last copy into `host`, then frees what `new` allocated.
+        unsafe {
+            let _ = result::event::synchronize(self.done);
+            let _ = result::event::destroy(self.done);
+            let _ = result::free_host(self.host.cast());
+        }
+    }
+}
+
 /// A loaded module's kernel.
 #[derive(Clone, Copy)]
 pub(crate) struct Function(pub(crate) sys::CUfunction);

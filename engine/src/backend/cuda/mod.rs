@@ -25,7 +25,7 @@ use super::{BackendError, Buffer, Device, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
 use crate::options::{CudaFuse, CudaOptions, EngineOptions};
-use driver::{Context, DevicePtr, Function, Module};
+use driver::{Context, DevicePtr, Function, HostStage, Module};
 use launch::{Kernel, ModuleKey};
 
 pub(crate) use discover::discover;
@@ -70,8 +70,22 @@ pub(crate) struct CudaBackend {
     /// Activations converted for the product after them (`Launch::staging`), and its size.
     staging: Mutex<Option<(CudaStorage, u64)>>,
     modules: Mutex<HashMap<ModuleKey, Loaded>>,
+    /// Pinned stages of finished reads, kept for the next (`run_then_read`).
+    stages: Mutex<Vec<HostStage>>,
+    /// Generation queues decode step n+1 before reading step n's token (`model::generate`).
+    pipelined: std::sync::atomic::AtomicBool,
     ctx: Arc<Context>,
 }
+
+/// Bytes [`CudaBackend::run_then_read`] queued: on their way to pinned host memory behind the
+/// run's work.
+pub(crate) struct StagedRead {
+    stage: HostStage,
+    len: usize,
+}
+
+/// Stages kept for reuse; a decode keeps two in flight.
+const KEPT_STAGES: usize = 4;
 
 /// Opens the device behind a `cuda:N` entry.
 pub(crate) fn open(info: &DeviceInfo, opts: &EngineOptions) -> Result<Device> {
@@ -127,6 +141,8 @@ fn open_backend(info: &DeviceInfo, opts: &EngineOptions) -> Result<CudaBackend> 
         variant: compile::Variant::new(&opts.cuda, &opts.dev),
         scratch: Mutex::new(None),
         staging: Mutex::new(None),
+        stages: Mutex::new(Vec::new()),
+        pipelined: std::sync::atomic::AtomicBool::new(!opts.cuda.serial_decode),
     })
 }
 
@@ -222,6 +238,48 @@ impl CudaBackend {
 
     pub(crate) fn sync(&self) -> Result<()> {
         self.ctx.synchronize()
+    }
+
+    pub(crate) fn pipelines_decode(&self) -> bool {
+        self.pipelined.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_pipelined_decode(&self, on: bool) {
+        self.pipelined
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Queues `ops`, then a copy of `len` bytes of `s` at `offset` into pinned host memory with
+    /// an event behind it: [`Self::collect`] waits for that event only, so the next step can be
+    /// queued (and planned, the host's share of a step) while this one runs.
+    pub(crate) fn run_then_read(
+        &self,
+        ops: &[Op<'_>],
+        s: &CudaStorage,
+        offset: u64,
+        len: u64,
+    ) -> Result<StagedRead> {
+        self.run(ops)?;
+        let len = len as usize;
+        let kept = self.stages.lock().map_err(poisoned)?.pop();
+        let stage = match kept {
+            Some(stage) if stage.bytes() >= len => stage,
+            _ => HostStage::new(len)?,
+        };
+        self.ctx.bind()?;
+        stage.queue(&self.ctx, s.ptr + offset, len)?;
+        Ok(StagedRead { stage, len })
+    }
+
+    /// The bytes of a [`Self::run_then_read`], once its copy has run.
+    pub(crate) fn collect(&self, read: StagedRead) -> Result<Vec<u8>> {
+        self.ctx.bind()?;
+        let bytes = read.stage.take(read.len)?;
+        let mut kept = self.stages.lock().map_err(poisoned)?;
+        if kept.len() < KEPT_STAGES {
+            kept.push(read.stage);
+        }
+        Ok(bytes)
     }
 
     /// The compiled function for `kernel` in module `key`, compiling the module on first use.
