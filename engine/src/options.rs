@@ -79,6 +79,9 @@ pub struct WgpuOptions {
     pub fuse: WgpuFuse,
     /// Which matrix-vector kernels run one-token products and small decode batches.
     pub matvec: WgpuMatvec,
+    /// The shape of `WgpuMatvec::Wide`'s walk (rows and invocations a workgroup, chunks in
+    /// flight per invocation, packed 8-bit dot products or f32).
+    pub matvec_shape: WgpuMatvecShape,
     /// Prompt-sized products (more tokens than the matrix-vector kernels take) through
     /// `linear_matmat_tiled` (64-row by 64-token tiles staged in workgroup memory) instead of
     /// `linear_matmat` (4 x 4 blocks in registers, no workgroup memory). Off by default: not
@@ -179,6 +182,14 @@ pub enum WgpuMatvec {
     /// reads the repacked layout through its own format (`formats/q4_1r.wgsl`, ...). Not
     /// `ByAdapter`'s choice until measured on a GPU.
     Repacked,
+    /// `Subgroup`, with one-token products (decode's, fused or not) on the wide walk of
+    /// `WgpuOptions::matvec_shape` (`shaders/src/lib.rs`, `wide_walk`): several rows a
+    /// workgroup with each chunk's activations loaded once for all of them, several chunks
+    /// of 8 weights in flight per invocation, and for Q8_0, Q4_0 and Q4_1 (with `dot`, where
+    /// the device has packed 8-bit dot products) activations rounded to int8 per chunk
+    /// inside the kernel and `dot4I8Packed`, the shape of the cuda backend's split
+    /// matrix-vector kernel. Devices without subgroups run `Stream`.
+    Wide,
     /// `Subgroup` on GPUs (the streaming kernels are written for their bandwidth), on
     /// software rasterizers (where they measured faster too: lavapipe, 135M decode, 3.7 s a
     /// token against 4.5 on wgpu, 4.4 against 4.8 on vulkan; docs/performance.md) and in
@@ -196,6 +207,81 @@ impl WgpuMatvec {
             WgpuMatvec::ByAdapter => WgpuMatvec::Subgroup,
             other => other,
         }
+    }
+}
+
+/// The shape of the wide matrix-vector walk (`WgpuMatvec::Wide`), as
+/// `rows:8,wg:256,unroll:4,dot:1` (`CAIRN_WGPU_MATVEC_SHAPE`; keys may be left out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WgpuMatvecShape {
+    /// Rows a workgroup: 4, 8, 12 or 16.
+    pub rows: u32,
+    /// Invocations a workgroup: 32, 64, 128 or 256.
+    pub wg: u32,
+    /// Chunks of 8 weights in flight per invocation and loop step: 1 to 8.
+    pub unroll: u32,
+    /// Q8_0, Q4_0 and Q4_1 on int8 activations and packed dot products where the device has
+    /// them (else f32 activations, as every other format).
+    pub dot: bool,
+}
+
+impl Default for WgpuMatvecShape {
+    /// The cuda backend's split kernel's: 8 rows, 256 invocations, 4 steps in flight, int8.
+    fn default() -> Self {
+        let s = cairn_shaders::WideShape::default();
+        WgpuMatvecShape {
+            rows: s.rows,
+            wg: s.wg,
+            unroll: s.unroll,
+            dot: true,
+        }
+    }
+}
+
+impl WgpuMatvecShape {
+    /// The walk's shape, without `dot`.
+    pub fn walk(&self) -> cairn_shaders::WideShape {
+        cairn_shaders::WideShape {
+            rows: self.rows,
+            wg: self.wg,
+            unroll: self.unroll,
+        }
+    }
+}
+
+impl std::str::FromStr for WgpuMatvecShape {
+    type Err = String;
+
+    /// `key:value` pairs separated by commas (`rows`, `wg`, `unroll`, `dot`); keys left out
+    /// keep the default's value.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut shape = WgpuMatvecShape::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once([':', '='])
+                .ok_or_else(|| format!("`{part}`: expected key:value"))?;
+            let number = || {
+                value
+                    .trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("`{part}`: not a number"))
+            };
+            match key.trim() {
+                "rows" => shape.rows = number()?,
+                "wg" => shape.wg = number()?,
+                "unroll" => shape.unroll = number()?,
+                "dot" => {
+                    shape.dot = match value.trim() {
+                        "1" | "true" | "on" => true,
+                        "0" | "false" | "off" => false,
+                        _ => return Err(format!("`{part}`: dot is 0 or 1")),
+                    }
+                }
+                other => return Err(format!("unknown key `{other}` (rows, wg, unroll, dot)")),
+            }
+        }
+        shape.walk().check()?;
+        Ok(shape)
     }
 }
 

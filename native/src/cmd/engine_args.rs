@@ -3,7 +3,7 @@
 
 use cairn_engine::options::{
     CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuAttention, WgpuFuse,
-    WgpuLimits, WgpuMatvec, WgpuOptions,
+    WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions,
 };
 use clap::builder::BoolishValueParser;
 
@@ -25,6 +25,12 @@ pub struct EngineArgs {
     /// on activations rounded to int8 and packed 8-bit dot products; `auto`: subgroup).
     #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
     pub wgpu_matvec: WgpuMatvecArg,
+    /// wgpu and vulkan: the shape of `--wgpu-matvec wide`'s walk, as
+    /// `rows:8,wg:256,unroll:4,dot:1` (rows 4 to 16 in fours, wg 32 to 256 in powers of two,
+    /// unroll 1 to 8 chunks in flight, dot: int8 activations and packed dot products for
+    /// Q8_0, Q4_0 and Q4_1); keys left out keep these defaults.
+    #[arg(long, env = "CAIRN_WGPU_MATVEC_SHAPE", default_value = "", value_parser = parse_shape)]
+    pub wgpu_matvec_shape: WgpuMatvecShape,
     /// wgpu and vulkan: prompt-sized products through 64 x 64 tiles staged in workgroup memory
     /// (`linear_matmat_tiled`) instead of 4 x 4 register blocks (false, the default).
     #[arg(long, env = "CAIRN_WGPU_TILED_PREFILL", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
@@ -73,6 +79,11 @@ pub struct EngineArgs {
     pub cuda_kernels: Option<std::path::PathBuf>,
 }
 
+/// `--wgpu-matvec-shape`: `key:value` pairs, the defaults for keys left out.
+fn parse_shape(s: &str) -> Result<WgpuMatvecShape, String> {
+    s.parse()
+}
+
 /// `WgpuFuse` for the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WgpuFuseArg {
@@ -93,6 +104,7 @@ pub enum WgpuMatvecArg {
     Subgroup,
     Int8,
     Repacked,
+    Wide,
     Auto,
 }
 
@@ -143,8 +155,10 @@ impl EngineArgs {
                     WgpuMatvecArg::Subgroup => WgpuMatvec::Subgroup,
                     WgpuMatvecArg::Int8 => WgpuMatvec::Int8,
                     WgpuMatvecArg::Repacked => WgpuMatvec::Repacked,
+                    WgpuMatvecArg::Wide => WgpuMatvec::Wide,
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
+                matvec_shape: self.wgpu_matvec_shape,
                 tiled_prefill: self.wgpu_tiled_prefill,
                 limits: WgpuLimits {
                     webgpu_defaults: self.wgpu_limits == WgpuLimitsArg::Default,
@@ -216,6 +230,7 @@ mod tests {
             "CAIRN_CPU_THREADS",
             "CAIRN_WGPU_FUSE",
             "CAIRN_WGPU_MATVEC",
+            "CAIRN_WGPU_MATVEC_SHAPE",
             "CAIRN_CUDA_GRAPHS",
             "CAIRN_CUDA_FUSE",
             "CAIRN_CUDA_FUSED_BLOCKS_PER_SM",
