@@ -22,7 +22,9 @@ pub struct EngineArgs {
     /// batch a pass per sequence; `stream`: 4 rows a workgroup, activations loaded once for
     /// them, decode batches of up to 8 in one pass; `subgroup`: `stream` with subgroup
     /// reductions where the GPU has them; `int8`: `subgroup` with Q8_0, Q4_0 and Q4_1 products
-    /// on activations rounded to int8 and packed 8-bit dot products; `auto`: subgroup).
+    /// on activations rounded to int8 and packed 8-bit dot products; `repacked`: `subgroup`
+    /// over weights repacked at upload; `wide`: `subgroup` with one-token products on the
+    /// walk of `--wgpu-matvec-shape`; `auto`: subgroup).
     #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
     pub wgpu_matvec: WgpuMatvecArg,
     /// wgpu and vulkan: the shape of `--wgpu-matvec wide`'s walk, as
