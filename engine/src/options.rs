@@ -190,21 +190,27 @@ pub enum WgpuMatvec {
     /// inside the kernel and `dot4I8Packed`, the shape of the cuda backend's split
     /// matrix-vector kernel. Devices without subgroups run `Stream`.
     Wide,
-    /// `Subgroup` on GPUs (the streaming kernels are written for their bandwidth), on
-    /// software rasterizers (where they measured faster too: lavapipe, 135M decode, 3.7 s a
-    /// token against 4.5 on wgpu, 4.4 against 4.8 on vulkan; docs/performance.md) and in
-    /// browsers, where wgpu offers no subgroups, so `Stream` runs (checked against the
-    /// reference in headless Chromium by the web package's `checkGpuKernels`). The kernel
-    /// tests force each family.
+    /// `Wide` (its default shape) on GPUs: on an H200 through NVIDIA's Vulkan driver it
+    /// decoded the 8B shape at 147.8 and 153.3 tok/s on `vulkan` against `Subgroup`'s 131.6
+    /// and 135.5 in the same call, and 125.5 against 97.9 on `wgpu` (docs/performance.md,
+    /// session 18); where a product's rows are shorter than a chunk per invocation (the
+    /// 135M model's), `Subgroup`'s kernels run. `Subgroup` on software rasterizers (where the
+    /// streaming kernels measured faster than `Rows`: lavapipe, 135M decode, 3.7 s a token
+    /// against 4.5 on wgpu, 4.4 against 4.8 on vulkan), where the wide walk's large shapes
+    /// compile slowly. In browsers wgpu offers no subgroups, so `Stream` runs (checked
+    /// against the reference in headless Chromium by the web package's `checkGpuKernels`).
+    /// The kernel tests force each family.
     #[default]
     ByAdapter,
 }
 
 impl WgpuMatvec {
-    /// What runs: `Rows`, `Stream`, `Subgroup` or `Int8`.
-    pub fn resolve(self) -> WgpuMatvec {
+    /// What runs on a device that is a software rasterizer or not: `ByAdapter` is `Wide` on
+    /// GPUs and `Subgroup` on software rasterizers; every other choice is itself.
+    pub fn resolve(self, software: bool) -> WgpuMatvec {
         match self {
-            WgpuMatvec::ByAdapter => WgpuMatvec::Subgroup,
+            WgpuMatvec::ByAdapter if software => WgpuMatvec::Subgroup,
+            WgpuMatvec::ByAdapter => WgpuMatvec::Wide,
             other => other,
         }
     }

@@ -215,7 +215,7 @@ impl WgpuBackend {
         (self.fuse, self.fuse_norms) = opts.fuse.resolve(info.is_software());
         let subgroups = self.device.features().contains(wgpu::Features::SUBGROUP);
         let packed = info.features.iter().any(|f| f == PACKED_DOT_FEATURE);
-        self.matvec = match opts.matvec.resolve() {
+        self.matvec = match opts.matvec.resolve(info.is_software()) {
             WgpuMatvec::Rows => Matvec::Rows,
             WgpuMatvec::Stream => Matvec::Stream {
                 subgroups: false,

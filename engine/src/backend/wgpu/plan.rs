@@ -98,7 +98,10 @@ impl Matvec {
 
     /// The wide kernel (`fused` or plain) and its rows per workgroup for a product of
     /// `tokens` tokens over rows of `cols` elements in `format`, where one runs it: one token,
-    /// rows of a multiple of 8, the wide kernels on.
+    /// rows of a multiple of 8 with at least a chunk of 8 per invocation (shorter rows, such
+    /// as the 135M model's 576 and 1536, left most of a 256-wide workgroup idle and measured
+    /// slower than the streaming kernels: 293 against 305 and 357 tok/s on an H200), the wide
+    /// kernels on.
     pub(crate) fn wide_for(
         self,
         tokens: u32,
@@ -109,7 +112,7 @@ impl Matvec {
         let Matvec::Stream { wide: Some(w), .. } = self else {
             return None;
         };
-        if tokens != 1 || !cols.is_multiple_of(8) || cols == 0 {
+        if tokens != 1 || !cols.is_multiple_of(8) || cols / 8 < w.shape.wg {
             return None;
         }
         let int8 = w.dot && shaders::INT8_FORMATS.contains(&format);
