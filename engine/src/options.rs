@@ -423,6 +423,29 @@ mod tests {
         );
         assert_eq!(WgpuAttention::Split.resolve(true), WgpuAttention::Split);
         assert_eq!(o.dev.cuda_kernels, None);
+        // The wide walk on GPUs, the streaming kernels on software rasterizers.
+        assert_eq!(WgpuMatvec::ByAdapter.resolve(false), WgpuMatvec::Wide);
+        assert_eq!(WgpuMatvec::ByAdapter.resolve(true), WgpuMatvec::Subgroup);
+        assert_eq!(WgpuMatvec::Rows.resolve(false), WgpuMatvec::Rows);
+    }
+
+    /// `--wgpu-matvec-shape`: keys left out keep the default's values; bad keys, values and
+    /// shapes the walk does not take are refused with the reason.
+    #[test]
+    fn matvec_shapes_parse_and_refuse() {
+        let d = WgpuMatvecShape::default();
+        assert_eq!("".parse::<WgpuMatvecShape>(), Ok(d));
+        let s: WgpuMatvecShape = "rows:4, wg=64,dot:0".parse().expect("shape");
+        assert_eq!((s.rows, s.wg, s.unroll, s.dot), (4, 64, d.unroll, false));
+        let s: WgpuMatvecShape = "unroll:8,dot:on".parse().expect("shape");
+        assert_eq!((s.rows, s.wg, s.unroll, s.dot), (d.rows, d.wg, 8, true));
+        for bad in [
+            "rows:6", "rows:0", "rows:20", "wg:48", "wg:512", "unroll:0", "unroll:9", "dot:2",
+            "rows", "rows:x", "speed:1", "rows:-4",
+        ] {
+            let e = bad.parse::<WgpuMatvecShape>().expect_err(bad);
+            assert!(!e.is_empty(), "{bad}");
+        }
     }
 
     #[test]

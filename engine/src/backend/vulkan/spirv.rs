@@ -278,6 +278,41 @@ mod tests {
         }
     }
 
+    /// The wide walk translates in every kind of shape it takes (one and several row groups,
+    /// one to eight chunks in flight, the smallest and largest workgroups), plain and fused,
+    /// on f32 and on packed integers; shapes outside the ranges are refused, not compiled.
+    #[test]
+    fn wide_walk_shapes_translate() {
+        let k = SpirvKernels {
+            subgroups: true,
+            push_constants: false,
+        };
+        let shapes = [(4, 32, 1), (8, 256, 4), (12, 64, 3), (16, 128, 8)];
+        for (rows, wg, unroll) in shapes {
+            let shape = cairn_shaders::WideShape { rows, wg, unroll };
+            for kernel in [
+                cairn_shaders::LINEAR_MATVEC_WIDE,
+                cairn_shaders::LINEAR_MATVEC_WIDE_I8,
+                cairn_shaders::LINEAR_MATVEC_FUSED_WIDE,
+                cairn_shaders::LINEAR_MATVEC_FUSED_WIDE_I8,
+            ] {
+                for format in cairn_shaders::formats(kernel).into_iter().take(3) {
+                    if let Err(e) = k.translate(kernel, format, shape) {
+                        panic!("{} {format:?} {shape:?}: {e}", kernel.name);
+                    }
+                }
+            }
+        }
+        for (rows, wg, unroll) in [(6, 64, 1), (8, 48, 1), (8, 512, 1), (8, 64, 0), (8, 64, 9)] {
+            let shape = cairn_shaders::WideShape { rows, wg, unroll };
+            assert!(
+                k.translate(cairn_shaders::LINEAR_MATVEC_WIDE, Some("Q4_1"), shape)
+                    .is_err(),
+                "{shape:?} was taken"
+            );
+        }
+    }
+
     /// Every kernel and format translates, with and without subgroups, and keeps its storage
     /// bindings; no device needed.
     #[test]
