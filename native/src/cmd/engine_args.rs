@@ -289,6 +289,19 @@ mod tests {
             parse(&["--wgpu-matvec", "repacked"]).wgpu.matvec,
             WgpuMatvec::Repacked
         );
+        let wide = parse(&[
+            "--wgpu-matvec",
+            "wide",
+            "--wgpu-matvec-shape",
+            "rows:4,wg:64",
+        ]);
+        assert_eq!(wide.wgpu.matvec, WgpuMatvec::Wide);
+        assert_eq!(
+            (wide.wgpu.matvec_shape.rows, wide.wgpu.matvec_shape.wg),
+            (4, 64)
+        );
+        let all: Vec<&str> = ["cairn", "--wgpu-matvec-shape", "rows:5"].into();
+        assert!(Cli::try_parse_from(all).is_err(), "rows:5 was taken");
         assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
         let limited = parse(&["--wgpu-limits", "default", "--wgpu-max-binding", "1048576"]);
         assert!(limited.wgpu.limits.webgpu_defaults);
