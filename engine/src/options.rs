@@ -222,7 +222,8 @@ impl WgpuMatvec {
 pub struct WgpuMatvecShape {
     /// Rows a workgroup: 4, 8, 12 or 16.
     pub rows: u32,
-    /// Invocations a workgroup: 32, 64, 128 or 256.
+    /// Invocations a workgroup: 32 to 1024 in powers of two (past 256 where the device takes
+    /// it; WebGPU's default limit is 256).
     pub wg: u32,
     /// Chunks of 8 weights in flight per invocation and loop step: 1 to 8.
     pub unroll: u32,
@@ -440,7 +441,7 @@ mod tests {
         let s: WgpuMatvecShape = "unroll:8,dot:on".parse().expect("shape");
         assert_eq!((s.rows, s.wg, s.unroll, s.dot), (d.rows, d.wg, 8, true));
         for bad in [
-            "rows:6", "rows:0", "rows:20", "wg:48", "wg:512", "unroll:0", "unroll:9", "dot:2",
+            "rows:6", "rows:0", "rows:20", "wg:48", "wg:2048", "unroll:0", "unroll:9", "dot:2",
             "rows", "rows:x", "speed:1", "rows:-4",
         ] {
             let e = bad.parse::<WgpuMatvecShape>().expect_err(bad);

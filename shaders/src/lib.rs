@@ -335,7 +335,8 @@ pub fn source_shaped(kernel: Kernel, format: Option<&str>, shape: WideShape) -> 
 pub struct WideShape {
     /// Rows a workgroup: 4, 8, 12 or 16 (the sums are reduced in groups of 4).
     pub rows: u32,
-    /// Invocations a workgroup: 32, 64, 128 or 256.
+    /// Invocations a workgroup: 32 to 1024 in powers of two (past 256 where the device takes
+    /// it).
     pub wg: u32,
     /// Chunks of 8 weights an invocation takes per loop step (1 to 8): their loads in
     /// flight together.
@@ -360,8 +361,10 @@ impl WideShape {
         if !(self.rows > 0 && self.rows <= 16 && self.rows.is_multiple_of(4)) {
             return Err(format!("rows {}: 4, 8, 12 or 16", self.rows));
         }
-        if ![32, 64, 128, 256].contains(&self.wg) {
-            return Err(format!("wg {}: 32, 64, 128 or 256", self.wg));
+        // Past 256 only where the device allows it (WebGPU's default limit is 256; NVIDIA's
+        // Vulkan driver takes 1024): a device that does not refuses the pipeline.
+        if ![32, 64, 128, 256, 512, 1024].contains(&self.wg) {
+            return Err(format!("wg {}: 32, 64, 128, 256, 512 or 1024", self.wg));
         }
         if !(1..=8).contains(&self.unroll) {
             return Err(format!("unroll {}: 1 to 8", self.unroll));

@@ -474,7 +474,8 @@ fn linear_every_format_matvec_and_matmat() {
 
 /// The wide matrix-vector walk (`WgpuMatvec::Wide`) in several shapes (rows, invocations
 /// and chunks in flight a step; tails where a row's chunks do not fill the unrolled steps,
-/// rows past the last workgroup's), one-token products against the reference: with `dot`,
+/// rows past the last workgroup's; rows with fewer chunks than invocations run the streaming
+/// kernels), one-token products against the reference: with `dot`,
 /// Q8_0, Q4_0 and Q4_1 round each chunk's 8 activations to int8 (the cuda split kernels'
 /// reference, `linear_int8_activations`) where the device has packed dot products; other
 /// formats and `dot:0` take f32 activations (`k::linear::linear`). 2e-6 per element of the
@@ -500,6 +501,8 @@ fn wide_matvec_shapes_match_the_reference() {
         (GgmlType::Q4_0, 13, 96),
         (GgmlType::Q4_1, 5, 160),
         (GgmlType::Q4_K, 9, 768),
+        // Rows long enough for workgroups of 1024 (a chunk of 8 per invocation).
+        (GgmlType::Q4_1, 5, 8192),
     ];
     let mut rng = StdRng::seed_from_u64(22);
     let data: Vec<_> = cases
@@ -539,8 +542,10 @@ fn wide_matvec_shapes_match_the_reference() {
             let t0 = std::time::Instant::now();
             for (ty, rows, cols, wq, x, want, want_i8) in &data {
                 let got = run_linear(&dev, *ty, wq, x, *rows, *cols, 1);
+                // Rows with fewer chunks of 8 than invocations run the streaming kernels (f32).
                 let int8 = shape.dot
                     && packed
+                    && *cols / 8 >= shape.wg as usize
                     && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1);
                 assert_close(
                     &format!("wide {text} {ty:?} {rows}x{cols}"),

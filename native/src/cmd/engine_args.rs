@@ -27,10 +27,11 @@ pub struct EngineArgs {
     /// walk of `--wgpu-matvec-shape`; `auto`: subgroup).
     #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
     pub wgpu_matvec: WgpuMatvecArg,
-    /// wgpu and vulkan: the shape of `--wgpu-matvec wide`'s walk, as
-    /// `rows:8,wg:256,unroll:4,dot:1` (rows 4 to 16 in fours, wg 32 to 256 in powers of two,
-    /// unroll 1 to 8 chunks in flight, dot: int8 activations and packed dot products for
-    /// Q8_0, Q4_0 and Q4_1); keys left out keep these defaults.
+    /// wgpu and vulkan: the shape of `--wgpu-matvec wide`'s walk (also `auto`'s on GPUs), as
+    /// `rows:8,wg:256,unroll:4,dot:1`: rows 4 to 16 in fours; wg 32 to 1024 in powers of two
+    /// (past 256 where the GPU takes it); unroll 1 to 8 chunks in flight; dot: int8
+    /// activations and packed dot products for Q8_0, Q4_0 and Q4_1. Keys left out keep these
+    /// defaults.
     #[arg(long, env = "CAIRN_WGPU_MATVEC_SHAPE", default_value = "", value_parser = parse_shape)]
     pub wgpu_matvec_shape: WgpuMatvecShape,
     /// wgpu and vulkan: prompt-sized products through 64 x 64 tiles staged in workgroup memory

@@ -287,7 +287,13 @@ mod tests {
             subgroups: true,
             push_constants: false,
         };
-        let shapes = [(4, 32, 1), (8, 256, 4), (12, 64, 3), (16, 128, 8)];
+        let shapes = [
+            (4, 32, 1),
+            (8, 256, 4),
+            (12, 64, 3),
+            (16, 128, 8),
+            (8, 1024, 1),
+        ];
         for (rows, wg, unroll) in shapes {
             let shape = cairn_shaders::WideShape { rows, wg, unroll };
             for kernel in [
@@ -303,7 +309,7 @@ mod tests {
                 }
             }
         }
-        for (rows, wg, unroll) in [(6, 64, 1), (8, 48, 1), (8, 512, 1), (8, 64, 0), (8, 64, 9)] {
+        for (rows, wg, unroll) in [(6, 64, 1), (8, 48, 1), (8, 2048, 1), (8, 64, 0), (8, 64, 9)] {
             let shape = cairn_shaders::WideShape { rows, wg, unroll };
             assert!(
                 k.translate(cairn_shaders::LINEAR_MATVEC_WIDE, Some("Q4_1"), shape)
