@@ -194,7 +194,8 @@ pub enum WgpuMatvec {
     /// decoded the 8B shape at 147.8 and 153.3 tok/s on `vulkan` against `Subgroup`'s 131.6
     /// and 135.5 in the same call, and 125.5 against 97.9 on `wgpu` (docs/performance.md,
     /// session 18); where a product's rows are shorter than a chunk per invocation (the
-    /// 135M model's), `Subgroup`'s kernels run. `Subgroup` on software rasterizers (where the
+    /// 135M model's), and for Q8_0 (2% to 9% slower on the wide walk there), `Subgroup`'s
+    /// kernels run. `Subgroup` on software rasterizers (where the
     /// streaming kernels measured faster than `Rows`: lavapipe, 135M decode, 3.7 s a token
     /// against 4.5 on wgpu, 4.4 against 4.8 on vulkan), where the wide walk's large shapes
     /// compile slowly. In browsers wgpu offers no subgroups, so `Stream` runs (checked

@@ -242,6 +242,8 @@ impl WgpuBackend {
                 wide: subgroups.then_some(Wide {
                     shape: opts.matvec_shape.walk(),
                     dot: opts.matvec_shape.dot && packed,
+                    // `auto` leaves Q8_0 on the streaming kernels (measured faster there).
+                    stream_q8_0: opts.matvec == WgpuMatvec::ByAdapter,
                 }),
             },
             _ => Matvec::Stream {

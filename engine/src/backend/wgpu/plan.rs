@@ -66,6 +66,9 @@ pub(crate) struct Wide {
     pub(crate) shape: shaders::WideShape,
     /// Q8_0, Q4_0 and Q4_1 on int8 activations and packed dot products (the device has them).
     pub(crate) dot: bool,
+    /// Q8_0 products stay on the streaming kernels (`auto`'s choice: on an H200 the wide walk
+    /// read Q8_0 2% to 9% slower than `subgroup`, docs/performance.md, session 18).
+    pub(crate) stream_q8_0: bool,
 }
 
 impl Matvec {
@@ -112,7 +115,11 @@ impl Matvec {
         let Matvec::Stream { wide: Some(w), .. } = self else {
             return None;
         };
-        if tokens != 1 || !cols.is_multiple_of(8) || cols / 8 < w.shape.wg {
+        if tokens != 1
+            || !cols.is_multiple_of(8)
+            || cols / 8 < w.shape.wg
+            || (w.stream_q8_0 && format == "Q8_0")
+        {
             return None;
         }
         let int8 = w.dot && shaders::INT8_FORMATS.contains(&format);
@@ -568,6 +575,45 @@ impl<'a> WgpuOp<'a> for BufferCopy<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which one-token products the wide kernels take, and which of them on packed integers.
+    #[test]
+    fn wide_kernels_take_long_one_token_rows() {
+        let wide = |dot, stream_q8_0| Matvec::Stream {
+            subgroups: true,
+            int8: false,
+            wide: Some(Wide {
+                shape: shaders::WideShape::default(),
+                dot,
+                stream_q8_0,
+            }),
+        };
+        let m = wide(true, false);
+        assert_eq!(
+            m.wide_for(1, 4096, "Q4_1", false),
+            Some((shaders::LINEAR_MATVEC_WIDE_I8, 8))
+        );
+        assert_eq!(
+            m.wide_for(1, 14336, "Q4_1", true),
+            Some((shaders::LINEAR_MATVEC_FUSED_WIDE_I8, 8))
+        );
+        assert_eq!(
+            m.wide_for(1, 4096, "Q4_K", true),
+            Some((shaders::LINEAR_MATVEC_FUSED_WIDE, 8))
+        );
+        assert_eq!(
+            wide(false, false).wide_for(1, 4096, "Q4_1", false),
+            Some((shaders::LINEAR_MATVEC_WIDE, 8))
+        );
+        // Batches, rows not of 8s, rows with fewer chunks than invocations (576 / 8 < 256).
+        assert_eq!(m.wide_for(2, 4096, "Q4_1", false), None);
+        assert_eq!(m.wide_for(1, 4100, "F32", false), None);
+        assert_eq!(m.wide_for(1, 576, "Q4_1", false), None);
+        assert_eq!(m.wide_for(1, 4096, "Q8_0", false).map(|k| k.1), Some(8));
+        assert_eq!(wide(true, true).wide_for(1, 4096, "Q8_0", false), None);
+        assert_eq!(Matvec::Rows.wide_for(1, 4096, "Q4_1", false), None);
+    }
+
     use crate::kernels::op::Layout;
 
     /// The members (name, offset) and size of the struct `kernel` binds at binding 0.
