@@ -157,8 +157,15 @@ fn options() -> EngineOptions {
         Ok("subgroup") => WgpuMatvec::Subgroup,
         Ok("int8") => WgpuMatvec::Int8,
         Ok("repacked") => WgpuMatvec::Repacked,
+        Ok("wide") => WgpuMatvec::Wide,
         _ => WgpuMatvec::ByAdapter,
     };
+    // The wide walk's shape (`cairn`'s `--wgpu-matvec-shape`), where given.
+    if let Ok(shape) = std::env::var("CAIRN_WGPU_MATVEC_SHAPE") {
+        o.wgpu.matvec_shape = shape
+            .parse()
+            .unwrap_or_else(|e| panic!("CAIRN_WGPU_MATVEC_SHAPE={shape}: {e}"));
+    }
     o
 }
 

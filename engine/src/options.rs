@@ -83,6 +83,9 @@ pub struct WgpuOptions {
     pub fuse: WgpuFuse,
     /// Which matrix-vector kernels run one-token products and small decode batches.
     pub matvec: WgpuMatvec,
+    /// The shape of `WgpuMatvec::Wide`'s walk (rows and invocations a workgroup, chunks in
+    /// flight per invocation, packed 8-bit dot products or f32).
+    pub matvec_shape: WgpuMatvecShape,
     /// Prompt-sized products (more tokens than the matrix-vector kernels take) through
     /// `linear_matmat_tiled` (64-row by 64-token tiles staged in workgroup memory) instead of
     /// `linear_matmat` (4 x 4 blocks in registers, no workgroup memory). Off by default: not
@@ -188,23 +191,114 @@ pub enum WgpuMatvec {
     /// reads the repacked layout through its own format (`formats/q4_1r.wgsl`, ...). Not
     /// `ByAdapter`'s choice until measured on a GPU.
     Repacked,
-    /// `Subgroup` on GPUs (the streaming kernels are written for their bandwidth), on
-    /// software rasterizers (where they measured faster too: lavapipe, 135M decode, 3.7 s a
-    /// token against 4.5 on wgpu, 4.4 against 4.8 on vulkan; docs/performance.md) and in
-    /// browsers, where wgpu offers no subgroups, so `Stream` runs (checked against the
-    /// reference in headless Chromium by the web package's `checkGpuKernels`). The kernel
-    /// tests force each family.
+    /// `Subgroup`, with one-token products (decode's, fused or not) on the wide walk of
+    /// `WgpuOptions::matvec_shape` (`shaders/src/lib.rs`, `wide_walk`): several rows a
+    /// workgroup with each chunk's activations loaded once for all of them, several chunks
+    /// of 8 weights in flight per invocation, and for Q8_0, Q4_0 and Q4_1 (with `dot`, where
+    /// the device has packed 8-bit dot products) activations rounded to int8 per chunk
+    /// inside the kernel and `dot4I8Packed`, the shape of the cuda backend's split
+    /// matrix-vector kernel. Devices without subgroups run `Stream`.
+    Wide,
+    /// `Wide` (its default shape) on GPUs: on an H200 through NVIDIA's Vulkan driver it
+    /// decoded the 8B shape at 147.8 and 153.3 tok/s on `vulkan` against `Subgroup`'s 131.6
+    /// and 135.5 in the same call, and 125.5 against 97.9 on `wgpu` (docs/performance.md,
+    /// session 18); where a product's rows are shorter than a chunk per invocation (the
+    /// 135M model's), and for Q8_0 (2% to 9% slower on the wide walk there), `Subgroup`'s
+    /// kernels run. `Subgroup` on software rasterizers (where the
+    /// streaming kernels measured faster than `Rows`: lavapipe, 135M decode, 3.7 s a token
+    /// against 4.5 on wgpu, 4.4 against 4.8 on vulkan), where the wide walk's large shapes
+    /// compile slowly. In browsers wgpu offers no subgroups, so `Stream` runs (checked
+    /// against the reference in headless Chromium by the web package's `checkGpuKernels`).
+    /// The kernel tests force each family.
     #[default]
     ByAdapter,
 }
 
 impl WgpuMatvec {
-    /// What runs: `Rows`, `Stream`, `Subgroup` or `Int8`.
-    pub fn resolve(self) -> WgpuMatvec {
+    /// What runs on a device that is a software rasterizer or not: `ByAdapter` is `Wide` on
+    /// GPUs and `Subgroup` on software rasterizers; every other choice is itself.
+    pub fn resolve(self, software: bool) -> WgpuMatvec {
         match self {
-            WgpuMatvec::ByAdapter => WgpuMatvec::Subgroup,
+            WgpuMatvec::ByAdapter if software => WgpuMatvec::Subgroup,
+            WgpuMatvec::ByAdapter => WgpuMatvec::Wide,
             other => other,
         }
+    }
+}
+
+/// The shape of the wide matrix-vector walk (`WgpuMatvec::Wide`), as
+/// `rows:8,wg:256,unroll:4,dot:1` (`CAIRN_WGPU_MATVEC_SHAPE`; keys may be left out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WgpuMatvecShape {
+    /// Rows a workgroup: 4, 8, 12 or 16.
+    pub rows: u32,
+    /// Invocations a workgroup: 32 to 1024 in powers of two (past 256 where the device takes
+    /// it; WebGPU's default limit is 256).
+    pub wg: u32,
+    /// Chunks of 8 weights in flight per invocation and loop step: 1 to 8.
+    pub unroll: u32,
+    /// Q8_0, Q4_0 and Q4_1 on int8 activations and packed dot products where the device has
+    /// them (else f32 activations, as every other format).
+    pub dot: bool,
+}
+
+impl Default for WgpuMatvecShape {
+    /// The cuda backend's split kernel's: 8 rows, 256 invocations, 4 steps in flight, int8.
+    fn default() -> Self {
+        let s = cairn_shaders::WideShape::default();
+        WgpuMatvecShape {
+            rows: s.rows,
+            wg: s.wg,
+            unroll: s.unroll,
+            dot: true,
+        }
+    }
+}
+
+impl WgpuMatvecShape {
+    /// The walk's shape, without `dot`.
+    pub fn walk(&self) -> cairn_shaders::WideShape {
+        cairn_shaders::WideShape {
+            rows: self.rows,
+            wg: self.wg,
+            unroll: self.unroll,
+        }
+    }
+}
+
+impl std::str::FromStr for WgpuMatvecShape {
+    type Err = String;
+
+    /// `key:value` pairs separated by commas (`rows`, `wg`, `unroll`, `dot`); keys left out
+    /// keep the default's value.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut shape = WgpuMatvecShape::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once([':', '='])
+                .ok_or_else(|| format!("`{part}`: expected key:value"))?;
+            let number = || {
+                value
+                    .trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("`{part}`: not a number"))
+            };
+            match key.trim() {
+                "rows" => shape.rows = number()?,
+                "wg" => shape.wg = number()?,
+                "unroll" => shape.unroll = number()?,
+                "dot" => {
+                    shape.dot = match value.trim() {
+                        "1" | "true" | "on" => true,
+                        "0" | "false" | "off" => false,
+                        _ => return Err(format!("`{part}`: dot is 0 or 1")),
+                    }
+                }
+                other => return Err(format!("unknown key `{other}` (rows, wg, unroll, dot)")),
+            }
+        }
+        shape.walk().check()?;
+        Ok(shape)
     }
 }
 
@@ -341,6 +435,29 @@ mod tests {
         );
         assert_eq!(WgpuAttention::Split.resolve(true), WgpuAttention::Split);
         assert_eq!(o.dev.cuda_kernels, None);
+        // The wide walk on GPUs, the streaming kernels on software rasterizers.
+        assert_eq!(WgpuMatvec::ByAdapter.resolve(false), WgpuMatvec::Wide);
+        assert_eq!(WgpuMatvec::ByAdapter.resolve(true), WgpuMatvec::Subgroup);
+        assert_eq!(WgpuMatvec::Rows.resolve(false), WgpuMatvec::Rows);
+    }
+
+    /// `--wgpu-matvec-shape`: keys left out keep the default's values; bad keys, values and
+    /// shapes the walk does not take are refused with the reason.
+    #[test]
+    fn matvec_shapes_parse_and_refuse() {
+        let d = WgpuMatvecShape::default();
+        assert_eq!("".parse::<WgpuMatvecShape>(), Ok(d));
+        let s: WgpuMatvecShape = "rows:4, wg=64,dot:0".parse().expect("shape");
+        assert_eq!((s.rows, s.wg, s.unroll, s.dot), (4, 64, d.unroll, false));
+        let s: WgpuMatvecShape = "unroll:8,dot:on".parse().expect("shape");
+        assert_eq!((s.rows, s.wg, s.unroll, s.dot), (d.rows, d.wg, 8, true));
+        for bad in [
+            "rows:6", "rows:0", "rows:20", "wg:48", "wg:2048", "unroll:0", "unroll:9", "dot:2",
+            "rows", "rows:x", "speed:1", "rows:-4",
+        ] {
+            let e = bad.parse::<WgpuMatvecShape>().expect_err(bad);
+            assert!(!e.is_empty(), "{bad}");
+        }
     }
 
     #[test]

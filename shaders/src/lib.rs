@@ -26,6 +26,9 @@ pub struct Kernel {
     /// `array<vec4<u32>>`, the format's block loader (`chunks_v4/`) is prepended instead of
     /// the format, and only the repacked formats are taken ([`REPACKED_FORMATS`]).
     pub vec4: bool,
+    /// Whether the kernel runs over the wide walk, generated for a [`WideShape`] at pipeline
+    /// creation ([`source_shaped`]; [`source`] gives [`WideShape::default`]'s).
+    pub wide: bool,
 }
 
 macro_rules! kernels {
@@ -39,6 +42,7 @@ macro_rules! kernels {
             subgroups: false,
             int8: false,
             vec4: false,
+            wide: false,
         };)*
         /// Every kernel, for validation and listing.
         pub const ALL: &[Kernel] = &[$($ident,)* $($sident,)*];
@@ -72,6 +76,25 @@ macro_rules! streaming {
             subgroups: $subgroups,
             int8: $int8,
             vec4: $vec4,
+            wide: false,
+        };
+    };
+}
+
+/// A one-token matrix-vector kernel over the wide walk ([`wide_walk`], generated per shape);
+/// the format's packed-integer loader with `int8`. Subgroup reductions only.
+macro_rules! wide {
+    ($ident:ident = $name:literal from $file:literal, $int8:expr) => {
+        pub const $ident: Kernel = Kernel {
+            name: $name,
+            wgsl: include_str!(concat!("../", $file, ".wgsl")),
+            formatted: true,
+            prelude: "",
+            chunked: true,
+            subgroups: true,
+            int8: $int8,
+            vec4: false,
+            wide: true,
         };
     };
 }
@@ -93,6 +116,15 @@ streaming!(LINEAR_MATVEC_BATCH_V4 = "linear_matvec_batch_v4" from "linear_matvec
 streaming!(LINEAR_MATVEC_BATCH_V4_SUBGROUP = "linear_matvec_batch_v4_subgroup" from "linear_matvec_stream" over "stream_walk_v4", tokens 4, "subgroup", true, false, true);
 streaming!(LINEAR_MATVEC_FUSED_STREAM_V4 = "linear_matvec_fused_stream_v4" from "linear_matvec_fused_stream" over "stream_walk_v4", tokens 1, "workgroup", false, false, true);
 streaming!(LINEAR_MATVEC_FUSED_STREAM_V4_SUBGROUP = "linear_matvec_fused_stream_v4_subgroup" from "linear_matvec_fused_stream" over "stream_walk_v4", tokens 1, "subgroup", true, false, true);
+
+// The wide walk: several rows a workgroup with each chunk's activations loaded once for all
+// of them, several chunks in flight per invocation; on f32 activations (all formats) or, for
+// the `_I8` kernels, on activations rounded to int8 per chunk inside the walk and packed 8-bit
+// dot products.
+wide!(LINEAR_MATVEC_WIDE = "linear_matvec_wide" from "linear_matvec_wide", false);
+wide!(LINEAR_MATVEC_WIDE_I8 = "linear_matvec_wide_i8" from "linear_matvec_wide", true);
+wide!(LINEAR_MATVEC_FUSED_WIDE = "linear_matvec_fused_wide" from "linear_matvec_fused_wide", false);
+wide!(LINEAR_MATVEC_FUSED_WIDE_I8 = "linear_matvec_fused_wide_i8" from "linear_matvec_fused_wide", true);
 
 /// Tokens the batch kernels take per pass (`LINEAR_MATVEC_BATCH*`'s TOKENS); more run as
 /// token groups along the grid's z.
@@ -116,6 +148,10 @@ kernels! {
     LINEAR_MATVEC_BATCH_V4_SUBGROUP,
     LINEAR_MATVEC_FUSED_STREAM_V4,
     LINEAR_MATVEC_FUSED_STREAM_V4_SUBGROUP,
+    LINEAR_MATVEC_WIDE,
+    LINEAR_MATVEC_WIDE_I8,
+    LINEAR_MATVEC_FUSED_WIDE,
+    LINEAR_MATVEC_FUSED_WIDE_I8,
     ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
@@ -239,6 +275,29 @@ pub fn formats(kernel: Kernel) -> Vec<Option<&'static str>> {
 /// `Q4_1`) where the kernel needs one. `None` when the format is unknown, or one the kernel
 /// does not take.
 pub fn source(kernel: Kernel, format: Option<&str>) -> Option<String> {
+    source_shaped(kernel, format, WideShape::default())
+}
+
+/// [`source`], with the wide kernels' walk generated for `shape` (other kernels ignore it).
+/// `None` also where `shape` is not one [`WideShape::check`] takes.
+pub fn source_shaped(kernel: Kernel, format: Option<&str>, shape: WideShape) -> Option<String> {
+    if kernel.wide {
+        shape.check().ok()?;
+        let walk = wide_walk(shape, kernel.int8);
+        let kernel = Kernel {
+            prelude: "",
+            wide: false,
+            ..kernel
+        };
+        let src = source_shaped(kernel, format, shape)?;
+        // The walk needs the format's loaders, the kernel's x_at and `p` (declared in the
+        // body): WGSL declarations may come in any order, so it goes last, and the reduction
+        // with it.
+        return Some(format!(
+            "{src}\n{walk}\n{}",
+            include_str!("../reduce/subgroup.wgsl")
+        ));
+    }
     if !kernel.formatted {
         return Some(kernel.wgsl.to_string());
     }
@@ -269,4 +328,170 @@ pub fn source(kernel: Kernel, format: Option<&str>) -> Option<String> {
         "{COMMON}\n{fmt}\n{chunks}{}\n{}",
         kernel.prelude, kernel.wgsl
     ))
+}
+
+/// The shape of the wide matrix-vector walk (`LINEAR_MATVEC_WIDE*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WideShape {
+    /// Rows a workgroup: 4, 8, 12 or 16 (the sums are reduced in groups of 4).
+    pub rows: u32,
+    /// Invocations a workgroup: 32 to 1024 in powers of two (past 256 where the device takes
+    /// it).
+    pub wg: u32,
+    /// Chunks of 8 weights an invocation takes per loop step (1 to 8): their loads in
+    /// flight together.
+    pub unroll: u32,
+}
+
+impl Default for WideShape {
+    /// The shape of the cuda backend's split matrix-vector kernel (engine/src/backend/cuda/
+    /// kernels/linear.cu): 8 rows, 256 threads, 4 steps in flight.
+    fn default() -> Self {
+        WideShape {
+            rows: 8,
+            wg: 256,
+            unroll: 4,
+        }
+    }
+}
+
+impl WideShape {
+    /// Whether the walk can be generated for this shape, or why not.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.rows > 0 && self.rows <= 16 && self.rows.is_multiple_of(4)) {
+            return Err(format!("rows {}: 4, 8, 12 or 16", self.rows));
+        }
+        // Past 256 only where the device allows it (WebGPU's default limit is 256; NVIDIA's
+        // Vulkan driver takes 1024): a device that does not refuses the pipeline.
+        if ![32, 64, 128, 256, 512, 1024].contains(&self.wg) {
+            return Err(format!("wg {}: 32, 64, 128, 256, 512 or 1024", self.wg));
+        }
+        if !(1..=8).contains(&self.unroll) {
+            return Err(format!("unroll {}: 1 to 8", self.unroll));
+        }
+        Ok(())
+    }
+}
+
+/// The wide walk for `shape`: `walk_wide(r0, li)` returns the sums of rows r0 .. r0 + ROWS - 1
+/// (a vec4 per 4 rows) of invocation li's chunks li, li + WG, ..., with UNROLL chunks a loop
+/// step, each chunk's activations (the kernel's `x_at(vec4 index)`) loaded once for all rows.
+/// With `int8` the chunk's 8 activations are rounded to int8 against their largest magnitude
+/// (as the cuda backend's split kernels do) and each row's packed bytes (`w_chunk_i8`)
+/// multiply them with `dot4I8Packed`; the format's offset multiplies their exact sum.
+/// Written out row by row and chunk by chunk, so a driver keeps every sum in registers
+/// without having to unroll loops over arrays.
+pub fn wide_walk(shape: WideShape, int8: bool) -> String {
+    use std::fmt::Write;
+    let WideShape { rows, wg, unroll } = shape;
+    let groups = rows / 4;
+    let mut s = String::new();
+    let _ = writeln!(s, "const ROWS: u32 = {rows}u;");
+    let _ = writeln!(s, "const WG: u32 = {wg}u;");
+    let _ = writeln!(s, "const RG: u32 = {groups}u;");
+    if int8 {
+        s.push_str(
+            "struct XC { a: u32, b: u32, d: f32, s: f32, }
+
+// Four rounded values as packed signed bytes, with bit operations: naga writes pack4xI8
+// with SPIR-V's Int8 capability, which the raw vulkan backend's devices need not enable.
+fn pack_i8(v: vec4<f32>) -> u32 {
+    let b = (bitcast<vec4<u32>>(vec4<i32>(round(v))) & vec4<u32>(0xffu)) << vec4<u32>(0u, 8u, 16u, 24u);
+    return b.x | b.y | b.z | b.w;
+}
+
+fn x_chunk(c: u32) -> XC {
+    let at = chunk_at(c) / 4u;
+    let xa = x_at(at.x);
+    let xb = x_at(at.y);
+    let m = max(abs(xa), abs(xb));
+    let amax = max(max(m.x, m.y), max(m.z, m.w));
+    let id = select(0.0, 127.0 / amax, amax > 0.0);
+    let one = vec4<f32>(1.0);
+    return XC(pack_i8(xa * id), pack_i8(xb * id), amax * (1.0 / 127.0), dot(xa, one) + dot(xb, one));
+}
+
+fn w_at(row: u32, c: u32) -> I8W {
+    return w_chunk_i8(row, c);
+}
+
+fn row_dot(w: I8W, x: XC) -> f32 {
+    return w.d * x.d * f32(dot4I8Packed(w.lo, x.a) + dot4I8Packed(w.hi, x.b)) + w.m * x.s;
+}
+",
+        );
+    } else {
+        s.push_str(
+            "struct XC { a: vec4<f32>, b: vec4<f32>, }
+
+fn x_chunk(c: u32) -> XC {
+    let at = chunk_at(c) / 4u;
+    return XC(x_at(at.x), x_at(at.y));
+}
+
+fn w_at(row: u32, c: u32) -> W8 {
+    return w_chunk(row, c);
+}
+
+fn row_dot(w: W8, x: XC) -> f32 {
+    return dot(w.a, x.a) + dot(w.b, x.b);
+}
+",
+        );
+    }
+    let _ = writeln!(
+        s,
+        "fn walk_wide(r0: u32, li: u32) -> array<vec4<f32>, RG> {{"
+    );
+    s.push_str("    let last = p.rows - 1u;\n");
+    for r in 0..rows {
+        let _ = writeln!(s, "    let rb{r} = min(r0 + {r}u, last) * p.row_bytes;");
+    }
+    for g in 0..groups {
+        let _ = writeln!(s, "    var a{g} = vec4<f32>();");
+    }
+    s.push_str("    let chunks = p.cols / 8u;\n    var c = li;\n");
+    // The unrolled steps, then the remaining chunks one at a time.
+    let step = |s: &mut String, n: u32| {
+        for u in 0..n {
+            let _ = writeln!(s, "        let x{u} = x_chunk(c + {}u);", u * wg);
+        }
+        for u in 0..n {
+            for r in 0..rows {
+                let _ = writeln!(s, "        let w{u}_{r} = w_at(rb{r}, c + {}u);", u * wg);
+            }
+        }
+        for g in 0..groups {
+            let lanes: Vec<String> = (0..4)
+                .map(|k| {
+                    let r = 4 * g + k;
+                    (0..n)
+                        .map(|u| format!("row_dot(w{u}_{r}, x{u})"))
+                        .collect::<Vec<_>>()
+                        .join(" + ")
+                })
+                .collect();
+            let _ = writeln!(s, "        a{g} += vec4<f32>({});", lanes.join(", "));
+        }
+    };
+    if unroll > 1 {
+        let _ = writeln!(
+            s,
+            "    for (; c + {}u < chunks; c += {}u) {{",
+            (unroll - 1) * wg,
+            unroll * wg
+        );
+        step(&mut s, unroll);
+        s.push_str("    }\n");
+    }
+    let _ = writeln!(s, "    for (; c < chunks; c += {wg}u) {{");
+    step(&mut s, 1);
+    s.push_str("    }\n");
+    let accs: Vec<String> = (0..groups).map(|g| format!("a{g}")).collect();
+    let _ = writeln!(
+        s,
+        "    return array<vec4<f32>, RG>({});\n}}",
+        accs.join(", ")
+    );
+    s
 }

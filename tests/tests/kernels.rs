@@ -17,7 +17,7 @@ use cairn_engine::kernels::{
     PagedAttention, PagedAttentionParams, RmsNorm, Rope, Sample, SampleParams, ScaleCap, SiluMul,
     Softmax,
 };
-use cairn_engine::options::WgpuMatvec;
+use cairn_engine::options::{WgpuMatvec, WgpuMatvecShape};
 use cairn_engine::quant::{GgmlType, dequantize_row, quantize_row};
 use cairn_engine::{Buffer, Device};
 use rand::rngs::StdRng;
@@ -42,8 +42,15 @@ fn options() -> cairn_engine::EngineOptions {
         Ok("subgroup") => WgpuMatvec::Subgroup,
         Ok("int8") => WgpuMatvec::Int8,
         Ok("repacked") => WgpuMatvec::Repacked,
+        Ok("wide") => WgpuMatvec::Wide,
         _ => WgpuMatvec::ByAdapter,
     };
+    // The wide walk's shape (`cairn`'s `--wgpu-matvec-shape`), where given.
+    if let Ok(shape) = std::env::var("CAIRN_WGPU_MATVEC_SHAPE") {
+        o.wgpu.matvec_shape = shape
+            .parse()
+            .unwrap_or_else(|e| panic!("CAIRN_WGPU_MATVEC_SHAPE={shape}: {e}"));
+    }
     // Decode attention may be pinned (`split` or `single`); else auto, and
     // `split_decode_attention_matches_the_reference` forces the split.
     o.wgpu.attention = match std::env::var("CAIRN_WGPU_ATTENTION").as_deref() {
@@ -111,8 +118,22 @@ fn gpu_variants() -> Vec<(&'static str, Device)> {
         } else {
             ("stream", WgpuMatvec::Stream)
         };
-        for (name, variant) in [("rows", WgpuMatvec::Rows), streaming] {
+        // The wide walk (f32 activations, so the tests' tolerances hold) on wgpu where it
+        // has subgroups; its other shapes and the int8 path: wide_matvec_shapes_match_the_reference.
+        let wide =
+            (d.kind() == BackendKind::Wgpu && subgroups).then_some(("wide", WgpuMatvec::Wide));
+        for (name, variant) in [("rows", WgpuMatvec::Rows), streaming]
+            .into_iter()
+            .chain(wide)
+        {
             found.options_mut().wgpu.matvec = variant;
+            // A small shape: lavapipe compiles large ones slowly (see the wide test).
+            found.options_mut().wgpu.matvec_shape = WgpuMatvecShape {
+                rows: 8,
+                wg: 32,
+                unroll: 1,
+                dot: false,
+            };
             let info = d.info().clone();
             match pollster::block_on(found.open_info(info)) {
                 Ok(v) => out.push((name, v)),
@@ -324,8 +345,12 @@ fn linear_int8_activations(
     let mut xr = vec![0f32; x.len()];
     for step in 0..tokens * cols / 8 {
         let (base, q) = ((step / 4) * 32, step % 4);
-        let idx: [usize; 8] =
-            std::array::from_fn(|k| base + 4 * q + if k < 4 { k } else { 12 + k });
+        // Q8_0's chunks (the wide walk's) are 8 consecutive elements.
+        let idx: [usize; 8] = if ty == GgmlType::Q8_0 {
+            std::array::from_fn(|k| 8 * step + k)
+        } else {
+            std::array::from_fn(|k| base + 4 * q + if k < 4 { k } else { 12 + k })
+        };
         let amax = idx.iter().fold(0f32, |m, &i| m.max(x[i].abs()));
         let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
         for &i in &idx {
@@ -338,7 +363,8 @@ fn linear_int8_activations(
         let row = &wq[r * row_bytes..][..row_bytes];
         dequantize_row(ty, row, &mut w);
         // Each block's offset: the block with its 16 bytes of nibbles zeroed.
-        if ty != GgmlType::Q5_0 {
+        // Q8_0 and Q5_0 have none outside their signed bytes.
+        if !matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
             let mut zeroed = row.to_vec();
             for block in zeroed.chunks_mut(bb) {
                 block[bb - 16..].fill(0);
@@ -409,9 +435,17 @@ fn linear_every_format_matvec_and_matmat() {
             let want_cpu = linear_q8_activations(ty, &wq, &x, rows, cols, tokens);
             let want_f16 = linear_f16_inputs(ty, &wq, &x, rows, cols, tokens);
             for (variant, d) in &devs {
-                let streaming = matches!(*variant, "stream" | "subgroup");
+                let streaming = matches!(*variant, "stream" | "subgroup" | "wide");
+                // The wide walk's formats differ only in the chunk loaders the streaming
+                // kernels share: a few of them here, to keep lavapipe's compiling short.
+                let wide_skips = *variant == "wide"
+                    && !matches!(
+                        ty,
+                        GgmlType::Q8_0 | GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::F16
+                    );
                 if (streaming && tokens == 33)
                     || (*variant == "rows" && matches!(tokens, 2 | 3 | 8))
+                    || wide_skips
                 {
                     continue;
                 }
@@ -436,6 +470,96 @@ fn linear_every_format_matvec_and_matmat() {
             }
         }
     }
+}
+
+/// The wide matrix-vector walk (`WgpuMatvec::Wide`) in several shapes (rows, invocations
+/// and chunks in flight a step; tails where a row's chunks do not fill the unrolled steps,
+/// rows past the last workgroup's; rows with fewer chunks than invocations run the streaming
+/// kernels), one-token products against the reference: with `dot`,
+/// Q8_0, Q4_0 and Q4_1 round each chunk's 8 activations to int8 (the cuda split kernels'
+/// reference, `linear_int8_activations`) where the device has packed dot products; other
+/// formats and `dot:0` take f32 activations (`k::linear::linear`). 2e-6 per element of the
+/// row, relative to the largest output, as above. On wgpu every shape; on vulkan the first
+/// (its SPIR-V compiles slowly on lavapipe) unless the shapes are given.
+#[test]
+fn wide_matvec_shapes_match_the_reference() {
+    // Small shapes: lavapipe compiles a walk in time that grows with rows x unroll (the
+    // default shape's 12 s on wgpu and 39 s on vulkan with a cold cache). The GPU run passes
+    // its sweep's shapes in CAIRN_WGPU_MATVEC_SHAPES (separated by `;`).
+    let given = std::env::var("CAIRN_WGPU_MATVEC_SHAPES").ok();
+    let shapes: Vec<&str> = match &given {
+        Some(list) => list.split(';').filter(|s| !s.trim().is_empty()).collect(),
+        None => vec![
+            "rows:8,wg:32,unroll:1,dot:1",
+            "rows:8,wg:64,unroll:2,dot:1",
+            "rows:12,wg:128,unroll:1,dot:0",
+        ],
+    };
+    let cases = [
+        (GgmlType::Q4_1, 21, 2080),
+        (GgmlType::Q8_0, 11, 2048),
+        (GgmlType::Q4_0, 13, 96),
+        (GgmlType::Q4_1, 5, 160),
+        (GgmlType::Q4_K, 9, 768),
+        // Rows long enough for workgroups of 1024 (a chunk of 8 per invocation).
+        (GgmlType::Q4_1, 5, 8192),
+    ];
+    let mut rng = StdRng::seed_from_u64(22);
+    let data: Vec<_> = cases
+        .iter()
+        .map(|&(ty, rows, cols)| {
+            let wf = rand_vec(&mut rng, rows * cols, 1.0);
+            let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
+            let x = rand_vec(&mut rng, cols, 1.0);
+            let mut want = vec![0f32; rows];
+            k::linear::linear(ty, &wq, &x, &mut want, rows, cols, 1);
+            let want_i8 = linear_int8_activations(ty, &wq, &x, rows, cols, 1);
+            (ty, rows, cols, wq, x, want, want_i8)
+        })
+        .collect();
+    let mut found = cairn_engine::device::discover_blocking_with(options());
+    let mut ran = 0;
+    for d in devices() {
+        let subgroups = d.info().features.iter().any(|f| f == "subgroups");
+        if !matches!(d.kind(), BackendKind::Wgpu | BackendKind::Vulkan) || !subgroups {
+            continue;
+        }
+        let packed = d
+            .info()
+            .features
+            .iter()
+            .any(|f| f == "packed-4x8-integer-dot-product");
+        let take = if d.kind() == BackendKind::Vulkan && given.is_none() {
+            1
+        } else {
+            shapes.len()
+        };
+        for text in &shapes[..take] {
+            let shape: WgpuMatvecShape = text.parse().expect("shape");
+            found.options_mut().wgpu.matvec = WgpuMatvec::Wide;
+            found.options_mut().wgpu.matvec_shape = shape;
+            let dev = pollster::block_on(found.open_info(d.info().clone())).expect("open");
+            let t0 = std::time::Instant::now();
+            for (ty, rows, cols, wq, x, want, want_i8) in &data {
+                let got = run_linear(&dev, *ty, wq, x, *rows, *cols, 1);
+                // Rows with fewer chunks of 8 than invocations run the streaming kernels (f32).
+                let int8 = shape.dot
+                    && packed
+                    && *cols / 8 >= shape.wg as usize
+                    && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1);
+                assert_close(
+                    &format!("wide {text} {ty:?} {rows}x{cols}"),
+                    &dev,
+                    &got,
+                    if int8 { want_i8 } else { want },
+                    2e-6 * *cols as f32,
+                );
+                ran += 1;
+            }
+            eprintln!("{} {text}: {:?}", d.info().id, t0.elapsed());
+        }
+    }
+    eprintln!("{ran} wide products compared");
 }
 
 /// Prefill-sized products: enough rows and tokens that cuda takes each of its larger

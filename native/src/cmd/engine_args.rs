@@ -3,7 +3,7 @@
 
 use cairn_engine::options::{
     CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuAttention, WgpuFuse,
-    WgpuLimits, WgpuMatvec, WgpuOptions,
+    WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions,
 };
 use clap::builder::BoolishValueParser;
 
@@ -22,9 +22,18 @@ pub struct EngineArgs {
     /// batch a pass per sequence; `stream`: 4 rows a workgroup, activations loaded once for
     /// them, decode batches of up to 8 in one pass; `subgroup`: `stream` with subgroup
     /// reductions where the GPU has them; `int8`: `subgroup` with Q8_0, Q4_0 and Q4_1 products
-    /// on activations rounded to int8 and packed 8-bit dot products; `auto`: subgroup).
+    /// on activations rounded to int8 and packed 8-bit dot products; `repacked`: `subgroup`
+    /// over weights repacked at upload; `wide`: `subgroup` with one-token products on the
+    /// walk of `--wgpu-matvec-shape`; `auto`: subgroup).
     #[arg(long, env = "CAIRN_WGPU_MATVEC", value_enum, default_value_t = WgpuMatvecArg::Auto)]
     pub wgpu_matvec: WgpuMatvecArg,
+    /// wgpu and vulkan: the shape of `--wgpu-matvec wide`'s walk (also `auto`'s on GPUs), as
+    /// `rows:8,wg:256,unroll:4,dot:1`: rows 4 to 16 in fours; wg 32 to 1024 in powers of two
+    /// (past 256 where the GPU takes it); unroll 1 to 8 chunks in flight; dot: int8
+    /// activations and packed dot products for Q8_0, Q4_0 and Q4_1. Keys left out keep these
+    /// defaults.
+    #[arg(long, env = "CAIRN_WGPU_MATVEC_SHAPE", default_value = "", value_parser = parse_shape)]
+    pub wgpu_matvec_shape: WgpuMatvecShape,
     /// wgpu and vulkan: prompt-sized products through 64 x 64 tiles staged in workgroup memory
     /// (`linear_matmat_tiled`) instead of 4 x 4 register blocks (false, the default).
     #[arg(long, env = "CAIRN_WGPU_TILED_PREFILL", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
@@ -81,6 +90,11 @@ pub struct EngineArgs {
     pub cuda_kernels: Option<std::path::PathBuf>,
 }
 
+/// `--wgpu-matvec-shape`: `key:value` pairs, the defaults for keys left out.
+fn parse_shape(s: &str) -> Result<WgpuMatvecShape, String> {
+    s.parse()
+}
+
 /// `WgpuFuse` for the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WgpuFuseArg {
@@ -101,6 +115,7 @@ pub enum WgpuMatvecArg {
     Subgroup,
     Int8,
     Repacked,
+    Wide,
     Auto,
 }
 
@@ -151,8 +166,10 @@ impl EngineArgs {
                     WgpuMatvecArg::Subgroup => WgpuMatvec::Subgroup,
                     WgpuMatvecArg::Int8 => WgpuMatvec::Int8,
                     WgpuMatvecArg::Repacked => WgpuMatvec::Repacked,
+                    WgpuMatvecArg::Wide => WgpuMatvec::Wide,
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
+                matvec_shape: self.wgpu_matvec_shape,
                 tiled_prefill: self.wgpu_tiled_prefill,
                 limits: WgpuLimits {
                     webgpu_defaults: self.wgpu_limits == WgpuLimitsArg::Default,
@@ -226,6 +243,7 @@ mod tests {
             "CAIRN_CPU_THREADS",
             "CAIRN_WGPU_FUSE",
             "CAIRN_WGPU_MATVEC",
+            "CAIRN_WGPU_MATVEC_SHAPE",
             "CAIRN_WGPU_PIPELINE",
             "CAIRN_CUDA_PIPELINE",
             "CAIRN_CUDA_GRAPHS",
@@ -284,6 +302,19 @@ mod tests {
             parse(&["--wgpu-matvec", "repacked"]).wgpu.matvec,
             WgpuMatvec::Repacked
         );
+        let wide = parse(&[
+            "--wgpu-matvec",
+            "wide",
+            "--wgpu-matvec-shape",
+            "rows:4,wg:64",
+        ]);
+        assert_eq!(wide.wgpu.matvec, WgpuMatvec::Wide);
+        assert_eq!(
+            (wide.wgpu.matvec_shape.rows, wide.wgpu.matvec_shape.wg),
+            (4, 64)
+        );
+        let all: Vec<&str> = ["cairn", "--wgpu-matvec-shape", "rows:5"].into();
+        assert!(Cli::try_parse_from(all).is_err(), "rows:5 was taken");
         assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
         assert!(!parse(&[]).wgpu.serial_decode);
         assert!(parse(&["--wgpu-pipeline", "0"]).wgpu.serial_decode);

@@ -51,14 +51,19 @@ impl SpirvKernels {
     }
 
     /// WGSL to SPIR-V for `kernel` (joined with the weight `format` it takes).
-    pub(crate) fn translate(&self, kernel: Kernel, format: Option<&str>) -> Result<SpirvModule> {
+    pub(crate) fn translate(
+        &self,
+        kernel: Kernel,
+        format: Option<&str>,
+        shape: cairn_shaders::WideShape,
+    ) -> Result<SpirvModule> {
         let kernel = self.variant(kernel);
         let label = format!(
             "{}{}",
             kernel.name,
             format.map(|f| format!("_{f}")).unwrap_or_default()
         );
-        let src = cairn_shaders::source(kernel, format).ok_or_else(|| {
+        let src = cairn_shaders::source_shaped(kernel, format, shape).ok_or_else(|| {
             BackendError::Unsupported(format!("{}: no kernel for format {format:?}", kernel.name))
         })?;
         let mut module = naga::front::wgsl::parse_str(&src)
@@ -145,8 +150,9 @@ impl SpirvKernels {
         device: &wgpu::Device,
         kernel: Kernel,
         format: Option<&'static str>,
+        shape: cairn_shaders::WideShape,
     ) -> Result<Compiled> {
-        let m = self.translate(kernel, format)?;
+        let m = self.translate(kernel, format, shape)?;
         let label = format!(
             "{}{} (spir-v)",
             self.variant(kernel).name,
@@ -229,6 +235,90 @@ impl SpirvKernels {
 mod tests {
     use super::*;
 
+    /// The packed-integer kernels reach the driver as Vulkan's integer dot product (`OpSDot`,
+    /// not naga's shifts-and-multiplies polyfill: naga writes it when no capability list holds
+    /// it back, as here), and without SPIR-V's Int8 capability, which wgpu does not enable on
+    /// the devices it opens (naga's `pack4xI8` needs it; the wide walk packs bytes itself).
+    #[test]
+    fn packed_dot_kernels_use_opsdot_without_int8() {
+        const OP_CAPABILITY: u32 = 17;
+        const OP_SDOT: u32 = 4450;
+        const CAPABILITY_INT8: u32 = 39;
+        let k = SpirvKernels {
+            subgroups: true,
+            push_constants: false,
+        };
+        for kernel in [
+            cairn_shaders::LINEAR_MATVEC_STREAM_I8_SUBGROUP,
+            cairn_shaders::LINEAR_MATVEC_WIDE_I8,
+            cairn_shaders::LINEAR_MATVEC_FUSED_WIDE_I8,
+        ] {
+            for format in ["Q4_1", "Q8_0"] {
+                let m = k
+                    .translate(kernel, Some(format), Default::default())
+                    .expect("translate");
+                let (mut sdot, mut caps, mut i) = (0, Vec::new(), 5);
+                while i < m.words.len() {
+                    let (len, op) = ((m.words[i] >> 16) as usize, m.words[i] & 0xffff);
+                    if op == OP_SDOT {
+                        sdot += 1;
+                    }
+                    if op == OP_CAPABILITY {
+                        caps.push(m.words[i + 1]);
+                    }
+                    i += len.max(1);
+                }
+                assert!(sdot >= 2, "{} {format}: {sdot} OpSDot", kernel.name);
+                assert!(
+                    !caps.contains(&CAPABILITY_INT8),
+                    "{} {format}: Int8",
+                    kernel.name
+                );
+            }
+        }
+    }
+
+    /// The wide walk translates in every kind of shape it takes (one and several row groups,
+    /// one to eight chunks in flight, the smallest and largest workgroups), plain and fused,
+    /// on f32 and on packed integers; shapes outside the ranges are refused, not compiled.
+    #[test]
+    fn wide_walk_shapes_translate() {
+        let k = SpirvKernels {
+            subgroups: true,
+            push_constants: false,
+        };
+        let shapes = [
+            (4, 32, 1),
+            (8, 256, 4),
+            (12, 64, 3),
+            (16, 128, 8),
+            (8, 1024, 1),
+        ];
+        for (rows, wg, unroll) in shapes {
+            let shape = cairn_shaders::WideShape { rows, wg, unroll };
+            for kernel in [
+                cairn_shaders::LINEAR_MATVEC_WIDE,
+                cairn_shaders::LINEAR_MATVEC_WIDE_I8,
+                cairn_shaders::LINEAR_MATVEC_FUSED_WIDE,
+                cairn_shaders::LINEAR_MATVEC_FUSED_WIDE_I8,
+            ] {
+                for format in cairn_shaders::formats(kernel).into_iter().take(3) {
+                    if let Err(e) = k.translate(kernel, format, shape) {
+                        panic!("{} {format:?} {shape:?}: {e}", kernel.name);
+                    }
+                }
+            }
+        }
+        for (rows, wg, unroll) in [(6, 64, 1), (8, 48, 1), (8, 2048, 1), (8, 64, 0), (8, 64, 9)] {
+            let shape = cairn_shaders::WideShape { rows, wg, unroll };
+            assert!(
+                k.translate(cairn_shaders::LINEAR_MATVEC_WIDE, Some("Q4_1"), shape)
+                    .is_err(),
+                "{shape:?} was taken"
+            );
+        }
+    }
+
     /// Every kernel and format translates, with and without subgroups, and keeps its storage
     /// bindings; no device needed.
     #[test]
@@ -246,7 +336,7 @@ mod tests {
                 }
                 let formats = cairn_shaders::formats(*kernel);
                 for format in formats {
-                    let m = match k.translate(*kernel, format) {
+                    let m = match k.translate(*kernel, format, Default::default()) {
                         Ok(m) => m,
                         Err(e) => panic!("{} {format:?} subgroups={subgroups}: {e}", kernel.name),
                     };

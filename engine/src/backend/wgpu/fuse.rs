@@ -271,7 +271,10 @@ fn fuse_at<'a>(
     let mut params = [0u32; super::PARAM_WORDS];
     let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(&p));
     params[..words.len()].copy_from_slice(words);
-    let (kernel, rows_per_group) = if kernels.streams(f.l.cols) {
+    let wide = kernels.wide_for(1, f.l.cols, f.l.wtype.name(), true);
+    let (kernel, rows_per_group) = if let Some(wide) = wide {
+        wide
+    } else if kernels.streams(f.l.cols) {
         let kernel = kernels.pick((
             shaders::LINEAR_MATVEC_FUSED_STREAM,
             shaders::LINEAR_MATVEC_FUSED_STREAM_SUBGROUP,
@@ -459,6 +462,7 @@ mod tests {
         let int8 = Matvec::Stream {
             subgroups: false,
             int8: true,
+            wide: None,
         };
         let steps = plan_run(
             &ops,

@@ -24,7 +24,7 @@ use super::{Accounting, BackendError, Buffer, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
 use crate::options::{WgpuAttention, WgpuMatvec, WgpuOptions};
-use plan::{Matvec, Step};
+use plan::{Matvec, Step, Wide};
 
 const PARAM_SLOT: u64 = 256;
 /// The name `DeviceInfo::features` gives WGSL's `packed_4x8_integer_dot_product`, which the
@@ -230,26 +230,41 @@ impl WgpuBackend {
         (self.fuse, self.fuse_norms) = opts.fuse.resolve(info.is_software());
         let subgroups = self.device.features().contains(wgpu::Features::SUBGROUP);
         let packed = info.features.iter().any(|f| f == PACKED_DOT_FEATURE);
-        self.matvec = match opts.matvec.resolve() {
+        self.matvec = match opts.matvec.resolve(info.is_software()) {
             WgpuMatvec::Rows => Matvec::Rows,
             WgpuMatvec::Stream => Matvec::Stream {
                 subgroups: false,
                 int8: false,
+                wide: None,
             },
             WgpuMatvec::Int8 => Matvec::Stream {
                 subgroups,
                 int8: packed,
+                wide: None,
             },
             WgpuMatvec::Repacked => {
                 self.repack = true;
                 Matvec::Stream {
                     subgroups,
                     int8: false,
+                    wide: None,
                 }
             }
+            WgpuMatvec::Wide => Matvec::Stream {
+                subgroups,
+                int8: false,
+                // The wide kernels reduce through subgroups only.
+                wide: subgroups.then_some(Wide {
+                    shape: opts.matvec_shape.walk(),
+                    dot: opts.matvec_shape.dot && packed,
+                    // `auto` leaves Q8_0 on the streaming kernels (measured faster there).
+                    stream_q8_0: opts.matvec == WgpuMatvec::ByAdapter,
+                }),
+            },
             _ => Matvec::Stream {
                 subgroups,
                 int8: false,
+                wide: None,
             },
         };
         self.tiled_prefill = opts.tiled_prefill;
@@ -391,13 +406,17 @@ impl WgpuBackend {
         }
         #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
         if let Some(spirv) = &self.spirv {
-            let compiled = spirv.compile(&self.device, kernel, format)?;
+            let compiled = spirv.compile(&self.device, kernel, format, self.matvec.wide_shape())?;
             cache.insert((kernel.name, format), compiled.clone());
             return Ok(compiled);
         }
-        let src = cairn_shaders::source(kernel, format).ok_or_else(|| {
-            BackendError::Unsupported(format!("{}: no kernel for format {format:?}", kernel.name))
-        })?;
+        let src = cairn_shaders::source_shaped(kernel, format, self.matvec.wide_shape())
+            .ok_or_else(|| {
+                BackendError::Unsupported(format!(
+                    "{}: no kernel for format {format:?}",
+                    kernel.name
+                ))
+            })?;
         let label = format!(
             "{}{}",
             kernel.name,

@@ -51,7 +51,24 @@ pub(crate) enum Matvec {
     /// The streaming kernels (`stream_walk.wgsl`), up to [`Matvec::BATCH_MAX`] tokens a pass;
     /// with `int8`, the formats of `shaders::INT8_FORMATS` on packed 8-bit integers
     /// (`quantize_q8` then `stream_walk_i8.wgsl`).
-    Stream { subgroups: bool, int8: bool },
+    /// With `wide`, one-token products (fused or not) run the wide kernels
+    /// (`LINEAR_MATVEC_WIDE*`) of that shape instead.
+    Stream {
+        subgroups: bool,
+        int8: bool,
+        wide: Option<Wide>,
+    },
+}
+
+/// The wide kernels' shape on a device (`WgpuMatvec::Wide`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wide {
+    pub(crate) shape: shaders::WideShape,
+    /// Q8_0, Q4_0 and Q4_1 on int8 activations and packed dot products (the device has them).
+    pub(crate) dot: bool,
+    /// Q8_0 products stay on the streaming kernels (`auto`'s choice: on an H200 the wide walk
+    /// read Q8_0 2% to 9% slower than `subgroup`, docs/performance.md, session 18).
+    pub(crate) stream_q8_0: bool,
 }
 
 impl Matvec {
@@ -72,6 +89,47 @@ impl Matvec {
     /// formats' rows are whole blocks already).
     pub(crate) fn streams(self, cols: u32) -> bool {
         matches!(self, Matvec::Stream { .. }) && cols.is_multiple_of(8)
+    }
+
+    /// The shape the wide kernels are generated for (the default's where they do not run).
+    pub(crate) fn wide_shape(self) -> shaders::WideShape {
+        match self {
+            Matvec::Stream { wide: Some(w), .. } => w.shape,
+            _ => shaders::WideShape::default(),
+        }
+    }
+
+    /// The wide kernel (`fused` or plain) and its rows per workgroup for a product of
+    /// `tokens` tokens over rows of `cols` elements in `format`, where one runs it: one token,
+    /// rows of a multiple of 8 with at least a chunk of 8 per invocation (shorter rows, such
+    /// as the 135M model's 576 and 1536, left most of a 256-wide workgroup idle and measured
+    /// slower than the streaming kernels: 293 against 305 and 357 tok/s on an H200), the wide
+    /// kernels on.
+    pub(crate) fn wide_for(
+        self,
+        tokens: u32,
+        cols: u32,
+        format: &str,
+        fused: bool,
+    ) -> Option<(Kernel, u32)> {
+        let Matvec::Stream { wide: Some(w), .. } = self else {
+            return None;
+        };
+        if tokens != 1
+            || !cols.is_multiple_of(8)
+            || cols / 8 < w.shape.wg
+            || (w.stream_q8_0 && format == "Q8_0")
+        {
+            return None;
+        }
+        let int8 = w.dot && shaders::INT8_FORMATS.contains(&format);
+        let kernel = match (fused, int8) {
+            (false, false) => shaders::LINEAR_MATVEC_WIDE,
+            (false, true) => shaders::LINEAR_MATVEC_WIDE_I8,
+            (true, false) => shaders::LINEAR_MATVEC_FUSED_WIDE,
+            (true, true) => shaders::LINEAR_MATVEC_FUSED_WIDE_I8,
+        };
+        Some((kernel, w.shape.rows))
     }
 
     /// The kernel of the streaming family for this reduction: (workgroup memory, subgroups).
@@ -179,6 +237,9 @@ impl<'a> WgpuOp<'a> for Linear<'a> {
         shaders::LINEAR_MATVEC_STREAM_V4_SUBGROUP,
         shaders::LINEAR_MATVEC_BATCH_V4,
         shaders::LINEAR_MATVEC_BATCH_V4_SUBGROUP,
+        // One-token products with `WgpuMatvec::Wide`.
+        shaders::LINEAR_MATVEC_WIDE,
+        shaders::LINEAR_MATVEC_WIDE_I8,
     ];
 
     fn step(&self, max_dim: u32) -> Result<Step<'a>> {
@@ -189,7 +250,10 @@ impl<'a> WgpuOp<'a> for Linear<'a> {
 impl<'a> Linear<'a> {
     fn step_with(&self, max_dim: u32, matvec: Matvec) -> Result<Step<'a>> {
         let (rows, tokens) = (self.rows, self.tokens);
-        let (kernel, groups) = if tokens <= Matvec::BATCH_MAX && matvec.streams(self.cols) {
+        let wide = matvec.wide_for(tokens, self.cols, self.wtype.name(), false);
+        let (kernel, groups) = if let Some((kernel, per)) = wide {
+            (kernel, grid(rows.div_ceil(per), max_dim)?)
+        } else if tokens <= Matvec::BATCH_MAX && matvec.streams(self.cols) {
             let kernel = if tokens == 1 {
                 matvec.pick((
                     shaders::LINEAR_MATVEC_STREAM,
@@ -511,6 +575,45 @@ impl<'a> WgpuOp<'a> for BufferCopy<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which one-token products the wide kernels take, and which of them on packed integers.
+    #[test]
+    fn wide_kernels_take_long_one_token_rows() {
+        let wide = |dot, stream_q8_0| Matvec::Stream {
+            subgroups: true,
+            int8: false,
+            wide: Some(Wide {
+                shape: shaders::WideShape::default(),
+                dot,
+                stream_q8_0,
+            }),
+        };
+        let m = wide(true, false);
+        assert_eq!(
+            m.wide_for(1, 4096, "Q4_1", false),
+            Some((shaders::LINEAR_MATVEC_WIDE_I8, 8))
+        );
+        assert_eq!(
+            m.wide_for(1, 14336, "Q4_1", true),
+            Some((shaders::LINEAR_MATVEC_FUSED_WIDE_I8, 8))
+        );
+        assert_eq!(
+            m.wide_for(1, 4096, "Q4_K", true),
+            Some((shaders::LINEAR_MATVEC_FUSED_WIDE, 8))
+        );
+        assert_eq!(
+            wide(false, false).wide_for(1, 4096, "Q4_1", false),
+            Some((shaders::LINEAR_MATVEC_WIDE, 8))
+        );
+        // Batches, rows not of 8s, rows with fewer chunks than invocations (576 / 8 < 256).
+        assert_eq!(m.wide_for(2, 4096, "Q4_1", false), None);
+        assert_eq!(m.wide_for(1, 4100, "F32", false), None);
+        assert_eq!(m.wide_for(1, 576, "Q4_1", false), None);
+        assert_eq!(m.wide_for(1, 4096, "Q8_0", false).map(|k| k.1), Some(8));
+        assert_eq!(wide(true, true).wide_for(1, 4096, "Q8_0", false), None);
+        assert_eq!(Matvec::Rows.wide_for(1, 4096, "Q4_1", false), None);
+    }
+
     use crate::kernels::op::Layout;
 
     /// The members (name, offset) and size of the struct `kernel` binds at binding 0.
@@ -596,6 +699,8 @@ mod tests {
                 shaders::LINEAR_MATVEC_FUSED_STREAM_SUBGROUP,
                 shaders::LINEAR_MATVEC_FUSED_STREAM_V4,
                 shaders::LINEAR_MATVEC_FUSED_STREAM_V4_SUBGROUP,
+                shaders::LINEAR_MATVEC_FUSED_WIDE,
+                shaders::LINEAR_MATVEC_FUSED_WIDE_I8,
             ]),
         ]
         .concat();
