@@ -367,7 +367,10 @@ fn real_model_pipelined_decode_draws_the_serial_tokens() {
     let gpus = found.devices.iter().filter(|d| {
         d.support != Support::Unsupported
             && d.api != "gl"
-            && matches!(d.backend, BackendKind::Wgpu | BackendKind::Vulkan | BackendKind::Cuda)
+            && matches!(
+                d.backend,
+                BackendKind::Wgpu | BackendKind::Vulkan | BackendKind::Cuda
+            )
     });
     for info in gpus {
         let dev = Arc::new(pollster::block_on(found.open_info(info.clone())).expect("open"));
@@ -438,7 +441,10 @@ fn synthetic_model_pipelined_decode_draws_the_serial_tokens() {
         .filter(|d| {
             d.support != Support::Unsupported
                 && d.api != "gl"
-                && matches!(d.backend, BackendKind::Wgpu | BackendKind::Vulkan | BackendKind::Cuda)
+                && matches!(
+                    d.backend,
+                    BackendKind::Wgpu | BackendKind::Vulkan | BackendKind::Cuda
+                )
         })
         .collect();
     if std::env::var_os("CAIRN_TEST_REQUIRE_GPU").is_some() {
