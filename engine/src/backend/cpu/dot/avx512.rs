@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use super::tile::{self, Acts, TILE, Tile};
 use super::{Dot4Fn, DotFn, RowsFn, TileFn};
-use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
+use crate::backend::cpu::q8::{GROUP, Q8Row, QK_K};
 use crate::quant::GgmlType;
 use crate::quant::kquants::scale_min_k4;
 
@@ -55,7 +55,7 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
 
 mod rows;
 
-/// Decode's kernel for `ty`: rows against one token, four at a time (`rows.rs`). `None` as
+/// Decode's kernel for `ty`: rows against one token, one call for a task's rows (`rows.rs`). `None` as
 /// for [`dot`], and for the K-quants.
 pub(super) fn rows(ty: GgmlType) -> Option<RowsFn> {
     if !available() {
@@ -233,20 +233,6 @@ fn load512(b: &[u8]) -> __m512i {
     unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
 }
 
-/// 64 activation bytes, or where only 32 are left, those 32 and zeros.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn load_x(x: &[i8]) -> __m512i {
-    if x.len() >= 64 {
-        // SAFETY: 64 readable bytes; loadu has no alignment requirement.
-        unsafe { _mm512_loadu_si512(x.as_ptr().cast()) }
-    } else {
-        assert!(x.len() >= 32);
-        // SAFETY: the mask reads only the first 32 bytes, which exist (checked above);
-        // masked-off bytes are not accessed.
-        unsafe { _mm512_maskz_loadu_epi8(0xffff_ffff, x.as_ptr()) }
-    }
-}
-
 /// Two 256-bit halves as one register, `lo` first.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn join(lo: __m256i, hi: __m256i) -> __m512i {
@@ -276,24 +262,6 @@ fn fifth_bit(n: __m512i, a: &[u8], b: &[u8]) -> __m512i {
     _mm512_mask_add_epi8(n, bits, n, _mm512_set1_epi8(16))
 }
 
-/// Two f16 values as the low two lanes of a vector.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn f16_pair(a: &[u8], b: &[u8], at: usize) -> __m128 {
-    let bits = u32::from(u16::from_le_bytes([a[at], a[at + 1]]))
-        | (u32::from(u16::from_le_bytes([b[at], b[at + 1]])) << 16);
-    _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))
-}
-
-/// `v[0], v[1]` (or `v[0], 0` where `v` has one value) as the low two lanes of a vector.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn f32_pair(v: &[f32]) -> __m128 {
-    match v {
-        [a, b, ..] => _mm_setr_ps(*a, *b, 0.0, 0.0),
-        [a] => _mm_set_ss(*a),
-        [] => _mm_setzero_ps(),
-    }
-}
-
 /// Lane 0 of `v` in the low eight lanes, lane 1 in the high eight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn halves(v: __m128) -> __m512 {
@@ -301,68 +269,14 @@ fn halves(v: __m128) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v))
 }
 
-/// The pair of blocks at `i` (the block itself twice when it is the row's last and odd):
-/// their 64 quants (magnitudes where signed), their signs, and the two f16 steps and
-/// minimums (as the format defines them) in the low lanes.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn pair_at(
-    w: &[u8],
-    i: usize,
-    f: Format,
-    quants: impl Fn(&[u8], &[u8]) -> __m512i,
-) -> (__m512i, __mmask64, __m128, __m128) {
-    let a = &w[i * f.bytes..][..f.bytes];
-    let b = w.get((i + 1) * f.bytes..(i + 2) * f.bytes).unwrap_or(a);
-    let q = quants(a, b);
-    let (q, signs) = if f.signed {
-        (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
-    } else {
-        (q, 0)
-    };
-    let d = f16_pair(a, b, 0);
-    let m = match f.min {
-        Min::None => _mm_setzero_ps(),
-        Min::Offset(k) => _mm_mul_ps(d, _mm_set1_ps(k)),
-        Min::Stored => f16_pair(a, b, 2),
-    };
-    (q, signs, d, m)
-}
-
-/// `Σ w·x` over two blocks as sixteen i32 lanes (eight per block).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn product(q: __m512i, signs: __mmask64, x: __m512i) -> __m512i {
-    let x = _mm512_mask_sub_epi8(x, signs, _mm512_setzero_si512(), x);
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn hsum128(v: __m128) -> f32 {
-    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-}
-
-/// One row against one token, two blocks at a time.
+/// One row against one token, two blocks at a time (`rows.rs`: the arithmetic every path of
+/// these formats shares).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn pairs(w: &[u8], x: Q8Row<'_>, f: Format, quants: impl Fn(&[u8], &[u8]) -> __m512i) -> f32 {
-    let nb = w.len() / f.bytes;
-    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
-    assert!(f.min == Min::None || x.sum.len() >= nb);
-    let mut acc = _mm512_setzero_ps();
-    let mut mins = _mm_setzero_ps();
-    for i in (0..nb).step_by(2) {
-        let (q, signs, d, m) = pair_at(w, i, f, &quants);
-        let n = (nb - i).min(2);
-        let p = product(q, signs, load_x(&x.qs[i * QK..nb * QK]));
-        let dx = f32_pair(&x.d[i..i + n]);
-        acc = _mm512_fmadd_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p), acc);
-        if f.min != Min::None {
-            mins = _mm_fmadd_ps(m, f32_pair(&x.sum[i..i + n]), mins);
-        }
-    }
-    _mm512_reduce_add_ps(acc) + hsum128(mins)
+    rows::row(w, x, f, None, quants)
 }
 
-/// [`pairs`] for four tokens at once.
+/// [`pairs`] for four tokens at once, each pair of blocks unpacked once.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn pairs4(
     w: &[u8],
@@ -370,27 +284,9 @@ fn pairs4(
     f: Format,
     quants: impl Fn(&[u8], &[u8]) -> __m512i,
 ) -> [f32; 4] {
-    let nb = w.len() / f.bytes;
-    for r in &x {
-        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
-        assert!(f.min == Min::None || r.sum.len() >= nb);
-    }
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let mut mins = [_mm_setzero_ps(); 4];
-    for i in (0..nb).step_by(2) {
-        let (q, signs, d, m) = pair_at(w, i, f, &quants);
-        let n = (nb - i).min(2);
-        for k in 0..4 {
-            let p = product(q, signs, load_x(&x[k].qs[i * QK..nb * QK]));
-            let dx = f32_pair(&x[k].d[i..i + n]);
-            acc[k] = _mm512_fmadd_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p), acc[k]);
-            if f.min != Min::None {
-                mins[k] = _mm_fmadd_ps(m, f32_pair(&x[k].sum[i..i + n]), mins[k]);
-            }
-        }
-    }
-    std::array::from_fn(|k| _mm512_reduce_add_ps(acc[k]) + hsum128(mins[k]))
+    rows::row4(w, x, f, quants)
 }
+
 
 /// Each 64-element run of the K-quants' activations multiplies one 512-bit vector of
 /// quants; lane `l` of its `vpdpbusd` result sums elements `4l..4l + 4`, so its scale is
