@@ -116,6 +116,7 @@ struct Pair {
 /// Blocks `i` and `i + 1` of `w` (`nb` blocks); the last block alone pairs with itself,
 /// and [`token`] gives its second half zero activations.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
 fn pair(
     w: &[u8],
     i: usize,
@@ -152,6 +153,7 @@ fn pair(
 
 /// `acc` plus pair `p` (blocks `i`, `i + 1`) against token `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
 fn token(acc: __m512, p: &Pair, x: Q8Row<'_>, i: usize, f: Format) -> __m512 {
     let (xq, xd, xs) = (x.qs.as_ptr(), x.d.as_ptr(), x.sum.as_ptr());
     let two = p.two;
@@ -204,6 +206,7 @@ fn token(acc: __m512, p: &Pair, x: Q8Row<'_>, i: usize, f: Format) -> __m512 {
 
 /// The f16 at `at` of `a` in the low eight lanes, of `b` in the high eight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
 fn f16_halves(a: &[u8], b: &[u8], at: usize) -> __m512 {
     let h = |v: &[u8]| _mm_set1_epi16(i16::from_le_bytes([v[at], v[at + 1]]));
     _mm512_cvtph_ps(_mm256_set_m128i(h(b), h(a)))
