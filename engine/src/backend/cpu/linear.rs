@@ -158,7 +158,9 @@ pub(super) fn linear_with(
     // against llama.cpp (q4_k_m_from_cairn_quantize_matches_llama_cpp_on_every_backend) lands
     // on the wrong side of russian position 27, a near tie in every one of Cairn's
     // arithmetics (margins -0.03 to +0.07; llama.cpp's own 0.80, on f32 products 0.32).
-    // docs/performance.md, "The K-quant tiles' firm miss".
+    // docs/performance.md, "The K-quant tiles' firm miss". On AVX-512 that path runs Q4_K and
+    // Q6_K four tokens at a time with the one-token kernels' bits (`dot/avx512/kquants.rs`):
+    // 1.5x less CPU per prompt token on that file than one token at a time (session 18).
     let k_quant = matches!(
         wtype,
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
