@@ -19,11 +19,11 @@
 #
 # Environment: PROMPT_TOKENS (128), GEN_TOKENS (64), ROUNDS (3), THREADS (2), CAIRN_BIN
 # (a cairn binary instead of building target/release/cairn), LLAMA_BENCH, LLAMA_BUILD,
-# LLAMA_SRC, LLAMA_QUANTIZE; CAIRN_CPU_TILES (off, all), CAIRN_CPU_ROWS (on) and CAIRN_CPU_ISA
+# LLAMA_SRC, LLAMA_QUANTIZE; CAIRN_CPU_TILES (off, all), CAIRN_CPU_ROWS (off) and CAIRN_CPU_ISA
 # (avx2, scalar) reach Cairn's binary and are printed. CONFIGS runs Cairn in several settings alternating in
 # every round, each against the same llama.cpp runs: settings separated by `;`, each a
 # space-separated list of VAR=VALUE (an empty one is the default), e.g.
-# CONFIGS=';CAIRN_CPU_ROWS=on' for before/after in one binary. A shared machine's load bends
+# CONFIGS=';CAIRN_CPU_ROWS=off' for before/after in one binary. A shared machine's load bends
 # both engines (llama.cpp's spinning threads the most): the load average is printed with every
 # round.
 set -euo pipefail

@@ -158,7 +158,9 @@ pub(super) fn linear_with(
     // against llama.cpp (q4_k_m_from_cairn_quantize_matches_llama_cpp_on_every_backend) lands
     // on the wrong side of russian position 27, a near tie in every one of Cairn's
     // arithmetics (margins -0.03 to +0.07; llama.cpp's own 0.80, on f32 products 0.32).
-    // docs/performance.md, "The K-quant tiles' firm miss".
+    // docs/performance.md, "The K-quant tiles' firm miss". On AVX-512 that path runs Q4_K and
+    // Q6_K four tokens at a time with the one-token kernels' bits (`dot/avx512/kquants.rs`):
+    // 1.5x less CPU per prompt token on that file than one token at a time (session 18).
     let k_quant = matches!(
         wtype,
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
@@ -292,15 +294,13 @@ fn tiles() -> Tiles {
 }
 
 /// Whether decode hands a task's rows to one call of the several-row kernels where they exist
-/// (`CAIRN_CPU_ROWS=on`; by default one call of the one-row kernel per row). One thread, CPU
-/// time per decode token at load 3.3 to 3.6: Q4_K_M 8.9 to 9.3 ms against 10.6 to 11.3, Q4_1
-/// 9.6 against 11.1 to 11.4 (docs/performance.md, issue 20 session 17). Opt-in because with
-/// it `model::batch_tests::tiny_gemma_batches_match_each_run_alone` fails (a decode step's
-/// logits 0.08 off the batched pass's at step 3, where 0.015 is allowed), though the kernel
-/// matches the scalar one on every format and shape its own test tries; not yet explained.
+/// (by default; `CAIRN_CPU_ROWS=off`: one call of the one-row kernel per row, to compare the
+/// two in one binary). Both give every row the same bits (`dot/avx512/rows.rs`). One thread,
+/// CPU time per decode token at load 3.3 to 3.6: Q4_K_M 8.9 to 9.3 ms against 10.6 to 11.3,
+/// Q4_1 9.6 against 11.1 to 11.4 (docs/performance.md, issue 20 session 17).
 fn decode_rows() -> bool {
     static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() == Ok("on"))
+    *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() != Ok("off"))
 }
 
 /// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.

@@ -17,9 +17,8 @@ use std::ops::Range;
 
 use super::tile::{self, Acts, TILE, Tile};
 use super::{Dot4Fn, DotFn, RowsFn, TileFn};
-use crate::backend::cpu::q8::{GROUP, Q8Row, QK, QK_K};
+use crate::backend::cpu::q8::Q8Row;
 use crate::quant::GgmlType;
-use crate::quant::kquants::scale_min_k4;
 
 /// Whether this processor runs these kernels (and the AVX2 ones they fall back to).
 pub(super) fn available() -> bool {
@@ -47,15 +46,16 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
         GgmlType::Q5_0 => |w, x| unsafe { q5_0(w, x) },
         GgmlType::Q5_1 => |w, x| unsafe { q5_1(w, x) },
         GgmlType::Q8_0 => |w, x| unsafe { q8_0(w, x) },
-        GgmlType::Q4_K => |w, x| unsafe { q4_k(w, x) },
-        GgmlType::Q6_K => |w, x| unsafe { q6_k(w, x) },
+        GgmlType::Q4_K => |w, x| unsafe { kquants::q4_k::<1>(w, [x])[0] },
+        GgmlType::Q6_K => |w, x| unsafe { kquants::q6_k::<1>(w, [x])[0] },
         _ => return None,
     })
 }
 
+mod kquants;
 mod rows;
 
-/// Decode's kernel for `ty`: rows against one token, four at a time (`rows.rs`). `None` as
+/// Decode's kernel for `ty`: rows against one token, one call for a task's rows (`rows.rs`). `None` as
 /// for [`dot`], and for the K-quants.
 pub(super) fn rows(ty: GgmlType) -> Option<RowsFn> {
     if !available() {
@@ -101,6 +101,8 @@ pub(super) fn dot4(ty: GgmlType) -> Option<Dot4Fn> {
         GgmlType::Q5_0 => |w, x| unsafe { q5_0_x4(w, x) },
         GgmlType::Q5_1 => |w, x| unsafe { q5_1_x4(w, x) },
         GgmlType::Q8_0 => |w, x| unsafe { q8_0_x4(w, x) },
+        GgmlType::Q4_K => |w, x| unsafe { kquants::q4_k::<4>(w, x) },
+        GgmlType::Q6_K => |w, x| unsafe { kquants::q6_k::<4>(w, x) },
         _ => return None,
     })
 }
@@ -233,20 +235,6 @@ fn load512(b: &[u8]) -> __m512i {
     unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
 }
 
-/// 64 activation bytes, or where only 32 are left, those 32 and zeros.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn load_x(x: &[i8]) -> __m512i {
-    if x.len() >= 64 {
-        // SAFETY: 64 readable bytes; loadu has no alignment requirement.
-        unsafe { _mm512_loadu_si512(x.as_ptr().cast()) }
-    } else {
-        assert!(x.len() >= 32);
-        // SAFETY: the mask reads only the first 32 bytes, which exist (checked above);
-        // masked-off bytes are not accessed.
-        unsafe { _mm512_maskz_loadu_epi8(0xffff_ffff, x.as_ptr()) }
-    }
-}
-
 /// Two 256-bit halves as one register, `lo` first.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn join(lo: __m256i, hi: __m256i) -> __m512i {
@@ -276,24 +264,6 @@ fn fifth_bit(n: __m512i, a: &[u8], b: &[u8]) -> __m512i {
     _mm512_mask_add_epi8(n, bits, n, _mm512_set1_epi8(16))
 }
 
-/// Two f16 values as the low two lanes of a vector.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn f16_pair(a: &[u8], b: &[u8], at: usize) -> __m128 {
-    let bits = u32::from(u16::from_le_bytes([a[at], a[at + 1]]))
-        | (u32::from(u16::from_le_bytes([b[at], b[at + 1]])) << 16);
-    _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))
-}
-
-/// `v[0], v[1]` (or `v[0], 0` where `v` has one value) as the low two lanes of a vector.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn f32_pair(v: &[f32]) -> __m128 {
-    match v {
-        [a, b, ..] => _mm_setr_ps(*a, *b, 0.0, 0.0),
-        [a] => _mm_set_ss(*a),
-        [] => _mm_setzero_ps(),
-    }
-}
-
 /// Lane 0 of `v` in the low eight lanes, lane 1 in the high eight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn halves(v: __m128) -> __m512 {
@@ -301,68 +271,14 @@ fn halves(v: __m128) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v))
 }
 
-/// The pair of blocks at `i` (the block itself twice when it is the row's last and odd):
-/// their 64 quants (magnitudes where signed), their signs, and the two f16 steps and
-/// minimums (as the format defines them) in the low lanes.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn pair_at(
-    w: &[u8],
-    i: usize,
-    f: Format,
-    quants: impl Fn(&[u8], &[u8]) -> __m512i,
-) -> (__m512i, __mmask64, __m128, __m128) {
-    let a = &w[i * f.bytes..][..f.bytes];
-    let b = w.get((i + 1) * f.bytes..(i + 2) * f.bytes).unwrap_or(a);
-    let q = quants(a, b);
-    let (q, signs) = if f.signed {
-        (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
-    } else {
-        (q, 0)
-    };
-    let d = f16_pair(a, b, 0);
-    let m = match f.min {
-        Min::None => _mm_setzero_ps(),
-        Min::Offset(k) => _mm_mul_ps(d, _mm_set1_ps(k)),
-        Min::Stored => f16_pair(a, b, 2),
-    };
-    (q, signs, d, m)
-}
-
-/// `Σ w·x` over two blocks as sixteen i32 lanes (eight per block).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn product(q: __m512i, signs: __mmask64, x: __m512i) -> __m512i {
-    let x = _mm512_mask_sub_epi8(x, signs, _mm512_setzero_si512(), x);
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn hsum128(v: __m128) -> f32 {
-    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-}
-
-/// One row against one token, two blocks at a time.
+/// One row against one token, two blocks at a time (`rows.rs`: the arithmetic every path of
+/// these formats shares).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn pairs(w: &[u8], x: Q8Row<'_>, f: Format, quants: impl Fn(&[u8], &[u8]) -> __m512i) -> f32 {
-    let nb = w.len() / f.bytes;
-    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
-    assert!(f.min == Min::None || x.sum.len() >= nb);
-    let mut acc = _mm512_setzero_ps();
-    let mut mins = _mm_setzero_ps();
-    for i in (0..nb).step_by(2) {
-        let (q, signs, d, m) = pair_at(w, i, f, &quants);
-        let n = (nb - i).min(2);
-        let p = product(q, signs, load_x(&x.qs[i * QK..nb * QK]));
-        let dx = f32_pair(&x.d[i..i + n]);
-        acc = _mm512_fmadd_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p), acc);
-        if f.min != Min::None {
-            mins = _mm_fmadd_ps(m, f32_pair(&x.sum[i..i + n]), mins);
-        }
-    }
-    _mm512_reduce_add_ps(acc) + hsum128(mins)
+    rows::row(w, x, f, None, quants)
 }
 
-/// [`pairs`] for four tokens at once.
+/// [`pairs`] for four tokens at once, each pair of blocks unpacked once.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn pairs4(
     w: &[u8],
@@ -370,152 +286,7 @@ fn pairs4(
     f: Format,
     quants: impl Fn(&[u8], &[u8]) -> __m512i,
 ) -> [f32; 4] {
-    let nb = w.len() / f.bytes;
-    for r in &x {
-        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
-        assert!(f.min == Min::None || r.sum.len() >= nb);
-    }
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let mut mins = [_mm_setzero_ps(); 4];
-    for i in (0..nb).step_by(2) {
-        let (q, signs, d, m) = pair_at(w, i, f, &quants);
-        let n = (nb - i).min(2);
-        for k in 0..4 {
-            let p = product(q, signs, load_x(&x[k].qs[i * QK..nb * QK]));
-            let dx = f32_pair(&x[k].d[i..i + n]);
-            acc[k] = _mm512_fmadd_ps(halves(_mm_mul_ps(d, dx)), _mm512_cvtepi32_ps(p), acc[k]);
-            if f.min != Min::None {
-                mins[k] = _mm_fmadd_ps(m, f32_pair(&x[k].sum[i..i + n]), mins[k]);
-            }
-        }
-    }
-    std::array::from_fn(|k| _mm512_reduce_add_ps(acc[k]) + hsum128(mins[k]))
-}
-
-/// Each 64-element run of the K-quants' activations multiplies one 512-bit vector of
-/// quants; lane `l` of its `vpdpbusd` result sums elements `4l..4l + 4`, so its scale is
-/// the scale of group `(4l) / group_len` of the run.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q4_k(w: &[u8], x: Q8Row<'_>) -> f32 {
-    let nb = w.len() / 144;
-    assert!(x.qs.len() >= nb * QK_K && x.d.len() >= nb && x.bsums.len() >= nb * (QK_K / GROUP));
-    let mut acc = _mm512_setzero_ps();
-    let mut mins = 0f32;
-    let low4 = _mm512_set1_epi8(0x0f);
-    // Per 64-element run c: sub-block 2c in lanes 0..8, 2c + 1 in lanes 8..16.
-    let shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-    let run = |c: i32| {
-        let (a, b) = (2 * c, 2 * c + 1);
-        _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
-    };
-    let runs = [run(0), run(1), run(2), run(3)];
-    for (((b, xq), &dx), bs) in w
-        .chunks_exact(144)
-        .zip(x.qs.chunks_exact(QK_K))
-        .zip(x.d)
-        .zip(x.bsums.chunks_exact(QK_K / GROUP))
-    {
-        let mut sc = [0i32; 8];
-        let mut msum = 0i32;
-        for (sub, s) in sc.iter_mut().enumerate() {
-            let (step, min) = scale_min_k4(sub, &b[4..16]);
-            *s = i32::from(step);
-            msum += i32::from(min) * (i32::from(bs[2 * sub]) + i32::from(bs[2 * sub + 1]));
-        }
-        // SAFETY: eight i32 are 32 readable bytes; loadu has no alignment requirement.
-        let scv = _mm512_castsi256_si512(unsafe { _mm256_loadu_si256(sc.as_ptr().cast()) });
-        let mut sumi = _mm512_setzero_si512();
-        for c in 0..4 {
-            let raw = _mm512_broadcast_i64x4(load256(&b[16 + 32 * c..]));
-            let q = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low4);
-            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(cast(&xq[64 * c..])));
-            let s = _mm512_permutexvar_epi32(runs[c], scv);
-            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, s));
-        }
-        let d = super::scalar::f16_at(b, 0) * dx;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        mins += super::scalar::f16_at(b, 2) * dx * msum as f32;
-    }
-    _mm512_reduce_add_ps(acc) - mins
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q6_k(w: &[u8], x: Q8Row<'_>) -> f32 {
-    let nb = w.len() / 210;
-    assert!(x.qs.len() >= nb * QK_K && x.d.len() >= nb && x.bsums.len() >= nb * (QK_K / GROUP));
-    let mut acc = _mm512_setzero_ps();
-    let mut bias = 0f32;
-    let (m4, m2) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
-    // The two high bits of elements 0..32 of a 128-element half are bits 0-1 of its 32 qh
-    // bytes, of 32..64 bits 2-3, of 64..96 bits 4-5, of 96..128 bits 6-7: moved to bits 4-5.
-    let up01 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
-    let down23 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
-    // Lane l of a 64-element run sums elements 4l..4l + 4: group l / 4 of the run.
-    let group = |base: i32| {
-        _mm512_setr_epi32(
-            base,
-            base,
-            base,
-            base,
-            base + 1,
-            base + 1,
-            base + 1,
-            base + 1,
-            base + 2,
-            base + 2,
-            base + 2,
-            base + 2,
-            base + 3,
-            base + 3,
-            base + 3,
-            base + 3,
-        )
-    };
-    let groups = [group(0), group(4), group(8), group(12)];
-    for (((b, xq), &dx), bs) in w
-        .chunks_exact(210)
-        .zip(x.qs.chunks_exact(QK_K))
-        .zip(x.d)
-        .zip(x.bsums.chunks_exact(QK_K / GROUP))
-    {
-        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
-        let scv = _mm512_cvtepi8_epi32(load128(sc));
-        // The quants are stored as q + 32 in 0..64; the 32 comes off through the group sums.
-        let offset: i32 = sc
-            .iter()
-            .zip(bs)
-            .map(|(&s, &m)| i32::from(s as i8) * i32::from(m))
-            .sum();
-        let mut sumi = _mm512_setzero_si512();
-        for n in 0..2 {
-            let l = load512(&ql[64 * n..]);
-            let h = _mm512_broadcast_i64x4(load256(&qh[32 * n..]));
-            let q01 = _mm512_or_si512(
-                _mm512_and_si512(l, m4),
-                _mm512_and_si512(_mm512_sllv_epi64(h, up01), m2),
-            );
-            let q23 = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                _mm512_and_si512(_mm512_srlv_epi64(h, down23), m2),
-            );
-            for (k, q) in [q01, q23].into_iter().enumerate() {
-                let run = 2 * n + k;
-                let p =
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(cast(&xq[64 * run..])));
-                let s = _mm512_permutexvar_epi32(groups[run], scv);
-                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, s));
-            }
-        }
-        let d = super::scalar::f16_at(b, 208) * dx;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        bias += d * (32 * offset) as f32;
-    }
-    _mm512_reduce_add_ps(acc) - bias
-}
-
-/// Activations as the bytes the loads take.
-fn cast(x: &[i8]) -> &[u8] {
-    bytemuck::cast_slice(x)
+    rows::row4(w, x, f, quants)
 }
 
 /// The prefill kernel over unpacked tiles (`tile.rs`), or `None` without the instructions.

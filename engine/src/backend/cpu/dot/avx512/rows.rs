@@ -1,11 +1,20 @@
-//! Decode's products for the 32-element formats: all of a task's weight rows against one
-//! token's activations in one call, one row after another.
+//! The 32-element formats' products on AVX-512: a row against one token ([`row`], what
+//! `dot` and decode's several-row kernel [`rows`] run) and against four ([`row4`], the
+//! four-token kernel), with one arithmetic, so every path gives a (row, token) the same
+//! bits.
 //!
-//! What [`super::pairs`] does per row, without the call, the slicing and the closure around
-//! it per row, and with a cheaper pair of blocks: the weights' two f16 steps become a
-//! register's halves straight from two 16-bit broadcasts (no lane-by-lane assembly), the
-//! activations' two steps and sums come as 8-byte loads, and a format's offset or minimum is
-//! folded into the same multiply-add. Each pair's bytes of the next row are prefetched.
+//! The same bits matter: each op rounds its activations to int8, so a last-bit difference in
+//! one product can move an element by a whole step, and a few layers compound it (the tiny
+//! Gemma models turn a one-ulp change of half of decode's products into logits 0.035 to 0.08
+//! off; docs/performance.md, issue 20 session 18). A sequence decoded alone and the same
+//! sequence in a batch (four-token kernel, or the one-token kernel per row) must therefore
+//! not differ in summation order, and the batch tests hold them to 1e-3.
+//!
+//! Per pair of blocks, what the one-row kernel did before with the call, the slicing and the
+//! closure around it per row, done cheaper: the weights' two f16 steps become a register's
+//! halves straight from two 16-bit broadcasts (no lane-by-lane assembly), the activations'
+//! two steps and sums come as 8-byte loads, and a format's offset or minimum is folded into
+//! the same multiply-add. [`rows`] prefetches each pair's bytes of the next row.
 //!
 //! Rows stay one stream: four rows at a time (the activations' work shared by the four, one
 //! horizontal sum per four rows) ran 1.6x to 1.9x this kernel's predecessor from L2/L3, but a
@@ -29,94 +38,175 @@ pub(super) fn rows(
     quants: impl Fn(&[u8], &[u8]) -> __m512i + Copy,
 ) {
     let nb = row_bytes / f.bytes;
-    assert!(nb > 0 && nb * f.bytes == row_bytes && w.len() >= out.len() * row_bytes);
-    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
-    assert!(f.min == Min::None || x.sum.len() >= nb);
+    assert!(nb * f.bytes == row_bytes && w.len() >= out.len() * row_bytes);
     for (r, o) in out.iter_mut().enumerate() {
-        *o = row(&w[r * row_bytes..], row_bytes, nb, x, f, quants);
+        let w = &w[r * row_bytes..][..row_bytes];
+        // The next row's bytes, where there are any (a hint: it faults on no address).
+        let next = w.as_ptr().wrapping_add(row_bytes);
+        *o = row(w, x, f, Some(next), quants);
     }
 }
 
-/// The row at the start of `w` (`row_bytes` of it; the next row's bytes, where there are
-/// any, are prefetched). The caller checked the activations' lengths for `nb` blocks.
+/// That `x` holds `nb` blocks' activations (and sums, where the format has a minimum): what
+/// [`token`]'s unchecked loads rely on.
+fn check(x: Q8Row<'_>, nb: usize, f: Format) {
+    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
+    assert!(f.min == Min::None || x.sum.len() >= nb);
+}
+
+/// The row `w` (whole blocks of `f`) against `x`; with `prefetch`, each pair's bytes from
+/// that address on are prefetched.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn row(
+pub(super) fn row(
     w: &[u8],
-    row_bytes: usize,
-    nb: usize,
     x: Q8Row<'_>,
     f: Format,
+    prefetch: Option<*const u8>,
     quants: impl Fn(&[u8], &[u8]) -> __m512i,
 ) -> f32 {
-    let next = w.as_ptr().wrapping_add(row_bytes);
-    let w = &w[..row_bytes];
+    let nb = w.len() / f.bytes;
+    check(x, nb, f);
     let mut acc = _mm512_setzero_ps();
-    let (xq, xd, xs) = (x.qs.as_ptr(), x.d.as_ptr(), x.sum.as_ptr());
     for i in (0..nb).step_by(2) {
-        let two = i + 1 < nb;
-        // SAFETY (the loads): `i + 1 < nb` (else only block `i`'s 32 bytes and one float are
-        // read), and the caller checked `x.qs` for `nb · 32` bytes and `x.d`, `x.sum` (where
-        // the format has a minimum) for `nb` floats.
-        let (xv, dx, s) = unsafe {
-            let xv = if two {
-                _mm512_loadu_si512(xq.add(i * QK).cast())
-            } else {
-                _mm512_maskz_loadu_epi8(0xffff_ffff, xq.add(i * QK))
-            };
-            let pair = |p: *const f32| {
-                if two {
-                    _mm_castpd_ps(_mm_load_sd(p.add(i).cast()))
-                } else {
-                    _mm_load_ss(p.add(i))
-                }
-            };
-            let s = if f.min == Min::None {
-                _mm_setzero_ps()
-            } else {
-                pair(xs)
-            };
-            (xv, halves(pair(xd)), halves(s))
-        };
-        // Each lane of a half sums an eighth of its block's product, so the block's
-        // minimum term comes in eighths too (exact: a power of two).
-        let s = match f.min {
-            Min::None => s,
-            Min::Offset(k) => _mm512_mul_ps(s, _mm512_set1_ps(k / 8.0)),
-            Min::Stored => _mm512_mul_ps(s, _mm512_set1_ps(1.0 / 8.0)),
-        };
-        // (A hint: it does not fault on any address, past the end included.)
-        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * f.bytes).cast());
-        let a = &w[i * f.bytes..][..f.bytes];
-        // The last block alone (odd count) pairs with itself; its activations' second half,
-        // step and sum are zero.
-        let b = if two {
-            &w[(i + 1) * f.bytes..][..f.bytes]
-        } else {
-            a
-        };
-        let q = quants(a, b);
-        let p = if f.signed {
-            let x = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(q), _mm512_setzero_si512(), xv);
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), x)
-        } else {
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv)
-        };
-        let dw = f16_halves(a, b, 0);
-        let t = match f.min {
-            Min::None => _mm512_mul_ps(dx, _mm512_cvtepi32_ps(p)),
-            Min::Offset(_) => _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(p), s),
-            Min::Stored => {
-                acc = _mm512_fmadd_ps(f16_halves(a, b, 2), s, acc);
-                _mm512_mul_ps(dx, _mm512_cvtepi32_ps(p))
-            }
-        };
-        acc = _mm512_fmadd_ps(dw, t, acc);
+        if let Some(next) = prefetch {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * f.bytes).cast());
+        }
+        let p = pair(w, i, nb, f, &quants);
+        acc = token(acc, &p, x, i, f);
     }
     _mm512_reduce_add_ps(acc)
 }
 
+/// [`row`] against four tokens, each token's arithmetic exactly [`row`]'s.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) fn row4(
+    w: &[u8],
+    x: [Q8Row<'_>; 4],
+    f: Format,
+    quants: impl Fn(&[u8], &[u8]) -> __m512i,
+) -> [f32; 4] {
+    let nb = w.len() / f.bytes;
+    for r in x {
+        check(r, nb, f);
+    }
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for i in (0..nb).step_by(2) {
+        let p = pair(w, i, nb, f, &quants);
+        for k in 0..4 {
+            acc[k] = token(acc[k], &p, x[k], i, f);
+        }
+    }
+    acc.map(|a| _mm512_reduce_add_ps(a))
+}
+
+/// A pair of weight blocks, unpacked once for any number of tokens.
+struct Pair {
+    /// Their 64 quants (magnitudes where the format is signed).
+    q: __m512i,
+    /// Where the format is signed, the quants' signs.
+    signs: __mmask64,
+    /// The first block's f16 step in the low eight lanes, the second's in the high eight.
+    dw: __m512,
+    /// As `dw`, their minimums (`Min::Stored`; zero otherwise).
+    mw: __m512,
+    /// Whether there are two blocks (else block `i` alone: the row's last, odd count).
+    two: bool,
+}
+
+/// Blocks `i` and `i + 1` of `w` (`nb` blocks); the last block alone pairs with itself,
+/// and [`token`] gives its second half zero activations.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn pair(
+    w: &[u8],
+    i: usize,
+    nb: usize,
+    f: Format,
+    quants: impl Fn(&[u8], &[u8]) -> __m512i,
+) -> Pair {
+    let two = i + 1 < nb;
+    let a = &w[i * f.bytes..][..f.bytes];
+    let b = if two {
+        &w[(i + 1) * f.bytes..][..f.bytes]
+    } else {
+        a
+    };
+    let q = quants(a, b);
+    let (q, signs) = if f.signed {
+        (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+    } else {
+        (q, 0)
+    };
+    let mw = if f.min == Min::Stored {
+        f16_halves(a, b, 2)
+    } else {
+        _mm512_setzero_ps()
+    };
+    Pair {
+        q,
+        signs,
+        dw: f16_halves(a, b, 0),
+        mw,
+        two,
+    }
+}
+
+/// `acc` plus pair `p` (blocks `i`, `i + 1`) against token `x`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn token(acc: __m512, p: &Pair, x: Q8Row<'_>, i: usize, f: Format) -> __m512 {
+    let (xq, xd, xs) = (x.qs.as_ptr(), x.d.as_ptr(), x.sum.as_ptr());
+    let two = p.two;
+    // SAFETY (the loads): `i + 1 < nb` where `two` (else only block `i`'s 32 bytes and one
+    // float are read), and `row`/`row4` checked `x.qs` for `nb · 32` bytes and `x.d`, `x.sum`
+    // (where the format has a minimum) for `nb` floats (`check`) before calling this.
+    let (xv, dx, s) = unsafe {
+        let xv = if two {
+            _mm512_loadu_si512(xq.add(i * QK).cast())
+        } else {
+            _mm512_maskz_loadu_epi8(0xffff_ffff, xq.add(i * QK))
+        };
+        let pair = |p: *const f32| {
+            if two {
+                _mm_castpd_ps(_mm_load_sd(p.add(i).cast()))
+            } else {
+                _mm_load_ss(p.add(i))
+            }
+        };
+        let s = if f.min == Min::None {
+            _mm_setzero_ps()
+        } else {
+            pair(xs)
+        };
+        (xv, halves(pair(xd)), halves(s))
+    };
+    // Each lane of a half sums an eighth of its block's product, so the block's minimum term
+    // comes in eighths too (exact: a power of two).
+    let s = match f.min {
+        Min::None => s,
+        Min::Offset(k) => _mm512_mul_ps(s, _mm512_set1_ps(k / 8.0)),
+        Min::Stored => _mm512_mul_ps(s, _mm512_set1_ps(1.0 / 8.0)),
+    };
+    let xv = if f.signed {
+        _mm512_mask_sub_epi8(xv, p.signs, _mm512_setzero_si512(), xv)
+    } else {
+        xv
+    };
+    let prod = _mm512_dpbusd_epi32(_mm512_setzero_si512(), p.q, xv);
+    let (t, acc) = match f.min {
+        Min::None => (_mm512_mul_ps(dx, _mm512_cvtepi32_ps(prod)), acc),
+        Min::Offset(_) => (_mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(prod), s), acc),
+        Min::Stored => (
+            _mm512_mul_ps(dx, _mm512_cvtepi32_ps(prod)),
+            _mm512_fmadd_ps(p.mw, s, acc),
+        ),
+    };
+    _mm512_fmadd_ps(p.dw, t, acc)
+}
+
 /// The f16 at `at` of `a` in the low eight lanes, of `b` in the high eight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
 fn f16_halves(a: &[u8], b: &[u8], at: usize) -> __m512 {
     let h = |v: &[u8]| _mm_set1_epi16(i16::from_le_bytes([v[at], v[at + 1]]));
     _mm512_cvtph_ps(_mm256_set_m128i(h(b), h(a)))
