@@ -378,9 +378,12 @@ mod tests {
         fresh.logits
     }
 
-    // The paged pass against the dense one, both on the cpu: the same products, attention
-    // summed in another order, so within 1e-3 of logits of size about 1 to 10.
-    const TOLERANCE: f32 = 1e-3;
+    // The paged pass against the dense one, both on the cpu, of logits of size about 1 to 10:
+    // attention summed in another order, and a check's few new tokens run through the decode
+    // kernels where the whole prompt afresh runs through the prompt tiles (the same int8 sums,
+    // their float steps in another order; since session 18's shared row arithmetic the two
+    // differ by up to 0.0032 here). A kept cache read at wrong positions is off by whole units.
+    const TOLERANCE: f32 = 1e-2;
 
     #[test]
     fn a_second_check_of_a_request_runs_only_the_tokens_since_the_first() {
