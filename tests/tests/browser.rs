@@ -1021,23 +1021,8 @@ async fn cpu_fallback_activations(
     // The threaded package is built with relaxed SIMD (its integer dot products): its
     // kernels against the scalar reference, where only the real target can run them.
     let kernels = if threads > 1 {
-        let check = page
-            .eval(
-                "import('/pkg/threads/cairn_web.js').then(async (m) => { await m.default(); \
-                 try { return m.checkCpuKernels(); } catch (e) { return 'failed: ' + e; } })",
-            )
-            .await;
-        let check = check.as_str().unwrap_or_default().to_owned();
-        assert!(
-            check.starts_with("simd128+relaxed: ") && !check.contains("failed"),
-            "the threaded package's kernels: {check}"
-        );
-        let compared: usize = check
-            .trim_start_matches("simd128+relaxed: ")
-            .trim_end_matches(" comparisons")
-            .parse()
-            .unwrap_or(0);
-        assert!(compared >= 21, "too few kernels compared: {check}");
+        let check =
+            check_cpu_kernels(&mut page, "/pkg/threads/cairn_web.js", "simd128+relaxed").await;
         format!(" (kernels {check})")
     } else {
         String::new()
@@ -1251,6 +1236,31 @@ async fn browser_links_through_the_coordinators_turn_server() {
     drop(browser);
 }
 
+/// The CPU kernels of the package at `module` against the scalar reference, run in the page
+/// (its SIMD is fixed at build time, so only the real target shows it works): the report must
+/// name `isa`, say nothing failed and count at least 21 comparisons. Returns the report.
+async fn check_cpu_kernels(page: &mut Page, module: &str, isa: &str) -> String {
+    let check = page
+        .eval(&format!(
+            "import('{module}').then(async (m) => {{ await m.default(); \
+             try {{ return m.checkCpuKernels(); }} catch (e) {{ return 'failed: ' + e; }} }})"
+        ))
+        .await;
+    let check = check.as_str().unwrap_or_default().to_owned();
+    let head = format!("{isa}: ");
+    assert!(
+        check.starts_with(&head) && !check.contains("failed"),
+        "{module}'s {isa} kernels: {check}"
+    );
+    let compared: usize = check
+        .trim_start_matches(head.as_str())
+        .trim_end_matches(" comparisons")
+        .parse()
+        .unwrap_or(0);
+    assert!(compared >= 21, "too few kernels compared: {check}");
+    check
+}
+
 async fn example_output(page: &mut Page) -> String {
     let deadline = Instant::now() + SLOW;
     loop {
@@ -1284,24 +1294,8 @@ async fn standalone_package_runs_a_kernel_and_a_model() {
     assert!(out.contains("matmul: [4, 5, 10, 11]"), "{out}");
     // The package's SIMD CPU kernels against the scalar reference, in the browser: wasm
     // simd128 is fixed at build time, so only a run in the real target shows it works.
-    let check = page
-        .eval(
-            "import('/pkg/cairn_web.js').then(async (m) => { await m.default(); \
-             try { return m.checkCpuKernels(); } catch (e) { return 'failed: ' + e; } })",
-        )
-        .await;
-    let check = check.as_str().unwrap_or_default().to_owned();
+    let check = check_cpu_kernels(&mut page, "/pkg/cairn_web.js", "simd128").await;
     eprintln!("checkCpuKernels: {check}");
-    assert!(
-        check.starts_with("simd128: ") && !check.contains("failed"),
-        "the package's simd128 kernels: {check}"
-    );
-    let compared: usize = check
-        .trim_start_matches("simd128: ")
-        .trim_end_matches(" comparisons")
-        .parse()
-        .unwrap_or(0);
-    assert!(compared >= 21, "too few kernels compared: {check}");
     // The WGSL matrix-vector kernels of every family against the CPU reference, compiled by
     // the browser's own WGSL compiler (SwiftShader here): `auto` runs the streaming ones in
     // browsers on the strength of this (engine/src/backend/wgpu/check.rs).
