@@ -101,6 +101,15 @@ pub struct WgpuOptions {
     /// sampled into a device buffer, is queued before step n's token is read back, so the
     /// GPU does not idle while the host encodes (`model::generate`).
     pub serial_decode: bool,
+    /// The `wgpu` backend compiles its kernels with wgpu's runtime checks: indices into
+    /// arrays clamped, loops bounded by a hidden counter, divisions guarded. Off by default
+    /// natively, as on the `vulkan` backend's SPIR-V: every op's shapes are checked against
+    /// its buffers before it is encoded (`validate_op`), and the indices read from buffers
+    /// (token ids, block tables) are checked on the host and again in the kernels that take
+    /// them, so the checks cost time without guarding anything. Buffer accesses keep whatever
+    /// bounds the driver enforces by itself (Vulkan's robust buffer access, which wgpu turns
+    /// on where the device has it). A browser's WebGPU always checks.
+    pub shader_checks: bool,
 }
 
 /// The limits the `wgpu` and `vulkan` backends open a device with. A tensor larger than the

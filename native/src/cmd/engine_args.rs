@@ -57,6 +57,11 @@ pub struct EngineArgs {
     /// (false: wait for every token before encoding the next step).
     #[arg(long, env = "CAIRN_WGPU_PIPELINE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub wgpu_pipeline: bool,
+    /// wgpu: compile the kernels with wgpu's runtime checks (indices clamped, loops bounded,
+    /// divisions guarded; false, the default: shapes are checked before every op, as on the
+    /// vulkan backend).
+    #[arg(long, env = "CAIRN_WGPU_SHADER_CHECKS", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub wgpu_shader_checks: bool,
     /// cuda: queue each decode step before reading the previous step's token (false: wait
     /// for every token before planning the next step).
     #[arg(long, env = "CAIRN_CUDA_PIPELINE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
@@ -181,6 +186,7 @@ impl EngineArgs {
                     WgpuAttentionArg::Auto => WgpuAttention::ByAdapter,
                 },
                 serial_decode: !self.wgpu_pipeline,
+                shader_checks: self.wgpu_shader_checks,
             },
             cuda: CudaOptions {
                 graphs: self.cuda_graphs,

@@ -135,6 +135,8 @@ pub struct WgpuBackend {
     /// Whether generation queues decode step n+1 before reading step n's token
     /// (`WgpuOptions::serial_decode` off); changeable at run time for comparisons.
     pipelined_decode: AtomicBool,
+    /// Kernels compiled with wgpu's runtime checks (`WgpuOptions::shader_checks`).
+    shader_checks: bool,
     /// Dispatches and buffer copies of the latest `run`.
     last_dispatches: AtomicUsize,
     last_copies: AtomicUsize,
@@ -211,6 +213,7 @@ impl WgpuBackend {
             attention_scratch: Mutex::new(None),
             staging: Mutex::new(Vec::new()),
             pipelined_decode: AtomicBool::new(true),
+            shader_checks: false,
             last_dispatches: AtomicUsize::new(0),
             last_copies: AtomicUsize::new(0),
             errors,
@@ -270,7 +273,8 @@ impl WgpuBackend {
         self.tiled_prefill = opts.tiled_prefill;
         self.attention = opts.attention.resolve(info.is_software());
         self.pipelined_decode = AtomicBool::new(!opts.serial_decode);
-        tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, tiled_prefill = self.tiled_prefill, attention = ?self.attention, "wgpu kernels");
+        self.shader_checks = opts.shader_checks;
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, tiled_prefill = self.tiled_prefill, attention = ?self.attention, shader_checks = self.shader_checks, "wgpu kernels");
         self
     }
 
@@ -423,12 +427,7 @@ impl WgpuBackend {
             format.map(|f| format!("_{f}")).unwrap_or_default()
         );
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            });
+        let module = self.shader_module(&label, src);
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -449,6 +448,31 @@ impl WgpuBackend {
         };
         cache.insert((kernel.name, format), compiled.clone());
         Ok(compiled)
+    }
+
+    /// A kernel's module: natively without wgpu's runtime checks unless asked for
+    /// (`WgpuOptions::shader_checks`); in a browser as WebGPU compiles it.
+    fn shader_module(&self, label: &str, src: String) -> wgpu::ShaderModule {
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        if !self.shader_checks {
+            // SAFETY: wgpu's checks guard a kernel's indexing, loops and divisions. Every op
+            // is checked by `validate_op` before it is encoded (each buffer holds the shapes
+            // its kernel indexes, every dimension a kernel divides by is nonzero), every loop
+            // of the kernels runs to a bound taken from those shapes, and the indices read
+            // from buffers (token ids, pool block tables, positions) are checked on the host
+            // before upload and clamped again in the kernels that take them; buffer accesses
+            // keep the driver's own robust access where the device has it. The `vulkan`
+            // backend has run the same kernels without these checks since it was written.
+            return unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            };
+        }
+        self.device.create_shader_module(desc)
     }
 
     /// The uniform buffer for `bytes` of parameters; a new one empties the bind group cache,
