@@ -19,7 +19,9 @@ pub(crate) struct VecF32 {
 }
 
 /// Whether `rows` holds `n` rows of `d` elements `stride` apart (what the many-row helpers
-/// index; the vector paths check it before reading).
+/// index; the vector paths check it before reading). Only the x86-64 paths index rows by
+/// pointer.
+#[cfg(target_arch = "x86_64")]
 fn rows_fit(rows: &[f32], n: usize, stride: usize, d: usize) -> bool {
     n == 0 || (n - 1).saturating_mul(stride).saturating_add(d) <= rows.len()
 }

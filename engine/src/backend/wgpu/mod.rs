@@ -523,6 +523,9 @@ impl WgpuBackend {
             .max(64 << 10)
             .min(self.max_binding_bytes())
             .max(bytes);
+        // In a browser a wgpu buffer is neither Send nor Sync, and neither is this `Arc`; the
+        // backend lives on one thread there.
+        #[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
         let buf = Arc::new(Buffer {
             storage: Storage::Wgpu(self.alloc(label, bytes)?),
             id: accounting.add(bytes),
@@ -955,6 +958,8 @@ impl WgpuBackend {
 /// buffer for their submission to finish.
 pub(crate) struct StagedRead {
     staging: wgpu::Buffer,
+    // A browser's queue has no submission to wait on: its mapping waits for the work.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     submission: wgpu::SubmissionIndex,
     skip: usize,
     len: usize,
