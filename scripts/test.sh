@@ -62,6 +62,10 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --features "$features" -- -D warnings
+# The engine as the browser runs it (wasm32: the simd128 and relaxed-SIMD kernels, the
+# browser's wgpu), as native/build.rs builds its packages.
+CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-Ctarget-feature=+simd128,+relaxed-simd" \
+    cargo clippy -p cairn-engine -p cairn-web --target wasm32-unknown-unknown -- -D warnings
 echo "== tests"
 df -h . | tail -1
 # The end-to-end tests start the cairn and cairn-signal binaries of this build as real
