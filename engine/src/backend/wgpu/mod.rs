@@ -12,6 +12,8 @@ pub mod check;
 pub(crate) mod discover;
 mod fuse;
 mod plan;
+#[cfg(not(target_arch = "wasm32"))]
+mod profile;
 mod repack;
 mod rows;
 mod split_attention;
@@ -137,6 +139,9 @@ pub struct WgpuBackend {
     pipelined_decode: AtomicBool,
     /// Kernels compiled with wgpu's runtime checks (`WgpuOptions::shader_checks`).
     shader_checks: bool,
+    /// GPU time per kernel (`CAIRN_WGPU_PROFILE=1` on a device with timestamp queries).
+    #[cfg(not(target_arch = "wasm32"))]
+    profile: Option<profile::Profile>,
     /// Dispatches and buffer copies of the latest `run`.
     last_dispatches: AtomicUsize,
     last_copies: AtomicUsize,
@@ -214,6 +219,8 @@ impl WgpuBackend {
             staging: Mutex::new(Vec::new()),
             pipelined_decode: AtomicBool::new(true),
             shader_checks: false,
+            #[cfg(not(target_arch = "wasm32"))]
+            profile: None,
             last_dispatches: AtomicUsize::new(0),
             last_copies: AtomicUsize::new(0),
             errors,
@@ -274,6 +281,18 @@ impl WgpuBackend {
         self.attention = opts.attention.resolve(info.is_software());
         self.pipelined_decode = AtomicBool::new(!opts.serial_decode);
         self.shader_checks = opts.shader_checks;
+        #[cfg(not(target_arch = "wasm32"))]
+        if profile::wanted() {
+            if self
+                .device
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY)
+            {
+                self.profile = Some(profile::Profile::default());
+            } else {
+                tracing::warn!(id = %info.id, "CAIRN_WGPU_PROFILE: this device has no timestamp queries; not profiled");
+            }
+        }
         tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, tiled_prefill = self.tiled_prefill, attention = ?self.attention, shader_checks = self.shader_checks, "wgpu kernels");
         self
     }
@@ -817,6 +836,22 @@ impl WgpuBackend {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("cairn run"),
             });
+        // Profiling: a pass of its own for every dispatch, stamped at both ends.
+        #[cfg(not(target_arch = "wasm32"))]
+        let queries = self
+            .profile
+            .as_ref()
+            .filter(|_| n_dispatch > 0 && 2 * n_dispatch <= u64::from(profile::MAX_QUERIES))
+            .map(|_| {
+                self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("cairn profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2 * n_dispatch as u32,
+                })
+            });
+        #[cfg(target_arch = "wasm32")]
+        let queries: Option<wgpu::QuerySet> = None;
+        let mut profiled: Vec<String> = Vec::new();
         let mut i = 0;
         while i < steps.len() {
             if let Step::Copy {
@@ -831,9 +866,16 @@ impl WgpuBackend {
                 i += 1;
                 continue;
             }
+            let stamp = profiled.len() as u32 * 2;
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("cairn ops"),
-                timestamp_writes: None,
+                timestamp_writes: queries.as_ref().map(|query_set| {
+                    wgpu::ComputePassTimestampWrites {
+                        query_set,
+                        beginning_of_pass_write_index: Some(stamp),
+                        end_of_pass_write_index: Some(stamp + 1),
+                    }
+                }),
             });
             // Consecutive dispatches of one pipeline (Q, K and V; gate and up) set it once:
             // each call is validated and tracked by wgpu, about 2 us a dispatch on lavapipe's
@@ -867,8 +909,20 @@ impl WgpuBackend {
                     pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                 }
                 i += 1;
+                if queries.is_some() {
+                    profiled.push(format!(
+                        "{}{}",
+                        kernel.name,
+                        format.map(|f| format!(" {f}")).unwrap_or_default()
+                    ));
+                    break;
+                }
             }
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        let stamps = queries
+            .as_ref()
+            .map(|qs| self.resolve_stamps(&mut enc, qs, profiled.len() as u32 * 2));
         if let Some((src, offset, staging, bytes)) = read
             && bytes > 0
         {
@@ -890,7 +944,63 @@ impl WgpuBackend {
             "wgpu run"
         );
         self.check_errors()?;
+        #[cfg(not(target_arch = "wasm32"))]
+        if let (Some(profile), Some(stamps)) = (&self.profile, stamps) {
+            let ticks = pollster::block_on(self.read_staged(&stamps, profiled.len() * 16))?;
+            let ticks: Vec<u64> = ticks
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                .collect();
+            profile.add(&profiled, &ticks, self.queue.get_timestamp_period());
+        }
         Ok(submission)
+    }
+
+    /// Profiling: the run's `count` timestamps resolved into a host-readable buffer.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn resolve_stamps(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        queries: &wgpu::QuerySet,
+        count: u32,
+    ) -> wgpu::Buffer {
+        let bytes = u64::from(count.max(1)) * 8;
+        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("cairn profile stamps"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let host = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("cairn profile readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        enc.resolve_query_set(queries, 0..count, &resolved, 0);
+        enc.copy_buffer_to_buffer(&resolved, 0, &host, 0, bytes);
+        host
+    }
+
+    /// Profiling: waits for the queue and returns `len` bytes of the host-readable `buf`.
+    #[cfg(not(target_arch = "wasm32"))]
+    async fn read_staged(&self, buf: &wgpu::Buffer, len: usize) -> Result<Vec<u8>> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        buf.map_async(wgpu::MapMode::Read, .., move |m| {
+            let _ = tx.send(m);
+        });
+        self.wait()?;
+        rx.await
+            .map_err(|_| BackendError::Gpu("profile readback dropped".into()))?
+            .map_err(|e| BackendError::Gpu(format!("profile readback: {e}")))?;
+        let bytes = {
+            let view = buf
+                .get_mapped_range(..)
+                .map_err(|e| BackendError::Gpu(format!("mapped range: {e}")))?;
+            view[..len.min(view.len())].to_vec()
+        };
+        buf.unmap();
+        Ok(bytes)
     }
 
     pub(crate) async fn read(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -951,6 +1061,15 @@ impl WgpuBackend {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| BackendError::Gpu(format!("poll: {e}")))?;
         Ok(())
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Drop for WgpuBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            p.report();
+        }
     }
 }
 
