@@ -1,6 +1,6 @@
 // Decode attention split by keys (flash-decoding), first pass: one workgroup per (head,
 // query token, piece). The query's keys (its window, else all of them) are cut into
-// `splits` pieces of equal length; this workgroup scores its piece 256 keys at a time with an
+// `splits` pieces of equal length; this workgroup scores its piece 64 keys at a time with an
 // online softmax, as attention.wgsl does over all of them, and writes the piece's running
 // maximum m, sum l of exp(score - m) and weighted values o (head_dim of them) to `part`, at
 // record ((t * heads + h) * splits + piece) of head_dim + 2 floats. An empty piece writes
@@ -30,9 +30,23 @@ struct Params {
 @group(0) @binding(3) var<storage, read> v_cache: array<f32>;
 @group(0) @binding(4) var<storage, read_write> part: array<f32>;
 
-const CHUNK: u32 = 256u;
+// Each key is read by LANES invocations at once, element d by invocation d % LANES, so a
+// load instruction of 32 invocations reads 32 neighbouring floats of one key's row instead
+// of 32 rows' d-th elements (one invocation per key, walking its row alone, was latency-bound:
+// 32 us a layer for the 8B shape's 576 keys on an H200). GROUPS keys are in flight at a time,
+// and the weighted values are summed the same way, each invocation keeping the elements
+// lane, lane + LANES, ... of its group's keys, the groups' sums added at the end.
+const LANES: u32 = 32u;
+const GROUPS: u32 = 8u;
+// Keys scored per chunk: their partial dot products (CHUNK rows of LANES, padded to LANES + 1
+// so a row's sum reads every bank once) fill `red`, which later holds GROUPS x 256 values.
+const CHUNK: u32 = 64u;
+const PAD: u32 = 33u;
+// head_dim is at most 256 (qs), so at most 256 / LANES elements per invocation.
+const PER_LANE: u32 = 8u;
 var<workgroup> qs: array<f32, 256>;
-var<workgroup> scores: array<f32, 256>;
+var<workgroup> scores: array<f32, 64>;
+var<workgroup> red: array<f32, 2112>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -52,56 +66,84 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         qs[li] = q[qbase + li];
     }
     workgroupBarrier();
+    let g = li / LANES;
+    let lane = li % LANES;
     var m = -3.4028234e38;
     var l = 0.0;
-    var o = 0.0;
+    var ov: array<f32, PER_LANE>;
     for (var c0 = lo; c0 < hi; c0 += CHUNK) {
-        let j = c0 + li;
-        let live_key = j < hi;
-        var s = -3.4028234e38;
-        if (live_key) {
-            let kb = j * kv_stride + kvh * hd;
+        // Only the piece's live keys: a short piece pays for its own keys, not the chunk.
+        let live = min(CHUNK, hi - c0);
+        for (var kk = g; kk < live; kk += GROUPS) {
+            let kb = (c0 + kk) * kv_stride + kvh * hd;
             var acc = 0.0;
-            for (var d = 0u; d < hd; d++) {
+            for (var d = lane; d < hd; d += LANES) {
                 acc += qs[d] * k_cache[kb + d];
             }
-            s = acc * p.scale;
+            red[kk * PAD + lane] = acc;
+        }
+        workgroupBarrier();
+        if (li < live) {
+            var acc = 0.0;
+            for (var x = 0u; x < LANES; x++) {
+                acc += red[li * PAD + x];
+            }
+            var s = acc * p.scale;
             if (p.softcap > 0.0) {
                 s = p.softcap * tanh(s / p.softcap);
             }
+            scores[li] = s;
         }
-        scores[li] = s;
         workgroupBarrier();
-        // Only the piece's live keys: a short piece pays for its own keys, not the chunk.
-        let live = min(CHUNK, hi - c0);
         var cm = m;
         for (var i = 0u; i < live; i++) {
             cm = max(cm, scores[i]);
         }
         workgroupBarrier();
-        scores[li] = select(0.0, exp(s - cm), live_key);
+        if (li < live) {
+            scores[li] = exp(scores[li] - cm);
+        }
         workgroupBarrier();
         let corr = exp(m - cm);
         var csum = 0.0;
-        var ov = 0.0;
         for (var i = 0u; i < live; i++) {
-            let pw = scores[i];
-            csum += pw;
-            if (li < hd) {
-                ov += pw * v_cache[(c0 + i) * kv_stride + kvh * hd + li];
-            }
+            csum += scores[i];
         }
         l = l * corr + csum;
-        o = o * corr + ov;
+        for (var i = 0u; i < PER_LANE; i++) {
+            ov[i] *= corr;
+        }
+        for (var kk = g; kk < live; kk += GROUPS) {
+            let pw = scores[kk];
+            let vb = (c0 + kk) * kv_stride + kvh * hd;
+            for (var i = 0u; i < PER_LANE; i++) {
+                let d = lane + i * LANES;
+                if (d < hd) {
+                    ov[i] += pw * v_cache[vb + d];
+                }
+            }
+        }
         m = cm;
+        // Everyone is done with this chunk's scores and partials before the next overwrites them.
         workgroupBarrier();
     }
+    for (var i = 0u; i < PER_LANE; i++) {
+        let d = lane + i * LANES;
+        if (d < hd) {
+            red[g * 256u + d] = ov[i];
+        }
+    }
+    workgroupBarrier();
     let rec = ((t * p.heads + h) * p.splits + piece) * (hd + 2u);
     if (li == 0u) {
         part[rec] = m;
         part[rec + 1u] = l;
     }
     if (li < hd) {
+        var o = 0.0;
+        for (var gg = 0u; gg < GROUPS; gg++) {
+            o += red[gg * 256u + li];
+        }
         part[rec + 2u + li] = o;
     }
 }

@@ -33,12 +33,18 @@ struct Params {
 @group(0) @binding(5) var<storage, read> table: array<u32>;
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
-const CHUNK: u32 = 256u;
+// The keys are scored and their values summed as attention_split.wgsl does: LANES
+// invocations a key, neighbouring elements in neighbouring invocations, GROUPS keys in flight.
+const LANES: u32 = 32u;
+const GROUPS: u32 = 8u;
+const CHUNK: u32 = 64u;
+const PAD: u32 = 33u;
+const PER_LANE: u32 = 8u;
 // `live_keys` of a token that is skipped.
 const SKIP: u32 = 0xffffffffu;
 var<workgroup> qs: array<f32, 256>;
-var<workgroup> scores: array<f32, 256>;
-var<workgroup> key_slots: array<u32, 256>;
+var<workgroup> scores: array<f32, 64>;
+var<workgroup> red: array<f32, 2112>;
 var<workgroup> bad: atomic<u32>;
 var<workgroup> live_keys: u32;
 
@@ -57,7 +63,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     if (in_table) {
-        for (var b = li; b < n_blocks; b += CHUNK) {
+        for (var b = li; b < n_blocks; b += 256u) {
             if (table[start + b] >= p.pool_blocks) {
                 atomicOr(&bad, 1u);
             }
@@ -85,63 +91,89 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         qs[li] = q[qbase + li];
     }
     workgroupBarrier();
+    let g = li / LANES;
+    let lane = li % LANES;
     var m = -3.4028234e38;
     var l = 0.0;
-    var o = 0.0;
+    var ov: array<f32, PER_LANE>;
     let first = select(0u, keys - min(keys, p.window), p.window != 0u);
     let per = (keys - first + p.splits - 1u) / p.splits;
     let lo = min(first + wid.z * per, keys);
     let hi = min(lo + per, keys);
     for (var c0 = lo; c0 < hi; c0 += CHUNK) {
-        let j = c0 + li;
-        let live_key = j < hi;
-        var s = -3.4028234e38;
-        // Every key of the chunk has its slot for the value pass, whose weights past the
-        // piece are 0: an unwritten slot would send it outside the pool.
-        if (live_key) {
-            key_slots[li] = table[start + j / block] * block + j % block;
-            let slot = key_slots[li];
-            let kb = slot * kv_stride + kvh * hd;
+        // Only the piece's live keys: a short piece pays for its own keys, not the chunk.
+        let live = min(CHUNK, hi - c0);
+        for (var kk = g; kk < live; kk += GROUPS) {
+            let j = c0 + kk;
+            let kb = (table[start + j / block] * block + j % block) * kv_stride + kvh * hd;
             var acc = 0.0;
-            for (var d = 0u; d < hd; d++) {
+            for (var d = lane; d < hd; d += LANES) {
                 acc += qs[d] * k_pool[kb + d];
             }
-            s = acc * p.scale;
+            red[kk * PAD + lane] = acc;
+        }
+        workgroupBarrier();
+        if (li < live) {
+            var acc = 0.0;
+            for (var x = 0u; x < LANES; x++) {
+                acc += red[li * PAD + x];
+            }
+            var s = acc * p.scale;
             if (p.softcap > 0.0) {
                 s = p.softcap * tanh(s / p.softcap);
             }
+            scores[li] = s;
         }
-        scores[li] = s;
         workgroupBarrier();
-        // Only the piece's live keys: a short piece pays for its own keys, not the chunk.
-        let live = min(CHUNK, hi - c0);
         var cm = m;
         for (var i = 0u; i < live; i++) {
             cm = max(cm, scores[i]);
         }
         workgroupBarrier();
-        scores[li] = select(0.0, exp(s - cm), live_key);
+        if (li < live) {
+            scores[li] = exp(scores[li] - cm);
+        }
         workgroupBarrier();
         let corr = exp(m - cm);
         var csum = 0.0;
-        var ov = 0.0;
         for (var i = 0u; i < live; i++) {
-            let pw = scores[i];
-            csum += pw;
-            if (li < hd) {
-                ov += pw * v_pool[key_slots[i] * kv_stride + kvh * hd + li];
-            }
+            csum += scores[i];
         }
         l = l * corr + csum;
-        o = o * corr + ov;
+        for (var i = 0u; i < PER_LANE; i++) {
+            ov[i] *= corr;
+        }
+        for (var kk = g; kk < live; kk += GROUPS) {
+            let pw = scores[kk];
+            let j = c0 + kk;
+            let vb = (table[start + j / block] * block + j % block) * kv_stride + kvh * hd;
+            for (var i = 0u; i < PER_LANE; i++) {
+                let d = lane + i * LANES;
+                if (d < hd) {
+                    ov[i] += pw * v_pool[vb + d];
+                }
+            }
+        }
         m = cm;
+        // Everyone is done with this chunk's scores and partials before the next overwrites them.
         workgroupBarrier();
     }
+    for (var i = 0u; i < PER_LANE; i++) {
+        let d = lane + i * LANES;
+        if (d < hd) {
+            red[g * 256u + d] = ov[i];
+        }
+    }
+    workgroupBarrier();
     if (li == 0u) {
         part[h_rec] = m;
         part[h_rec + 1u] = l;
     }
     if (li < hd) {
+        var o = 0.0;
+        for (var gg = 0u; gg < GROUPS; gg++) {
+            o += red[gg * 256u + li];
+        }
         part[h_rec + 2u + li] = o;
     }
 }
