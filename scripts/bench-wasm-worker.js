@@ -50,8 +50,10 @@ async function bench() {
     for (const budget of [0, 20, 100, 500]) {
       pkg.cpuTeamSpin(budget);
       for (const gap of [0, 10, 50]) {
+        // 10,000 ops (tens to hundreds of ms): on a busy machine a shorter probe measures
+        // whether the worker happened to hold a core during it.
         pkg.cpuTeamProbe(200, 4, gap);
-        const [us, joined] = pkg.cpuTeamProbe(2000, 4, gap);
+        const [us, joined] = pkg.cpuTeamProbe(10000, 4, gap);
         say(`probe: spin ${budget} us, gap ${gap} us: ${(us - gap).toFixed(2)} us per op beyond the gap, a worker in ${(100 * joined).toFixed(0)}% of ops`);
       }
     }

@@ -129,9 +129,9 @@ fn token<const G: usize>(
     let (xd, xs) = (&x.d[tk * nb..][..nb], &x.s[tk * nb..][..nb]);
     let (dw, mw) = (&t.dw[..nb * TILE], &t.mw[..nb * TILE]);
     let mut acc = [f32x4_splat(0.0); 4];
-    for b in 0..nb {
+    for (b, (&d, &sum)) in xd.iter().zip(xs).enumerate() {
         let s = sums(b);
-        let (dx, sx) = (f32x4_splat(xd[b]), f32x4_splat(xs[b]));
+        let (dx, sx) = (f32x4_splat(d), f32x4_splat(sum));
         for (v, acc) in acc.iter_mut().enumerate() {
             let step = f32x4_mul(load_f32(&dw[b * TILE + 4 * v..]), dx);
             let offset = f32x4_mul(load_f32(&mw[b * TILE + 4 * v..]), sx);
