@@ -230,8 +230,9 @@ fn wasm_spin() -> Duration {
     Duration::from_micros(u64::from(WASM_SPIN_US.load(Ordering::Relaxed)))
 }
 
-/// A waiting thread's checks so far: natively each pause past the first 1,024 checks offers
-/// the core ([`offer_core`], as before); on wasm32 only once [`wasm_spin`] has passed too.
+/// A waiting thread's checks so far: natively an idle worker offers the core
+/// ([`offer_core`]) at each check past its first 1,024 and a caller at every check, as before;
+/// on wasm32 both only once [`wasm_spin`] has passed as well.
 struct Patience {
     spins: u32,
     /// wasm32: whether the spin budget still runs (read from the clock every
@@ -284,7 +285,15 @@ impl Patience {
         self.spins.is_multiple_of(CLOCK_EVERY)
     }
 
-    /// One check's pause in a caller's wait for its op's last tasks.
+    /// One check's pause in a caller's wait for its op's last tasks: natively [`offer_core`]
+    /// every time (a worker still on a task may be waiting for the core); on wasm32 once the
+    /// spin budget has passed, since its [`offer_core`] sleeps.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn pause(&mut self) {
+        offer_core();
+    }
+
+    #[cfg(target_arch = "wasm32")]
     fn pause(&mut self) {
         self.spins = self.spins.saturating_add(1);
         if self.past_spin(None) {
