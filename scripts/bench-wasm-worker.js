@@ -45,7 +45,8 @@ async function bench() {
   say(`threads: ${threads}; kernels: ${pkg.checkCpuKernels()}`);
   if (probe === 1 && threads > 1 && typeof pkg.cpuTeamProbe === "function") {
     // What one hand-off to the team costs with each spin budget: 4 small tasks per op, ops
-    // back to back or 10 us of serial work apart. The team's workers start asynchronously.
+    // back to back or 10 or 50 us of serial work apart. The team's workers start
+    // asynchronously.
     await new Promise((r) => setTimeout(r, 1000));
     for (const budget of [0, 20, 100, 500]) {
       pkg.cpuTeamSpin(budget);
@@ -57,8 +58,8 @@ async function bench() {
         say(`probe: spin ${budget} us, gap ${gap} us: ${(us - gap).toFixed(2)} us per op beyond the gap, a worker in ${(100 * joined).toFixed(0)}% of ops`);
       }
     }
-    if (spin >= 0) pkg.cpuTeamSpin(spin);
-    else pkg.cpuTeamSpin(100);
+    // Back to the run's budget (100 us: engine/src/backend/cpu/team.rs's default).
+    pkg.cpuTeamSpin(spin >= 0 ? spin : 100);
   }
   const engine = await pkg.Engine.open("cpu");
   let t = performance.now();
