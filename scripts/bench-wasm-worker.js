@@ -5,7 +5,9 @@
 // are the same as scripts/bench-wasm.mjs prints under Node, whose V8 (11, Node 20) computes
 // relaxed SIMD's dot product wrongly (twice the sum), so the threaded package is timed here.
 //
-// Worker names: "bench PKG THREADS TOKENS ROUNDS" (PKG: the package's glue URL), or
+// Worker names: "bench PKG THREADS TOKENS ROUNDS SPIN PROBE" (PKG: the package's glue URL;
+// SPIN: the team's spin budget in us, `cpuTeamSpin`, -1 for the package's default; PROBE 1:
+// time the team's hand-offs first, `cpuTeamProbe`), or
 // "bench-team PKG" for the team's workers.
 
 const [role, glue, ...args] = self.name.split(" ");
@@ -26,10 +28,14 @@ async function team() {
 }
 
 async function bench() {
-  const [threads, tokens, rounds] = args.map(Number);
+  const [threads, tokens, rounds, spin, probe] = args.map(Number);
   const pkg = await import(glue);
   await pkg.default();
   if (glue.includes("/threads/")) {
+    // How long the team's waiting threads spin before sleeping between checks (us; -1: the
+    // package's default), where the package can be told (before session 19: 1,024 checks).
+    if (spin >= 0 && typeof pkg.cpuTeamSpin === "function") pkg.cpuTeamSpin(spin);
+    say(`team spin: ${typeof pkg.cpuTeamSpin !== "function" ? "1,024 checks" : spin >= 0 ? `${spin} us` : "default"}`);
     const shared = pkg.cpuTeamStart(threads);
     for (let i = 1; i < threads; i++) {
       const w = new Worker(import.meta.url, { type: "module", name: `bench-team ${glue}` });
@@ -37,6 +43,24 @@ async function bench() {
     }
   }
   say(`threads: ${threads}; kernels: ${pkg.checkCpuKernels()}`);
+  if (probe === 1 && threads > 1 && typeof pkg.cpuTeamProbe === "function") {
+    // What one hand-off to the team costs with each spin budget: 4 small tasks per op, ops
+    // back to back or 10 or 50 us of serial work apart. The team's workers start
+    // asynchronously.
+    await new Promise((r) => setTimeout(r, 1000));
+    for (const budget of [0, 20, 100, 500]) {
+      pkg.cpuTeamSpin(budget);
+      for (const gap of [0, 10, 50]) {
+        // 10,000 ops (tens to hundreds of ms): on a busy machine a shorter probe measures
+        // whether the worker happened to hold a core during it.
+        pkg.cpuTeamProbe(200, 4, gap);
+        const [us, joined] = pkg.cpuTeamProbe(10000, 4, gap);
+        say(`probe: spin ${budget} us, gap ${gap} us: ${(us - gap).toFixed(2)} us per op beyond the gap, a worker in ${(100 * joined).toFixed(0)}% of ops`);
+      }
+    }
+    // Back to the run's budget (100 us: engine/src/backend/cpu/team.rs's default).
+    pkg.cpuTeamSpin(spin >= 0 ? spin : 100);
+  }
   const engine = await pkg.Engine.open("cpu");
   let t = performance.now();
   const model = await engine.loadModel(new URL("/model.gguf", self.location.href).href);

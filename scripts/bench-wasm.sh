@@ -17,7 +17,11 @@
 # Environment: TOKENS (16 generated per round), ROUNDS (3), PASSES (1: the whole set again,
 # so the variants alternate), CAIRN_BIN (a cairn; default target/release/cairn, built if
 # missing), PKG (the package folder; default the newest target/release/build/cairn-*/out/pkg),
-# BASELINE_PKG (another package folder, e.g. main's, run first in every pass), WASM_THREADS
+# BASELINE_PKG (another package folder, e.g. main's, run first in every pass: its single-thread
+# package on 1 thread and its threaded one on 2), WASM_SPINS (spin budgets in us, e.g. "0
+# 500": the threaded package on 2 threads once more with each; 0 is the waits before
+# session 19), WASM_PROBE (1: each threaded run on 2 threads first times the team's
+# hand-offs with spin budgets of 0, 20, 100 and 500 us), WASM_THREADS
 # (the threaded package's runs: default "1 2"), WASM_ENGINE (chromium, the default where it
 # is installed, or node: scripts/bench-wasm.mjs, single-thread package only), CHROMIUM (the
 # browser binary). Needs python3 (it serves the files over HTTP).
@@ -73,7 +77,9 @@ sleep 1
 # wrongly, so there the threaded package is not run).
 browser="${CHROMIUM:-$(command -v chromium || true)}"
 engine="${WASM_ENGINE:-$([ -n "$browser" ] && echo chromium || echo node)}"
-# wasm GLUE THREADS: one run of the package whose glue is /pkg/GLUE on THREADS threads.
+# wasm GLUE THREADS [SPIN]: one run of the package whose glue is /pkg/GLUE on THREADS
+# threads (SPIN: how long the team's waiting threads spin before sleeping between checks, in
+# us; the package's default where not given).
 wasm() {
     if [ "$engine" = node ]; then
         node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" \
@@ -84,7 +90,7 @@ wasm() {
     "$browser" --headless=new --no-sandbox --no-first-run --disable-background-networking \
         --disable-component-update --disable-sync --user-data-dir="$serve/profile" \
         --enable-logging=stderr --v=0 \
-        "http://127.0.0.1:$port/bench-wasm.html?pkg=/pkg/$1&threads=$2&tokens=$tokens&rounds=$rounds" \
+        "http://127.0.0.1:$port/bench-wasm.html?pkg=/pkg/$1&threads=$2&tokens=$tokens&rounds=$rounds&spin=${3:--1}&probe=${WASM_PROBE:-0}" \
         >/dev/null 2>"$log" &
     local chromium=$!
     for _ in $(seq 900); do
@@ -104,6 +110,10 @@ for pass in $(seq "${PASSES:-1}"); do
     if [ -n "${BASELINE_PKG:-}" ] && [ "$engine" = chromium ]; then
         echo "== pass $pass: wasm, baseline package $BASELINE_PKG, 1 thread"
         wasm ../base/cairn_web.js 1
+        if [ -f "$BASELINE_PKG/threads/cairn_web_bg.wasm" ]; then
+            echo "== pass $pass: wasm, baseline threaded package, 2 threads"
+            wasm ../base/threads/cairn_web.js 2
+        fi
     fi
     echo "== pass $pass: wasm, single-thread package (simd128), 1 thread"
     wasm cairn_web.js 1
@@ -111,6 +121,12 @@ for pass in $(seq "${PASSES:-1}"); do
         for threads in ${WASM_THREADS:-1 2}; do
             echo "== pass $pass: wasm, threaded package (simd128+relaxed), $threads thread(s)"
             wasm threads/cairn_web.js "$threads"
+        done
+        # WASM_SPINS: the threaded package on 2 threads again with each of these spin
+        # budgets (us; 0: sleep after 1,024 checks, as before session 19).
+        for spin in ${WASM_SPINS:-}; do
+            echo "== pass $pass: wasm, threaded package, 2 threads, team spin ${spin} us"
+            wasm threads/cairn_web.js 2 "$spin"
         done
     else
         echo "== no threaded package run (none in $pkg, or not in Chromium)"

@@ -1127,7 +1127,12 @@ async fn threaded_cpu_fallback_matches_the_single_thread_one() {
     let _serial = SERIAL.lock().await;
     let file = MappedGguf::open(model_path()).unwrap();
     let tok = Tokenizer::from_spec(&file.file.tokenizer_spec().unwrap()).unwrap();
-    let prompt = tok.encode_prompt(PROMPT, true).unwrap();
+    // Longer than the 32 tokens up to which a prompt runs the decode kernels: its prefill
+    // runs over the tiles (dot/simd128_tile.rs; relaxed SIMD in one package, i16 pairs in
+    // the other).
+    let counting: Vec<String> = (1..=24).map(|i| format!("{i},")).collect();
+    let prompt = tok.encode_prompt(&counting.join(" "), true).unwrap();
+    assert!(prompt.len() > 40, "{} tokens", prompt.len());
     let (one_said, one) = cpu_fallback_activations(&binary, &file, &prompt, 1).await;
     let (two_said, two) = cpu_fallback_activations(&binary, &file, &prompt, 2).await;
     eprintln!("{one_said}; {two_said}");
@@ -1252,12 +1257,23 @@ async fn check_cpu_kernels(page: &mut Page, module: &str, isa: &str) -> String {
         check.starts_with(&head) && !check.contains("failed"),
         "{module}'s {isa} kernels: {check}"
     );
-    let compared: usize = check
-        .trim_start_matches(head.as_str())
-        .trim_end_matches(" comparisons")
-        .parse()
-        .unwrap_or(0);
+    // "ISAS: N comparisons, T of them prefill tiles"
+    let count = |after: &str, before: &str| -> usize {
+        check
+            .split_once(after)
+            .and_then(|(_, rest)| rest.split_once(before))
+            .and_then(|(n, _)| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let compared = count(&head, " comparisons");
     assert!(compared >= 21, "too few kernels compared: {check}");
+    // wasm has prefill tiles since session 19 (dot/simd128_tile.rs): every tiled format on a
+    // partial and a full tile, three tokens each.
+    let tiles = count("comparisons, ", " of them");
+    assert!(
+        tiles >= 9 * 29 * 3,
+        "too few tile results compared: {check}"
+    );
     check
 }
 

@@ -32,7 +32,8 @@ fn js_err(e: impl std::fmt::Display) -> JsValue {
 
 /// Compares this build's SIMD CPU kernels (simd128 where the package was built with it)
 /// with the scalar reference: the browser's own check, since wasm tests have no harness in
-/// a page. Says which instruction sets it compared and how many results.
+/// a page. Says which instruction sets it compared and how many results ("simd128: N
+/// comparisons, T of them prefill tiles").
 #[wasm_bindgen(js_name = checkCpuKernels)]
 pub fn check_cpu_kernels() -> Result<String, JsValue> {
     let check = cairn_engine::backend::cpu::check_kernels().map_err(js_err)?;
@@ -41,7 +42,10 @@ pub fn check_cpu_kernels() -> Result<String, JsValue> {
     } else {
         check.isas.join(", ")
     };
-    Ok(format!("{isas}: {} comparisons", check.comparisons))
+    Ok(format!(
+        "{isas}: {} comparisons, {} of them prefill tiles",
+        check.comparisons, check.tiles
+    ))
 }
 
 /// Compares the matrix-vector kernels of every family the page's WebGPU adapter can run

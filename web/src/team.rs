@@ -39,3 +39,25 @@ pub fn cpu_team_start(threads: u32) -> JsValue {
 pub fn cpu_team_worker() -> bool {
     cairn_engine::backend::cpu::serve_wasm_team()
 }
+
+/// How long the team's waiting threads spin before they sleep between checks, in
+/// microseconds (0: after 1,024 checks, session 17's waits; the default 100;
+/// engine/src/backend/cpu/team.rs says why): for comparing budgets in one package
+/// (scripts/bench-wasm.sh's `WASM_SPINS`).
+#[wasm_bindgen(js_name = cpuTeamSpin)]
+pub fn cpu_team_spin(us: u32) {
+    cairn_engine::backend::cpu::set_wasm_team_spin(us);
+}
+
+/// What a hand-off to the team costs (engine's `wasm_team_probe`): `ops` ops of `tasks` small
+/// tasks, each followed by `gapUs` of serial work; resolves to `[us per op, share of ops a
+/// worker joined]`, or `null` without a team. For scripts/bench-wasm.sh.
+#[wasm_bindgen(js_name = cpuTeamProbe)]
+pub fn cpu_team_probe(ops: u32, tasks: u32, gap_us: f64) -> JsValue {
+    match cairn_engine::backend::cpu::wasm_team_probe(ops, tasks as usize, gap_us) {
+        Some((us, joined)) => {
+            js_sys::Array::of2(&JsValue::from_f64(us), &JsValue::from_f64(joined)).into()
+        }
+        None => JsValue::NULL,
+    }
+}

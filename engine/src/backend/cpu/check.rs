@@ -8,6 +8,7 @@
 use half::f16;
 
 use super::dot::Isa;
+use super::dot::tile::{Acts, TILE, Tile};
 use super::q8::Q8;
 use super::vecf32::VecF32;
 use crate::quant::{GgmlType, dequantize_row};
@@ -19,6 +20,8 @@ pub struct KernelCheck {
     pub isas: Vec<&'static str>,
     /// Dot products compared.
     pub comparisons: usize,
+    /// How many of them were prefill tile kernels' results (`dot/tile.rs`).
+    pub tiles: usize,
 }
 
 /// A small deterministic generator (xorshift64*): the check needs no `rand` at run time.
@@ -142,6 +145,8 @@ pub fn check_kernels() -> Result<KernelCheck, String> {
             }
         }
     }
+    let tiles = check_tiles(&isas, &mut rng)?;
+    comparisons += tiles;
     for &isa in &isas {
         let v = VecF32::new(isa);
         for n in [1, 3, 4, 7, 8, 15, 16, 17, 64, 100] {
@@ -168,5 +173,75 @@ pub fn check_kernels() -> Result<KernelCheck, String> {
     Ok(KernelCheck {
         isas: isas.iter().map(|i| i.name()).collect(),
         comparisons,
+        tiles,
     })
+}
+
+/// Compares every prefill tile kernel of `isas` (`dot/tile.rs`: the unpacked tile against
+/// several tokens) with the scalar one-token kernel, per row and token, on a partial tile (13
+/// rows) and a full one; returns how many results it compared. Outliers are left out on both
+/// sides (the callers add them alike).
+fn check_tiles(isas: &[Isa], rng: &mut Rng) -> Result<usize, String> {
+    let mut comparisons = 0;
+    let mut q8 = Q8::default();
+    let (mut d, mut s) = (Vec::new(), Vec::new());
+    let mut t = Tile::default();
+    for ty in GgmlType::ALL.into_iter().filter(|t| t.block_len() > 1) {
+        let Some((reference, layout)) = Isa::Scalar.dot(ty) else {
+            continue;
+        };
+        let block = ty.block_len();
+        for (rows, cols) in [
+            (13, 3 * block),
+            (TILE, if block == 32 { 576 } else { 1536 }),
+        ] {
+            let row_bytes = ty.row_bytes(cols).ok_or("a row of whole blocks")?;
+            let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next() as u8).collect();
+            for b in w.chunks_exact_mut(ty.block_bytes()) {
+                for &at in f16_fields(ty) {
+                    let v = f16::from_f32(rng.unit() * 0.05);
+                    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            let tokens = 3;
+            let mut x: Vec<f32> = (0..tokens * cols).map(|_| rng.unit()).collect();
+            x[cols..2 * cols].iter_mut().for_each(|v| *v *= 20.0);
+            x[2 * cols..2 * cols + layout.block()].fill(0.0);
+            q8.quantize(layout, &x, cols, tokens);
+            let mut deq = vec![0f32; cols];
+            for &isa in isas {
+                let Some((kernel, format)) = isa.tile(ty) else {
+                    continue;
+                };
+                let acts = Acts::new(&q8, format.sub, tokens, &mut d, &mut s);
+                isa.fill_tile(&mut t, format, &w, row_bytes, 0..rows);
+                let mut out = vec![[f32::NAN; TILE]; tokens];
+                kernel(&t, &acts, 0..tokens, &mut out);
+                for r in 0..rows {
+                    let wr = &w[r * row_bytes..][..row_bytes];
+                    dequantize_row(ty, wr, &mut deq);
+                    for (tk, got) in out.iter().enumerate() {
+                        let want = reference(wr, q8.row(tk));
+                        let magnitude: f64 = deq
+                            .iter()
+                            .zip(&x[tk * cols..])
+                            .map(|(a, b)| f64::from((a * b).abs()))
+                            .sum();
+                        comparisons += 1;
+                        let err = f64::from((got[r] - want).abs());
+                        if err.is_nan() || err > 1e-5 * (magnitude * 1.5 + 1e-3) {
+                            return Err(format!(
+                                "{} {} tile kernel over {cols} columns, row {r} of {rows}, \
+                                 token {tk}: {}, the scalar reference {want}",
+                                isa.name(),
+                                ty.name(),
+                                got[r]
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(comparisons)
 }

@@ -4,10 +4,11 @@
 //! Decode (few tokens) splits the output rows into tiles, one task each. Prefill (more than
 //! `DECODE_TOKENS`) takes 16 weight rows per task, unpacks them once into a tile whose
 //! vectors hold four elements of each of the 16 rows (`dot/tile.rs`), and runs every token
-//! of the prompt against it while it sits in L1, eight tokens per pass on AVX-512. Where an
-//! instruction set has no tile kernel (NEON, wasm, the scalar reference) prefill splits the
-//! tokens into blocks instead and walks the weights a tile of rows at a time, four tokens
-//! per weight block where a four-token kernel exists.
+//! of the prompt against it while it sits in L1, eight tokens per pass on AVX-512 (one per
+//! pass in wasm SIMD, `dot/simd128_tile.rs`). Where an instruction set has no tile kernel
+//! (NEON, the scalar reference; Q8_0 in wasm) prefill splits the tokens into blocks instead
+//! and walks the weights a tile of rows at a time, four tokens per weight block where a
+//! four-token kernel exists.
 
 use super::dot::tile::{self, Acts, TILE, Tile};
 use super::dot::{Isa, TileFn};

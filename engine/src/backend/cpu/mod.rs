@@ -23,7 +23,10 @@ mod vecf32;
 
 pub use check::{KernelCheck, check_kernels};
 #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
-pub use team::{serve_wasm_team, start_wasm_team, wasm_team_failed_flag, wasm_team_joins};
+pub use team::{
+    serve_wasm_team, set_wasm_team_spin, start_wasm_team, wasm_team_failed_flag, wasm_team_joins,
+    wasm_team_probe,
+};
 
 use access::{bytes, f, fm, rd, wr};
 

@@ -126,6 +126,38 @@ pub fn wasm_team_joins() -> u64 {
     WASM_JOINS.load(Ordering::Relaxed)
 }
 
+/// What a hand-off to the browser's team costs: `ops` ops of `tasks` tasks in a row, each
+/// task a few hundred nanoseconds of arithmetic and each op followed by `gap_us` of serial
+/// work on this thread (as a decode step's norms and rotations between its products).
+/// Returns the microseconds per op and the share of ops a worker took part in, or `None`
+/// without a team. A probe for the page (`cpuTeamProbe`), not used by the engine.
+#[cfg(target_arch = "wasm32")]
+pub fn wasm_team_probe(ops: u32, tasks: usize, gap_us: f64) -> Option<(f64, f64)> {
+    let team = WASM_TEAM.get()?;
+    let sink = AtomicU64::new(0);
+    let task = |i: usize| {
+        let mut v = i as u64;
+        for _ in 0..256 {
+            v = v.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(7);
+        }
+        sink.fetch_add(v, Ordering::Relaxed);
+    };
+    let joins = wasm_team_joins();
+    let start = Instant::now();
+    for _ in 0..ops {
+        if !team.run(tasks, &task) {
+            (0..tasks).for_each(task);
+        }
+        let gap = Instant::now();
+        while gap.elapsed().as_secs_f64() * 1e6 < gap_us {
+            std::hint::spin_loop();
+        }
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / f64::from(ops.max(1));
+    let joined = (wasm_team_joins() - joins) as f64 / f64::from(ops.max(1));
+    Some((us, joined))
+}
+
 /// Set (to 1) by a team worker's script when its call into the module failed: wasm32 has no
 /// unwinding, so a task that panics there traps, and its op would never count it done. The
 /// op's caller then fails instead of waiting forever.
@@ -160,27 +192,125 @@ fn offer_core() {
     std::thread::yield_now();
 }
 
+/// On wasm32 a timed `memory.atomic.wait32` of 5 us: it returns after the OS's timer slack
+/// (tens of microseconds in Chromium on Linux), and a decode step hands ~250 ops to the
+/// team, so a waiting thread that slept at once came to each op late (a worker) or slept on
+/// the op's last task (the caller): two threads decoded slower than one. So a wasm32 thread
+/// first spins for [`wasm_spin`] (a budget the page may change) and only then sleeps between
+/// checks; an idle worker still goes to sleep on the condition variable once no op has come
+/// for [`SPIN`], so a team between requests takes no core. (docs/performance.md, issue 20
+/// session 19.)
 #[cfg(target_arch = "wasm32")]
 fn offer_core() {
     std::thread::park_timeout(Duration::from_micros(5));
 }
 
-/// One check's pause in a caller's wait for its op's last tasks: natively [`offer_core`]
-/// every time (as before); on wasm32 a short spin first, since its [`offer_core`] sleeps.
-#[cfg(not(target_arch = "wasm32"))]
-fn wait_a_little(_spins: &mut u32) {
-    offer_core();
+/// How long a waiting thread of the browser's team spins before it sleeps between checks,
+/// in microseconds; 0: after 1,024 checks (session 17's waits).
+#[cfg(target_arch = "wasm32")]
+static WASM_SPIN_US: std::sync::atomic::AtomicU32 =
+    std::sync::atomic::AtomicU32::new(WASM_SPIN_DEFAULT_US);
+
+/// Long enough for the serial ops between two parallel ones of a decode step (norms,
+/// rotations, residual adds), short next to a prefill's: a spinning worker takes a core its
+/// caller may need where the machine has fewer free cores than the team has threads.
+#[cfg(target_arch = "wasm32")]
+const WASM_SPIN_DEFAULT_US: u32 = 100;
+
+/// Sets how long the browser team's waiting threads spin before they sleep between checks
+/// (microseconds, at most [`SPIN`]'s; 0: after 1,024 checks, as before session 19): for
+/// comparing budgets in one package (`cpuTeamSpin` in the web package).
+#[cfg(target_arch = "wasm32")]
+pub fn set_wasm_team_spin(us: u32) {
+    WASM_SPIN_US.store(us.min(SPIN.as_micros() as u32), Ordering::Relaxed);
 }
 
 #[cfg(target_arch = "wasm32")]
-fn wait_a_little(spins: &mut u32) {
-    *spins = spins.saturating_add(1);
-    if *spins > 1024 {
+fn wasm_spin() -> Duration {
+    Duration::from_micros(u64::from(WASM_SPIN_US.load(Ordering::Relaxed)))
+}
+
+/// A waiting thread's checks so far: natively an idle worker offers the core
+/// ([`offer_core`]) at each check past its first 1,024 and a caller at every check, as before;
+/// on wasm32 both only once [`wasm_spin`] has passed as well.
+struct Patience {
+    spins: u32,
+    /// wasm32: whether the spin budget still runs (read from the clock every
+    /// [`CLOCK_EVERY`] checks: a call out to `performance.now()` there).
+    #[cfg(target_arch = "wasm32")]
+    hot: bool,
+    #[cfg(target_arch = "wasm32")]
+    since: Instant,
+}
+
+impl Patience {
+    fn new() -> Patience {
+        Patience {
+            spins: 0,
+            #[cfg(target_arch = "wasm32")]
+            hot: true,
+            #[cfg(target_arch = "wasm32")]
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether the next pause may offer the core. `elapsed`: the time since the wait began,
+    /// where the caller has just read it.
+    fn past_spin(&mut self, elapsed: Option<Duration>) -> bool {
+        #[cfg(target_arch = "wasm32")]
+        if self.hot {
+            let elapsed = elapsed.or_else(|| {
+                self.spins
+                    .is_multiple_of(CLOCK_EVERY)
+                    .then(|| self.since.elapsed())
+            });
+            if let Some(e) = elapsed {
+                self.hot = e < wasm_spin() || self.spins < 1024;
+            }
+            return !self.hot;
+        }
+        let _ = elapsed;
+        self.spins > 1024
+    }
+
+    /// Whether an idle worker reads the clock at this check: every [`CLOCK_EVERY`] checks,
+    /// and on wasm32 at every check once it sleeps between them (a sleep costs far more than
+    /// the clock, and the worker should reach its condition variable after [`SPIN`], not
+    /// [`CLOCK_EVERY`] sleeps later).
+    fn clock_due(&self) -> bool {
+        #[cfg(target_arch = "wasm32")]
+        if !self.hot {
+            return true;
+        }
+        self.spins.is_multiple_of(CLOCK_EVERY)
+    }
+
+    /// One check's pause in a caller's wait for its op's last tasks: natively [`offer_core`]
+    /// every time (a worker still on a task may be waiting for the core); on wasm32 once the
+    /// spin budget has passed, since its [`offer_core`] sleeps.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn pause(&mut self) {
         offer_core();
-    } else {
-        std::hint::spin_loop();
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn pause(&mut self) {
+        self.spins = self.spins.saturating_add(1);
+        if self.past_spin(None) {
+            offer_core();
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
+
+/// How many checks of an idle worker's watch go between two readings of the clock: on
+/// wasm32 the clock is a call out to JavaScript's `performance.now()`, far dearer than a
+/// check.
+#[cfg(not(target_arch = "wasm32"))]
+const CLOCK_EVERY: u32 = 64;
+#[cfg(target_arch = "wasm32")]
+const CLOCK_EVERY: u32 = 1024;
 
 /// Serves as one of the browser team's workers for as long as the team lives (its Web
 /// Worker's whole life). Returns at once, `false`, where no team was made. Blocks (waiting on
@@ -280,17 +410,17 @@ impl Team {
         }
         work(&job);
         // Offering the core between checks: a worker still on a task may be waiting for it.
-        let mut spins = 0u32;
+        let mut patience = Patience::new();
         while job.done.load(Ordering::Acquire) < tasks {
             wasm_check_workers();
-            wait_a_little(&mut spins);
+            patience.pause();
         }
         // No worker joins after this; those that joined leave once they find the counter
         // run out (they touch nothing of the job after `joined`).
         self.shared.lock().job = std::ptr::null();
         while job.joined.load(Ordering::Acquire) > 0 {
             wasm_check_workers();
-            wait_a_little(&mut spins);
+            patience.pause();
         }
         if job.panicked.load(Ordering::Relaxed) {
             panic!("a task of the cpu backend's thread team panicked");
@@ -329,16 +459,17 @@ fn worker(shared: &Shared) {
     let mut seen = 0u64;
     loop {
         let start = Instant::now();
-        let mut spins = 0u32;
+        let mut patience = Patience::new();
         while shared.epoch.load(Ordering::Acquire) == seen {
-            spins = spins.wrapping_add(1);
+            patience.spins = patience.spins.wrapping_add(1);
+            let elapsed = patience.clock_due().then(|| start.elapsed());
             // Past the first few microseconds the core is offered to whoever else wants it
             // between checks (on a quiet machine nobody does, and the check comes straight
             // back; on a busy one, the thread that will post the next op may be waiting).
-            if spins > 1024 {
+            if patience.past_spin(elapsed) {
                 offer_core();
             }
-            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+            if elapsed.is_some_and(|e| e > SPIN) {
                 let mut slot = shared.lock();
                 shared.sleepers.fetch_add(1, Ordering::SeqCst);
                 while slot.epoch == seen && !slot.shutdown {

@@ -18,6 +18,8 @@ mod neon;
 pub(crate) mod scalar;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128_tile;
 pub(crate) mod tile;
 
 /// A weight row's bytes (whole blocks) against the activations of as many elements.
@@ -228,6 +230,8 @@ impl Isa {
             Isa::Avx512 => avx512::tile(),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::tile(ty),
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Isa::Simd128 => simd128_tile::tile(ty),
             _ => None,
         };
         Some((kernel?, format))

@@ -1,0 +1,210 @@
+//! Prefill over unpacked weight tiles in wasm SIMD (the browser's CPU fallback): the tiles of
+//! `tile.rs` (16 rows, each 32-bit lane four consecutive quants of one row, so one v128 holds
+//! four elements of four rows), run against one token at a time while they sit in L1.
+//!
+//! Per 32-element block and token the one-token and four-token kernels (`simd128.rs`) pay for
+//! the unpacking of the weight block (once per four tokens), a horizontal sum of the block's
+//! i32 lanes and the float bookkeeping per row; here the block is unpacked once per op, each
+//! i32 lane accumulates its own row (no horizontal sums), and the scale arithmetic runs on
+//! four rows per vector.
+//!
+//! - With relaxed SIMD (the threaded package): `i16x8.relaxed_dot_i8x16_i7x16_s` of the
+//!   token's four bytes broadcast to every lane against the tile's bytes (the weights are the
+//!   7-bit operand: every tiled format's unpacked quants are at most 63), several groups of
+//!   four summed in i16 before one widening (`SUM`, chosen so no lane can pass i16: Q4's
+//!   quants of at most 15 sum eight groups, Q5's four, 6-bit ones two).
+//! - Without it (the single-thread package): the tile widened once to i16 pairs (elements
+//!   0,1 and 2,3 of four rows per vector) and `i32x4.dot_i16x8_s` against the token's pairs
+//!   broadcast.
+//!
+//! Both reduce each block's product to the same exact i32 per row before it meets a float,
+//! and the float part is this one function's, so the two packages stay bit-identical
+//! (tests/tests/browser.rs `threaded_cpu_fallback_matches_the_single_thread_one`). Q8_0 has
+//! no tile here (its unpacked bytes use all 8 bits).
+
+use std::arch::wasm32::*;
+use std::ops::Range;
+
+use super::TileFn;
+use super::tile::{Acts, TILE, Tile};
+use crate::quant::GgmlType;
+
+/// The tile kernel for `ty`, where it has one.
+pub(super) fn tile(ty: GgmlType) -> Option<TileFn> {
+    Some(match ty {
+        // Quants of at most 15.
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => tokens::<8, 8>,
+        // At most 31.
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => tokens::<8, 4>,
+        // 16-element pieces: Q2_K (at most 3), Q3_K (7), Q6_K (63).
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K => tokens::<4, 2>,
+        GgmlType::Q8_0 | GgmlType::F32 | GgmlType::F16 => return None,
+    })
+}
+
+thread_local! {
+    /// The single-thread package's tile widened to i16 pairs, and one token's activations
+    /// widened to i16; only grow.
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    static WIDE: std::cell::RefCell<(Vec<v128>, Vec<i16>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+fn load_f32(b: &[f32]) -> v128 {
+    assert!(b.len() >= 4);
+    // SAFETY: 4 readable f32 (checked above), no alignment requirement.
+    unsafe { v128_load(b.as_ptr().cast()) }
+}
+
+fn store_f32(b: &mut [f32], v: v128) {
+    assert!(b.len() >= 4);
+    // SAFETY: 4 writable f32 (checked above), no alignment requirement.
+    unsafe { v128_store(b.as_mut_ptr().cast(), v) }
+}
+
+/// The tile's word `g` of piece `b` for rows `4v..4v + 4`.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+fn words(q: &[u32], at: usize) -> v128 {
+    let q = &q[at..at + 4];
+    // SAFETY: 16 readable bytes (sliced above), no alignment requirement.
+    unsafe { v128_load(q.as_ptr().cast()) }
+}
+
+/// Four activation bytes broadcast to every 32-bit lane.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+fn splat4(x: &[i8], at: usize) -> v128 {
+    let x = &x[at..at + 4];
+    // SAFETY: 4 readable bytes (sliced above), no alignment requirement.
+    unsafe { v128_load32_splat(x.as_ptr().cast()) }
+}
+
+/// The tile (pieces of `G` words of four quants) against `tokens` of `x`. `SUM`: words whose
+/// products are summed in i16 before widening.
+fn tokens<const G: usize, const SUM: usize>(
+    t: &Tile,
+    x: &Acts<'_>,
+    tokens: Range<usize>,
+    out: &mut [[f32; TILE]],
+) {
+    let (nb, len, cols) = (t.blocks, 4 * G, x.cols);
+    assert!(t.groups == G && G.is_multiple_of(SUM));
+    assert!(x.blocks == nb && cols == nb * len);
+    assert!(t.q.len() >= nb * G * TILE && t.dw.len() >= nb * TILE && t.mw.len() >= nb * TILE);
+    assert!(x.qs.len() >= tokens.end * cols && x.d.len() >= tokens.end * nb);
+    assert!(x.s.len() >= tokens.end * nb && out.len() >= tokens.len());
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    WIDE.with_borrow_mut(|(wide, xw)| {
+        widen(t, nb * G, wide);
+        xw.resize(cols, 0);
+        for (k, tk) in tokens.clone().enumerate() {
+            for (w, &q) in xw.iter_mut().zip(&x.qs[tk * cols..][..cols]) {
+                *w = i16::from(q);
+            }
+            token::<G>(t, x, tk, &mut out[k], |b| block_wide::<G>(wide, xw, b));
+        }
+    });
+    #[cfg(target_feature = "relaxed-simd")]
+    for (k, tk) in tokens.enumerate() {
+        let xq = &x.qs[tk * cols..][..cols];
+        token::<G>(t, x, tk, &mut out[k], |b| {
+            block_relaxed::<G, SUM>(&t.q[b * G * TILE..][..G * TILE], &xq[b * len..][..len])
+        });
+    }
+}
+
+/// One token's 16 results: `sums(b)` gives piece `b`'s exact integer products (rows
+/// `4v..4v + 4` in vector `v`), scaled here by the rows' steps and the token's, plus the
+/// rows' offsets times the token's block sum.
+#[inline(always)]
+fn token<const G: usize>(
+    t: &Tile,
+    x: &Acts<'_>,
+    tk: usize,
+    out: &mut [f32; TILE],
+    sums: impl Fn(usize) -> [v128; 4],
+) {
+    let nb = t.blocks;
+    let (xd, xs) = (&x.d[tk * nb..][..nb], &x.s[tk * nb..][..nb]);
+    let (dw, mw) = (&t.dw[..nb * TILE], &t.mw[..nb * TILE]);
+    let mut acc = [f32x4_splat(0.0); 4];
+    for (b, (&d, &sum)) in xd.iter().zip(xs).enumerate() {
+        let s = sums(b);
+        let (dx, sx) = (f32x4_splat(d), f32x4_splat(sum));
+        for (v, acc) in acc.iter_mut().enumerate() {
+            let step = f32x4_mul(load_f32(&dw[b * TILE + 4 * v..]), dx);
+            let offset = f32x4_mul(load_f32(&mw[b * TILE + 4 * v..]), sx);
+            let p = f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s[v])), offset);
+            *acc = f32x4_add(*acc, p);
+        }
+    }
+    for (v, acc) in acc.into_iter().enumerate() {
+        store_f32(&mut out[4 * v..], acc);
+    }
+}
+
+/// Piece `qb` (its `G` words for the 16 rows) against the token's `xb`, with relaxed SIMD.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+fn block_relaxed<const G: usize, const SUM: usize>(qb: &[u32], xb: &[i8]) -> [v128; 4] {
+    let mut s = [i32x4_splat(0); 4];
+    for g0 in (0..G).step_by(SUM) {
+        let mut h = [i16x8_splat(0); 4];
+        for g in g0..g0 + SUM {
+            let xw = splat4(xb, 4 * g);
+            for (v, h) in h.iter_mut().enumerate() {
+                // Each i16 lane two products of one row: at most 2·63·127, and `SUM` of
+                // them stay within i16 (`tile`).
+                let p = i16x8_relaxed_dot_i8x16_i7x16(xw, words(qb, g * TILE + 4 * v));
+                *h = i16x8_add(*h, p);
+            }
+        }
+        for (s, h) in s.iter_mut().zip(h) {
+            *s = i32x4_add(*s, i32x4_extadd_pairwise_i16x8(h));
+        }
+    }
+    s
+}
+
+/// The tile's `words` words of 16 rows as i16 pairs: for each word and rows `4v..4v + 4`,
+/// elements 0 and 1 of the four rows, then elements 2 and 3.
+#[cfg(not(target_feature = "relaxed-simd"))]
+fn widen(t: &Tile, words: usize, wide: &mut Vec<v128>) {
+    let q = &t.q[..words * TILE];
+    wide.clear();
+    wide.reserve(words * 8);
+    for c in q.chunks_exact(4) {
+        // SAFETY: 16 readable bytes (a chunk of four u32), no alignment requirement.
+        let v = unsafe { v128_load(c.as_ptr().cast()) };
+        let pairs = u8x16_swizzle(
+            v,
+            u8x16(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15),
+        );
+        wide.push(u16x8_extend_low_u8x16(pairs));
+        wide.push(u16x8_extend_high_u8x16(pairs));
+    }
+}
+
+/// Piece `b` of the widened tile against the token's widened activations, plain simd128.
+#[cfg(not(target_feature = "relaxed-simd"))]
+#[inline(always)]
+fn block_wide<const G: usize>(wide: &[v128], xw: &[i16], b: usize) -> [v128; 4] {
+    let wb = &wide[b * G * 8..][..G * 8];
+    let xb = &xw[b * 4 * G..][..4 * G];
+    let mut s = [i32x4_splat(0); 4];
+    for g in 0..G {
+        let pair = |at: usize| {
+            let p = &xb[at..at + 2];
+            // SAFETY: 4 readable bytes (two i16, sliced above), no alignment requirement.
+            unsafe { v128_load32_splat(p.as_ptr().cast()) }
+        };
+        let (x01, x23) = (pair(4 * g), pair(4 * g + 2));
+        for (v, s) in s.iter_mut().enumerate() {
+            let w = &wb[(g * 4 + v) * 2..][..2];
+            let p = i32x4_add(i32x4_dot_i16x8(w[0], x01), i32x4_dot_i16x8(w[1], x23));
+            *s = i32x4_add(*s, p);
+        }
+    }
+    s
+}
