@@ -1,7 +1,10 @@
 //! `y = W·x` on the cpu backend: the activations quantized once per op into a reused
 //! scratch, then integer dot products against the weights in place, spread over the pool.
 //!
-//! Decode (few tokens) splits the output rows into tiles, one task each. Prefill (more than
+//! Decode (few tokens) splits the output rows into tiles, one task each; a batch of several
+//! sequences' decode tokens hands a task's rows to one call of the batch kernel where the
+//! instruction set has one (`Isa::batch`), which streams each row once for all the tokens
+//! with the one-token kernel's bits. Prefill (more than
 //! `DECODE_TOKENS`) takes 16 weight rows per task, unpacks them once into a tile whose
 //! vectors hold four elements of each of the 16 rows (`dot/tile.rs`), and runs every token
 //! of the prompt against it while it sits in L1, eight tokens per pass on AVX-512 (one per
@@ -120,6 +123,30 @@ pub(super) fn linear_with(
         // their groups of four) are built once per op, not once per weight row: with the short
         // rows of small models, building and moving them per row cost as much as the products.
         let xs: [Q8Row<'_>; DECODE_TOKENS] = std::array::from_fn(|t| q8.row(t.min(tokens - 1)));
+        // Where the instruction set has a batch kernel, a task's rows go to one call of it.
+        if let Some(batch) = isa.batch(wtype).filter(|_| !outliers && decode_batch()) {
+            let xs = &xs[..tokens];
+            let len = y.len();
+            let out = ChunkBase(y.as_mut_ptr());
+            par_tasks(rows.div_ceil(tile), work, |i| {
+                let (r0, r1) = (i * tile, ((i + 1) * tile).min(rows));
+                BATCH_OUT.with_borrow_mut(|res| {
+                    res.resize((r1 - r0) * tokens, 0.0);
+                    batch(&w[r0 * row_bytes..r1 * row_bytes], row_bytes, xs, res);
+                    for (j, per_token) in res.chunks_exact(tokens).enumerate() {
+                        for (t, &v) in per_token.iter().enumerate() {
+                            let at = t * rows + r0 + j;
+                            assert!(at < len);
+                            // SAFETY: task `i` alone writes rows `r0..r1` of each token,
+                            // inside `y` (checked above), and `y` is borrowed while the
+                            // tasks run.
+                            unsafe { *out.at(at) = v };
+                        }
+                    }
+                });
+            });
+            return;
+        }
         let quads = if dot4.is_some() { tokens / 4 } else { 0 };
         let groups: [[Q8Row<'_>; 4]; DECODE_TOKENS / 4] =
             std::array::from_fn(|g| std::array::from_fn(|k| xs[(4 * g + k).min(tokens - 1)]));
@@ -215,6 +242,8 @@ thread_local! {
     /// A prefill task's unpacked tile and its results (`tokens × 16`); only grow.
     static TILE_SCRATCH: std::cell::RefCell<(Tile, Vec<[f32; TILE]>)> =
         std::cell::RefCell::new((Tile::default(), Vec::new()));
+    /// A batched decode task's results, row-major (`rows × tokens`); only grows.
+    static BATCH_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The K-quants' activations in pieces of 32 or 16 (`Acts::new`), on the op's thread.
     static PIECES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
@@ -302,6 +331,14 @@ fn tiles() -> Tiles {
 fn decode_rows() -> bool {
     static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_ROWS").as_deref() != Ok("off"))
+}
+
+/// Whether a batch of decode tokens goes to the instruction set's batch kernel where it has
+/// one (by default; `CAIRN_CPU_BATCH=off`: the four-token kernel per row and group of four,
+/// as before, to compare the two in one binary). Both give every (row, token) the same bits.
+fn decode_batch() -> bool {
+    static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| std::env::var("CAIRN_CPU_BATCH").as_deref() != Ok("off"))
 }
 
 /// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.

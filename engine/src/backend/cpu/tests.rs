@@ -530,6 +530,55 @@ fn four_token_kernels_match_the_one_token_kernels() {
     }
 }
 
+/// The batched decode step's kernels give each (row, token) the very bits the one-token
+/// kernel gives it, for every batch size from 1 to 11 (their blocks of eight, four and one
+/// token, and every mix), on one block, an odd count of blocks and long rows.
+#[test]
+fn batch_kernels_match_the_one_token_kernels() {
+    let mut rng = StdRng::seed_from_u64(32);
+    let mut compared = 0;
+    for isa in Isa::available() {
+        for ty in quantized() {
+            let Some(batch) = isa.batch(ty) else { continue };
+            let (dot, layout) = isa.dot(ty).expect("quantized");
+            for cols in col_counts(ty) {
+                let rows = 3;
+                let w = random_rows(&mut rng, ty, rows, cols);
+                let row_bytes = w.len() / rows;
+                for tokens in 1..=11 {
+                    let x = activations(&mut rng, tokens * cols, layout.block());
+                    let mut q8 = Q8::default();
+                    q8.quantize(layout, &x, cols, tokens);
+                    let xs: Vec<_> = (0..tokens).map(|t| q8.row(t)).collect();
+                    let mut got = vec![f32::NAN; rows * tokens];
+                    batch(&w, row_bytes, &xs, &mut got);
+                    for r in 0..rows {
+                        for (t, &x) in xs.iter().enumerate() {
+                            let (g, want) = (
+                                got[r * tokens + t],
+                                dot(&w[r * row_bytes..][..row_bytes], x),
+                            );
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "{} {} cols {cols} tokens {tokens} ({r}, {t}): {g} vs {want}",
+                                isa.name(),
+                                ty.name()
+                            );
+                        }
+                    }
+                    compared += 1;
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::available().iter().any(|i| i.name() == "avx512vnni") {
+        // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 on three column counts and eleven batch sizes.
+        assert_eq!(compared, 5 * 3 * 11);
+    }
+}
+
 /// The prefill tiles give each (row, token) what the scalar kernel gives it, on every format
 /// with a tile kernel: tiles cut short (rows no multiple of 16), token counts and ranges off
 /// the kernels' blocks of four or eight.

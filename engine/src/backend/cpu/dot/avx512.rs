@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::tile::{self, Acts, TILE, Tile};
-use super::{Dot4Fn, DotFn, RowsFn, TileFn};
+use super::{BatchFn, Dot4Fn, DotFn, RowsFn, TileFn};
 use crate::backend::cpu::q8::Q8Row;
 use crate::quant::GgmlType;
 
@@ -81,6 +81,39 @@ pub(super) fn rows(ty: GgmlType) -> Option<RowsFn> {
         },
         GgmlType::Q8_0 => |w, n, x, o| unsafe {
             rows::rows(w, n, x, o, Q8_0, |a, b| {
+                join(load256(&a[2..34]), load256(&b[2..34]))
+            })
+        },
+        _ => return None,
+    })
+}
+
+/// The batched decode step's kernel for `ty`: rows against several tokens, one call for a
+/// task's rows (`rows::rows_batch`). `None` as for [`rows`].
+pub(super) fn batch(ty: GgmlType) -> Option<BatchFn> {
+    if !available() {
+        return None;
+    }
+    // SAFETY (every closure below): as in `dot`.
+    Some(match ty {
+        GgmlType::Q4_0 => |w, n, x, o| unsafe {
+            rows::rows_batch(w, n, x, o, Q4_0, |a, b| nibbles64(&a[2..18], &b[2..18]))
+        },
+        GgmlType::Q4_1 => |w, n, x, o| unsafe {
+            rows::rows_batch(w, n, x, o, Q4_1, |a, b| nibbles64(&a[4..20], &b[4..20]))
+        },
+        GgmlType::Q5_0 => |w, n, x, o| unsafe {
+            rows::rows_batch(w, n, x, o, Q5_0, |a, b| {
+                fifth_bit(nibbles64(&a[6..22], &b[6..22]), &a[2..6], &b[2..6])
+            })
+        },
+        GgmlType::Q5_1 => |w, n, x, o| unsafe {
+            rows::rows_batch(w, n, x, o, Q5_1, |a, b| {
+                fifth_bit(nibbles64(&a[8..24], &b[8..24]), &a[4..8], &b[4..8])
+            })
+        },
+        GgmlType::Q8_0 => |w, n, x, o| unsafe {
+            rows::rows_batch(w, n, x, o, Q8_0, |a, b| {
                 join(load256(&a[2..34]), load256(&b[2..34]))
             })
         },

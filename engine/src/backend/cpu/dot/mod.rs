@@ -32,6 +32,11 @@ pub(crate) type Dot4Fn = fn(&[u8], [Q8Row<'_>; 4]) -> [f32; 4];
 /// activations, one result per row: decode's product where an instruction set has one.
 pub(crate) type RowsFn = fn(&[u8], usize, Q8Row<'_>, &mut [f32]);
 
+/// Rows (`out.len() / tokens` of the given byte length) against a batch of decode tokens,
+/// `out[row · tokens + token]`: the batched decode step's product where an instruction set
+/// has one, each (row, token) with the bits the one-token kernels give it.
+pub(crate) type BatchFn = fn(&[u8], usize, &[Q8Row<'_>], &mut [f32]);
+
 /// A prefill tile's rows against a range of the prompt's tokens, each token's 16 results
 /// into one entry of the output (`tile.rs`).
 pub(crate) type TileFn = fn(&Tile, &Acts<'_>, Range<usize>, &mut [[f32; TILE]]);
@@ -212,6 +217,21 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => avx512::rows(ty),
+            _ => {
+                let _ = ty;
+                None
+            }
+        }
+    }
+}
+
+impl Isa {
+    /// The batched decode step's kernel for `ty`, where this instruction set has one (the
+    /// 32-element formats on AVX-512); elsewhere a batch runs [`Isa::dot4`] row by row.
+    pub(crate) fn batch(self, ty: GgmlType) -> Option<BatchFn> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::batch(ty),
             _ => {
                 let _ = ty;
                 None

@@ -1,6 +1,7 @@
 //! The 32-element formats' products on AVX-512: a row against one token ([`row`], what
-//! `dot` and decode's several-row kernel [`rows`] run) and against four ([`row4`], the
-//! four-token kernel), with one arithmetic, so every path gives a (row, token) the same
+//! `dot` and decode's several-row kernel [`rows`] run), against four ([`row4`], the
+//! four-token kernel) and against a batch of decode tokens ([`rows_batch`], a batched decode
+//! step's rows in one call), with one arithmetic, so every path gives a (row, token) the same
 //! bits.
 //!
 //! The same bits matter: each op rounds its activations to int8, so a last-bit difference in
@@ -99,6 +100,160 @@ pub(super) fn row4(
     acc.map(|a| _mm512_reduce_add_ps(a))
 }
 
+/// Rows `w` (`out.len() / xs.len()` rows of `row_bytes`) against a batch of decode tokens
+/// `xs`, `out[r · xs.len() + t]` row `r` against token `t`: the batched decode step's
+/// product, each (row, token) with [`row`]'s bits.
+///
+/// What a token contributes to a pair of blocks besides its quants (its two steps as a
+/// register's halves, its block sums scaled for the format's minimum) does not depend on the
+/// row, so it is made once per call (per task) into a small table instead of once per row;
+/// each pair of weight blocks is unpacked once for up to eight tokens; the rows run one after
+/// another in this one call, the next row's bytes prefetched. Made with the very operations
+/// [`token`] uses, the table's vectors hold its values, so the bits are [`row`]'s.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) fn rows_batch(
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[Q8Row<'_>],
+    out: &mut [f32],
+    f: Format,
+    quants: impl Fn(&[u8], &[u8]) -> __m512i + Copy,
+) {
+    let nb = row_bytes / f.bytes;
+    let tokens = xs.len();
+    if tokens == 0 || nb == 0 {
+        return;
+    }
+    let n = out.len() / tokens;
+    assert!(nb * f.bytes == row_bytes && w.len() >= n * row_bytes);
+    for &x in xs {
+        check(x, nb, f);
+    }
+    let pairs = nb.div_ceil(2);
+    SCALES.with_borrow_mut(|table| {
+        table.clear();
+        table.resize(tokens * pairs, Scales::default());
+        for (x, scales) in xs.iter().zip(table.chunks_exact_mut(pairs)) {
+            for (j, sc) in scales.iter_mut().enumerate() {
+                let (dx, s) = token_scales(*x, 2 * j, 2 * j + 1 < nb, f);
+                // SAFETY: each store writes the 16 floats of one `[f32; 16]`.
+                unsafe {
+                    _mm512_storeu_ps(sc.dx.as_mut_ptr(), dx);
+                    _mm512_storeu_ps(sc.s.as_mut_ptr(), s);
+                }
+            }
+        }
+        let table = &table[..];
+        for (r, o) in out.chunks_exact_mut(tokens).enumerate() {
+            let w = &w[r * row_bytes..][..row_bytes];
+            let next = w.as_ptr().wrapping_add(row_bytes);
+            let mut t = 0;
+            while t < tokens {
+                let (xs, sc, o) = (&xs[t..], &table[t * pairs..], &mut o[t..]);
+                t += match tokens - t {
+                    8.. => prepared::<8>(w, xs, sc, pairs, o, f, next, quants),
+                    4.. => prepared::<4>(w, xs, sc, pairs, o, f, next, quants),
+                    _ => prepared::<1>(w, xs, sc, pairs, o, f, next, quants),
+                };
+            }
+        }
+    });
+}
+
+/// One token's values for pair `j` of [`rows_batch`]'s table.
+#[derive(Clone, Copy, Default)]
+struct Scales {
+    /// The token's two block steps, as [`token`]'s `dx`.
+    dx: [f32; 16],
+    /// Its two block sums, scaled as [`token`]'s `s`.
+    s: [f32; 16],
+}
+
+thread_local! {
+    /// [`rows_batch`]'s table, `tokens × pairs`; only grows.
+    static SCALES: std::cell::RefCell<Vec<Scales>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`token`]'s `dx` and `s` for pair `i`, `i + 1` (block `i` alone where `!two`) of `x`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn token_scales(x: Q8Row<'_>, i: usize, two: bool, f: Format) -> (__m512, __m512) {
+    let (xd, xs) = (x.d.as_ptr(), x.sum.as_ptr());
+    // SAFETY: as in `token` (the caller checked `x` with `check`).
+    let (dx, s) = unsafe {
+        let pair = |p: *const f32| {
+            if two {
+                _mm_castpd_ps(_mm_load_sd(p.add(i).cast()))
+            } else {
+                _mm_load_ss(p.add(i))
+            }
+        };
+        let s = if f.min == Min::None {
+            _mm_setzero_ps()
+        } else {
+            pair(xs)
+        };
+        (halves(pair(xd)), halves(s))
+    };
+    let s = match f.min {
+        Min::None => s,
+        Min::Offset(k) => _mm512_mul_ps(s, _mm512_set1_ps(k / 8.0)),
+        Min::Stored => _mm512_mul_ps(s, _mm512_set1_ps(1.0 / 8.0)),
+    };
+    (dx, s)
+}
+
+/// Row `w` against the first `N` tokens of `xs` (their `pairs` entries of the table each in
+/// `sc`), into `out[..N]`; returns `N`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn prepared<const N: usize>(
+    w: &[u8],
+    xs: &[Q8Row<'_>],
+    sc: &[Scales],
+    pairs: usize,
+    out: &mut [f32],
+    f: Format,
+    next: *const u8,
+    quants: impl Fn(&[u8], &[u8]) -> __m512i,
+) -> usize {
+    let nb = w.len() / f.bytes;
+    assert!(xs.len() >= N && sc.len() >= N * pairs && out.len() >= N && pairs == nb.div_ceil(2));
+    let xq: [*const i8; N] = std::array::from_fn(|k| xs[k].qs.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); N];
+    for j in 0..pairs {
+        let i = 2 * j;
+        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * f.bytes).cast());
+        let p = pair(w, i, nb, f, &quants);
+        for k in 0..N {
+            // SAFETY: `check` held token `k`'s `qs` to `nb · 32` bytes (only block `i`'s 32
+            // are read where it is the last, alone); its table entry `j` is in `sc` (the
+            // assert above).
+            let (xv, s) = unsafe {
+                let xv = if p.two {
+                    _mm512_loadu_si512(xq[k].add(i * QK).cast())
+                } else {
+                    _mm512_maskz_loadu_epi8(0xffff_ffff, xq[k].add(i * QK))
+                };
+                (xv, sc.get_unchecked(k * pairs + j))
+            };
+            // SAFETY: 16 floats of a `[f32; 16]` each.
+            let (dx, s) = unsafe {
+                (
+                    _mm512_loadu_ps(s.dx.as_ptr()),
+                    _mm512_loadu_ps(s.s.as_ptr()),
+                )
+            };
+            acc[k] = accumulate(acc[k], &p, xv, dx, s, f);
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = _mm512_reduce_add_ps(a);
+    }
+    N
+}
+
 /// A pair of weight blocks, unpacked once for any number of tokens.
 struct Pair {
     /// Their 64 quants (magnitudes where the format is signed).
@@ -155,38 +310,25 @@ fn pair(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 fn token(acc: __m512, p: &Pair, x: Q8Row<'_>, i: usize, f: Format) -> __m512 {
-    let (xq, xd, xs) = (x.qs.as_ptr(), x.d.as_ptr(), x.sum.as_ptr());
-    let two = p.two;
-    // SAFETY (the loads): `i + 1 < nb` where `two` (else only block `i`'s 32 bytes and one
-    // float are read), and `row`/`row4` checked `x.qs` for `nb · 32` bytes and `x.d`, `x.sum`
-    // (where the format has a minimum) for `nb` floats (`check`) before calling this.
-    let (xv, dx, s) = unsafe {
-        let xv = if two {
+    // SAFETY: `i + 1 < nb` where `two` (else only block `i`'s 32 bytes are read), and
+    // `row`/`row4` checked `x.qs` for `nb · 32` bytes (`check`) before calling this.
+    let xv = unsafe {
+        let xq = x.qs.as_ptr();
+        if p.two {
             _mm512_loadu_si512(xq.add(i * QK).cast())
         } else {
             _mm512_maskz_loadu_epi8(0xffff_ffff, xq.add(i * QK))
-        };
-        let pair = |p: *const f32| {
-            if two {
-                _mm_castpd_ps(_mm_load_sd(p.add(i).cast()))
-            } else {
-                _mm_load_ss(p.add(i))
-            }
-        };
-        let s = if f.min == Min::None {
-            _mm_setzero_ps()
-        } else {
-            pair(xs)
-        };
-        (xv, halves(pair(xd)), halves(s))
+        }
     };
-    // Each lane of a half sums an eighth of its block's product, so the block's minimum term
-    // comes in eighths too (exact: a power of two).
-    let s = match f.min {
-        Min::None => s,
-        Min::Offset(k) => _mm512_mul_ps(s, _mm512_set1_ps(k / 8.0)),
-        Min::Stored => _mm512_mul_ps(s, _mm512_set1_ps(1.0 / 8.0)),
-    };
+    let (dx, s) = token_scales(x, i, p.two, f);
+    accumulate(acc, p, xv, dx, s, f)
+}
+
+/// `acc` plus pair `p` against a token's 64 activations `xv`, its steps `dx` and scaled
+/// sums `s` (as [`token`] makes them): the arithmetic every path shares.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn accumulate(acc: __m512, p: &Pair, xv: __m512i, dx: __m512, s: __m512, f: Format) -> __m512 {
     let xv = if f.signed {
         _mm512_mask_sub_epi8(xv, p.signs, _mm512_setzero_si512(), xv)
     } else {
