@@ -86,11 +86,9 @@ pub struct WgpuOptions {
     /// The shape of `WgpuMatvec::Wide`'s walk (rows and invocations a workgroup, chunks in
     /// flight per invocation, packed 8-bit dot products or f32).
     pub matvec_shape: WgpuMatvecShape,
-    /// Prompt-sized products (more tokens than the matrix-vector kernels take) through
-    /// `linear_matmat_tiled` (64-row by 64-token tiles staged in workgroup memory) instead of
-    /// `linear_matmat` (4 x 4 blocks in registers, no workgroup memory). Off by default: not
-    /// yet measured on a GPU.
-    pub tiled_prefill: bool,
+    /// Which kernel runs prompt-sized products (more tokens than the matrix-vector kernels
+    /// take).
+    pub prefill: WgpuPrefill,
     /// The limits devices are opened with: the adapter's own, or WebGPU's defaults.
     pub limits: WgpuLimits,
     /// Decode attention split across workgroups by keys (flash-decoding) or one workgroup per
@@ -160,6 +158,51 @@ impl WgpuAttention {
     pub fn resolve(self, software: bool) -> WgpuAttention {
         match self {
             WgpuAttention::ByAdapter if software => WgpuAttention::Single,
+            other => other,
+        }
+    }
+}
+
+/// The `wgpu` and `vulkan` backends' kernels for prompt-sized products (more tokens than the
+/// matrix-vector kernels take; `backend/wgpu/plan.rs`, `prefill`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WgpuPrefill {
+    /// `linear_matmat`: a 4-row by 4-token block of sums an invocation, weights and
+    /// activations read from global memory, no workgroup memory.
+    Registers,
+    /// `linear_matmat_tiled`: 64-row by 64-token tiles staged in workgroup memory, 4 x 4 sums
+    /// an invocation (session 15's tiles; 1,808 tok/s against `Registers`' 6,542 on the 135M
+    /// model's prefill on an H100).
+    Tiles,
+    /// The `linear_gemm_*` kernels (`shaders/src/lib.rs`, `gemm_body`), the tile by the
+    /// product's shape: 128 x 128 where that still gives enough workgroups, else 64 x 64, else
+    /// 32 x 32. Rows of a multiple of the tile's step of columns (16 or 32); others run
+    /// `Registers`.
+    Gemm,
+    /// `Gemm` with 128-row by 128-token tiles always.
+    Gemm128,
+    /// `Gemm` with 64 x 64 tiles always.
+    Gemm64,
+    /// `Gemm` with 32 x 32 tiles always.
+    Gemm32,
+    /// `linear_gemm_coop` on the raw vulkan backend: 64 x 64 tiles of f16 in workgroup memory
+    /// multiplied on cooperative matrices (tensor cores; 16 x 16 x 16, f32 sums), where the
+    /// driver has them (VK_KHR_cooperative_matrix with that configuration, f16); elsewhere,
+    /// and on the wgpu backend, `Gemm`. Experimental (wgpu's cooperative-matrix feature is):
+    /// not `ByAdapter`'s choice. Activations and weights are rounded to f16 (sums stay f32).
+    Coop,
+    /// `Gemm` on GPUs, `Registers` on software rasterizers (on lavapipe workgroup tiles
+    /// measured about even with or slower than register blocks, and compile slower).
+    #[default]
+    ByAdapter,
+}
+
+impl WgpuPrefill {
+    /// What runs on a device that is a software rasterizer or not.
+    pub fn resolve(self, software: bool) -> WgpuPrefill {
+        match self {
+            WgpuPrefill::ByAdapter if software => WgpuPrefill::Registers,
+            WgpuPrefill::ByAdapter => WgpuPrefill::Gemm,
             other => other,
         }
     }

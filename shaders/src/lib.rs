@@ -29,6 +29,13 @@ pub struct Kernel {
     /// Whether the kernel runs over the wide walk, generated for a [`WideShape`] at pipeline
     /// creation ([`source_shaped`]; [`source`] gives [`WideShape::default`]'s).
     pub wide: bool,
+    /// Whether the kernel is the prompt product through workgroup-memory tiles, generated for
+    /// this shape ([`gemm_body`]; `wgsl` is empty).
+    pub gemm: Option<GemmShape>,
+    /// Whether the kernel multiplies on cooperative matrices with f16 inputs: its source
+    /// starts with `enable f16; enable wgpu_cooperative_matrix;`, and only devices opened with
+    /// both take it (the vulkan backend's, with `WgpuPrefill::Coop`).
+    pub coop: bool,
 }
 
 macro_rules! kernels {
@@ -43,6 +50,8 @@ macro_rules! kernels {
             int8: false,
             vec4: false,
             wide: false,
+            gemm: None,
+            coop: false,
         };)*
         /// Every kernel, for validation and listing.
         pub const ALL: &[Kernel] = &[$($ident,)* $($sident,)*];
@@ -77,6 +86,8 @@ macro_rules! streaming {
             int8: $int8,
             vec4: $vec4,
             wide: false,
+            gemm: None,
+            coop: false,
         };
     };
 }
@@ -95,6 +106,8 @@ macro_rules! wide {
             int8: $int8,
             vec4: false,
             wide: true,
+            gemm: None,
+            coop: false,
         };
     };
 }
@@ -126,6 +139,49 @@ wide!(LINEAR_MATVEC_WIDE_I8 = "linear_matvec_wide_i8" from "linear_matvec_wide",
 wide!(LINEAR_MATVEC_FUSED_WIDE = "linear_matvec_fused_wide" from "linear_matvec_fused_wide", false);
 wide!(LINEAR_MATVEC_FUSED_WIDE_I8 = "linear_matvec_fused_wide_i8" from "linear_matvec_fused_wide", true);
 
+// Prompt-sized products (more tokens than the batch kernels take) as a real matrix product:
+// tiles of rows by tokens, dequantized weights and activations staged in workgroup memory per
+// step of columns, a register block of sums per invocation ([`gemm_body`]). Three tile sizes,
+// all within WebGPU's 16 KiB of workgroup memory and 256 invocations.
+pub const LINEAR_GEMM_128: Kernel = gemm_kernel("linear_gemm_128", GemmShape::LARGE);
+pub const LINEAR_GEMM_64: Kernel = gemm_kernel("linear_gemm_64", GemmShape::MEDIUM);
+pub const LINEAR_GEMM_32: Kernel = gemm_kernel("linear_gemm_32", GemmShape::SMALL);
+
+const fn gemm_kernel(name: &'static str, shape: GemmShape) -> Kernel {
+    Kernel {
+        name,
+        wgsl: "",
+        formatted: true,
+        prelude: "",
+        chunked: false,
+        subgroups: false,
+        int8: false,
+        vec4: false,
+        wide: false,
+        gemm: Some(shape),
+        coop: false,
+    }
+}
+
+/// The prompt product on cooperative matrices (`linear_gemm_coop.wgsl`): 64 x 64 tiles, f16
+/// tiles in workgroup memory, 16 x 16 x 16 products with f32 sums; rows of a multiple of 32.
+pub const LINEAR_GEMM_COOP: Kernel = Kernel {
+    name: "linear_gemm_coop",
+    wgsl: include_str!("../linear_gemm_coop.wgsl"),
+    formatted: true,
+    prelude: "",
+    chunked: false,
+    subgroups: false,
+    int8: false,
+    vec4: false,
+    wide: false,
+    gemm: None,
+    coop: true,
+};
+
+/// What a cooperative-matrix kernel's source starts with (directives come before anything).
+const COOP_ENABLES: &str = "enable f16;\nenable wgpu_cooperative_matrix;\n";
+
 /// Tokens the batch kernels take per pass (`LINEAR_MATVEC_BATCH*`'s TOKENS); more run as
 /// token groups along the grid's z.
 pub const BATCH_TOKENS: u32 = 4;
@@ -152,6 +208,10 @@ kernels! {
     LINEAR_MATVEC_WIDE_I8,
     LINEAR_MATVEC_FUSED_WIDE,
     LINEAR_MATVEC_FUSED_WIDE_I8,
+    LINEAR_GEMM_128,
+    LINEAR_GEMM_64,
+    LINEAR_GEMM_32,
+    LINEAR_GEMM_COOP,
     ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
@@ -324,9 +384,14 @@ pub fn source_shaped(kernel: Kernel, format: Option<&str>, shape: WideShape) -> 
         let loader = CHUNKS_I8.iter().find(|(n, _)| Some(*n) == format)?.1;
         chunks = format!("{chunks}{CHUNK_I8_COMMON}\n{loader}\n");
     }
+    let body = match kernel.gemm {
+        Some(shape) => std::borrow::Cow::Owned(gemm_body(shape)),
+        None => std::borrow::Cow::Borrowed(kernel.wgsl),
+    };
+    let enables = if kernel.coop { COOP_ENABLES } else { "" };
     Some(format!(
-        "{COMMON}\n{fmt}\n{chunks}{}\n{}",
-        kernel.prelude, kernel.wgsl
+        "{enables}{COMMON}\n{fmt}\n{chunks}{}\n{body}",
+        kernel.prelude
     ))
 }
 
@@ -493,5 +558,216 @@ fn row_dot(w: W8, x: XC) -> f32 {
         "    return array<vec4<f32>, RG>({});\n}}",
         accs.join(", ")
     );
+    s
+}
+
+/// The tile of a prompt product (`LINEAR_GEMM_*`, [`gemm_body`]): a workgroup of `wx` x `wy`
+/// invocations computes `wx * tm` rows by `wy * tn` tokens, `bk` columns a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    /// Invocations along the rows.
+    pub wx: u32,
+    /// Invocations along the tokens.
+    pub wy: u32,
+    /// Rows an invocation sums (`wx` apart).
+    pub tm: u32,
+    /// Tokens an invocation sums (`wy` apart).
+    pub tn: u32,
+    /// Columns a step: a multiple of 4 that divides 32, so a step never straddles a block of
+    /// the 32-element formats. Rows of a multiple of it only.
+    pub bk: u32,
+}
+
+impl GemmShape {
+    /// 128 rows x 128 tokens, 8 x 8 sums an invocation, 16 columns a step (16 KiB).
+    pub const LARGE: GemmShape = GemmShape {
+        wx: 16,
+        wy: 16,
+        tm: 8,
+        tn: 8,
+        bk: 16,
+    };
+    /// 64 x 64, 4 x 4 sums an invocation, 32 columns a step (16 KiB).
+    pub const MEDIUM: GemmShape = GemmShape {
+        wx: 16,
+        wy: 16,
+        tm: 4,
+        tn: 4,
+        bk: 32,
+    };
+    /// 32 x 32 from 8 x 8 invocations, 4 x 4 sums each, 32 columns a step (8 KiB).
+    pub const SMALL: GemmShape = GemmShape {
+        wx: 8,
+        wy: 8,
+        tm: 4,
+        tn: 4,
+        bk: 32,
+    };
+
+    /// Rows a workgroup takes.
+    pub const fn rows(&self) -> u32 {
+        self.wx * self.tm
+    }
+
+    /// Tokens a workgroup takes.
+    pub const fn tokens(&self) -> u32 {
+        self.wy * self.tn
+    }
+
+    /// Bytes of workgroup memory: the step's weights and activations as f32.
+    pub const fn workgroup_bytes(&self) -> u32 {
+        (self.rows() + self.tokens()) * self.bk * 4
+    }
+}
+
+/// The prompt product `y[t, r] = sum_c w[r, c] * x[t, c]` for `shape`, over the format's
+/// `w_load4` (rows of a multiple of `shape.bk` elements). Per step of `bk` columns every
+/// invocation dequantizes its share of the tile's weights (`rows x bk`) and copies its share
+/// of the activations (`tokens x bk`) into workgroup memory, k-major in vec4s of 4 columns, so
+/// each weight is dequantized once per workgroup and then serves all its tokens; then each
+/// invocation sums its `tm x tn` block from workgroup memory. Its rows and tokens are `wx` and
+/// `wy` apart, so neighbouring invocations read neighbouring vec4s (no bank conflicts) and
+/// write neighbouring rows. Each sum takes its four products as a chain of fused
+/// multiply-adds (a `dot` then an add is one instruction more). The next step's global loads are issued before this step's sums,
+/// into registers, so their latency hides behind the arithmetic. Written out sum by sum, so a
+/// driver keeps them in registers without unrolling loops over arrays. Rows and tokens past
+/// the end re-read the last one; their sums are dropped.
+pub fn gemm_body(shape: GemmShape) -> String {
+    use std::fmt::Write;
+    let GemmShape { wx, wy, tm, tn, bk } = shape;
+    let (bm, bn, kq) = (shape.rows(), shape.tokens(), bk / 4);
+    let threads = wx * wy;
+    // Each invocation's share of the staged vec4s (at least one).
+    let lw = (bm * kq).div_ceil(threads);
+    let lx = (bn * kq).div_ceil(threads);
+    let mut s = String::new();
+    s.push_str(
+        "struct Params {
+    rows: u32,
+    cols: u32,
+    tokens: u32,
+    row_bytes: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+",
+    );
+    let _ = writeln!(
+        s,
+        "const BM: u32 = {bm}u;\nconst BN: u32 = {bn}u;\nconst BK: u32 = {bk}u;\nconst KQ: u32 = {kq}u;\nconst NT: u32 = {threads}u;"
+    );
+    let _ = writeln!(s, "var<workgroup> ws: array<vec4<f32>, {}>;", bm * kq);
+    let _ = writeln!(s, "var<workgroup> xs: array<vec4<f32>, {}>;", bn * kq);
+    let _ = writeln!(
+        s,
+        "
+@compute @workgroup_size({wx}, {wy})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let r0 = wid.x * BM;
+    let t0 = wid.y * BN;
+    let xrow = p.cols / 4u;"
+    );
+    // The invocation's staging slots: slot i of the tile is vec4 (i % KQ) of row (or token)
+    // i / KQ, so neighbouring invocations read neighbouring memory.
+    for l in 0..lw {
+        let _ = writeln!(s, "    let wi{l} = li + {}u;", l * threads);
+        let _ = writeln!(
+            s,
+            "    let wr{l} = min(r0 + min(wi{l}, BM * KQ - 1u) / KQ, p.rows - 1u) * p.row_bytes;"
+        );
+        let _ = writeln!(s, "    let wq{l} = wi{l} % KQ;");
+        let _ = writeln!(s, "    var pw{l} = w_load4(wr{l}, wq{l} * 4u);");
+    }
+    for l in 0..lx {
+        let _ = writeln!(s, "    let xi{l} = li + {}u;", l * threads);
+        let _ = writeln!(
+            s,
+            "    let xr{l} = min(t0 + min(xi{l}, BN * KQ - 1u) / KQ, p.tokens - 1u) * xrow + xi{l} % KQ;"
+        );
+        let _ = writeln!(s, "    var px{l} = x[xr{l}];");
+    }
+    for i in 0..tm {
+        for j in 0..tn {
+            let _ = writeln!(s, "    var c{i}_{j} = 0.0;");
+        }
+    }
+    s.push_str("    for (var k0 = 0u; k0 < p.cols; k0 += BK) {\n        workgroupBarrier();\n");
+    for l in 0..lw {
+        let guard = (bm * kq) % threads != 0 && l == lw - 1;
+        if guard {
+            let _ = writeln!(
+                s,
+                "        if (wi{l} < BM * KQ) {{ ws[wq{l} * BM + wi{l} / KQ] = pw{l}; }}"
+            );
+        } else {
+            let _ = writeln!(s, "        ws[wq{l} * BM + wi{l} / KQ] = pw{l};");
+        }
+    }
+    for l in 0..lx {
+        let guard = (bn * kq) % threads != 0 && l == lx - 1;
+        if guard {
+            let _ = writeln!(
+                s,
+                "        if (xi{l} < BN * KQ) {{ xs[(xi{l} % KQ) * BN + xi{l} / KQ] = px{l}; }}"
+            );
+        } else {
+            let _ = writeln!(s, "        xs[(xi{l} % KQ) * BN + xi{l} / KQ] = px{l};");
+        }
+    }
+    s.push_str(
+        "        workgroupBarrier();\n        let k1 = k0 + BK;\n        if (k1 < p.cols) {\n",
+    );
+    for l in 0..lw {
+        let _ = writeln!(s, "            pw{l} = w_load4(wr{l}, k1 + wq{l} * 4u);");
+    }
+    for l in 0..lx {
+        let _ = writeln!(s, "            px{l} = x[xr{l} + k1 / 4u];");
+    }
+    s.push_str("        }\n        for (var q = 0u; q < KQ; q++) {\n");
+    for i in 0..tm {
+        let _ = writeln!(
+            s,
+            "            let a{i} = ws[q * BM + lid.x + {}u];",
+            i * wx
+        );
+    }
+    for j in 0..tn {
+        let _ = writeln!(
+            s,
+            "            let b{j} = xs[q * BN + lid.y + {}u];",
+            j * wy
+        );
+    }
+    for i in 0..tm {
+        for j in 0..tn {
+            let _ = writeln!(
+                s,
+                "            c{i}_{j} = fma(a{i}.w, b{j}.w, fma(a{i}.z, b{j}.z, fma(a{i}.y, b{j}.y, fma(a{i}.x, b{j}.x, c{i}_{j}))));"
+            );
+        }
+    }
+    s.push_str("        }\n    }\n");
+    for j in 0..tn {
+        let _ = writeln!(s, "    let otok{j} = t0 + lid.y + {}u;", j * wy);
+    }
+    for i in 0..tm {
+        let _ = writeln!(s, "    let orow{i} = r0 + lid.x + {}u;", i * wx);
+    }
+    for j in 0..tn {
+        let _ = writeln!(s, "    if (otok{j} < p.tokens) {{");
+        for i in 0..tm {
+            let _ = writeln!(
+                s,
+                "        if (orow{i} < p.rows) {{ y[otok{j} * p.rows + orow{i}] = c{i}_{j}; }}"
+            );
+        }
+        s.push_str("    }\n");
+    }
+    s.push_str("}\n");
     s
 }
