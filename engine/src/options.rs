@@ -185,12 +185,17 @@ pub enum WgpuPrefill {
     Gemm64,
     /// `Gemm` with 32 x 32 tiles always.
     Gemm32,
-    /// `linear_gemm_coop` on the raw vulkan backend: 64 x 64 tiles of f16 in workgroup memory
-    /// multiplied on cooperative matrices (tensor cores; 16 x 16 x 16, f32 sums), where the
-    /// driver has them (VK_KHR_cooperative_matrix with that configuration, f16); elsewhere,
-    /// and on the wgpu backend, `Gemm`. Experimental (wgpu's cooperative-matrix feature is):
-    /// not `ByAdapter`'s choice. Activations and weights are rounded to f16 (sums stay f32).
+    /// The `linear_gemm_coop*` kernels on the raw vulkan backend: tiles of f16 in workgroup
+    /// memory multiplied on cooperative matrices (tensor cores; 16 x 16 x 16, f32 sums), where
+    /// the driver has them (VK_KHR_cooperative_matrix with that configuration, f16), 128 x 128
+    /// where that still gives enough workgroups, else 64 x 64; elsewhere, and on the wgpu
+    /// backend, `Gemm`. Experimental (wgpu's cooperative-matrix feature is): not `ByAdapter`'s
+    /// choice. Activations and weights are rounded to f16 (sums stay f32).
     Coop,
+    /// `Coop` with 64 x 64 tiles always.
+    Coop64,
+    /// `Coop` with 128 x 128 tiles always.
+    Coop128,
     /// `Gemm` on GPUs, `Registers` on software rasterizers (on lavapipe workgroup tiles
     /// measured about even with or slower than register blocks, and compile slower).
     #[default]
@@ -205,6 +210,14 @@ impl WgpuPrefill {
             WgpuPrefill::ByAdapter => WgpuPrefill::Gemm,
             other => other,
         }
+    }
+
+    /// Whether this choice asks for cooperative matrices.
+    pub fn coop(self) -> bool {
+        matches!(
+            self,
+            WgpuPrefill::Coop | WgpuPrefill::Coop64 | WgpuPrefill::Coop128
+        )
     }
 }
 

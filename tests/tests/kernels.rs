@@ -2096,13 +2096,14 @@ fn linear_int8_kernels_match_the_rounded_reference() {
 
 /// The prompt-product kernels of `WgpuOptions::prefill` forced one by one
 /// (`linear_matmat_tiled`, session 15's 64 x 64 tiles, the `linear_gemm_*` tiles of 128, 64
-/// and 32 rows by tokens staged in workgroup memory, and `linear_gemm_coop` on cooperative
-/// matrices where a vulkan device has them, else `gemm`) on every wgpu device and every vulkan
-/// one but software rasterizers: partial tiles of rows and tokens at both edges, one and
-/// several steps of columns, several tiles each way, block formats, a K-quant, F16, and F32
-/// rows of 36 elements, which no tile takes (the product falls back to `linear_matmat`).
-/// Same reference and tolerance as `linear_every_format_matvec_and_matmat`: 2e-6 x cols,
-/// f32 sums in another order. (Lavapipe takes 12 to 37 s to compile each of the vulkan
+/// and 32 rows by tokens staged in workgroup memory, and `linear_gemm_coop` and `_coop_128` on
+/// cooperative matrices where a vulkan device has them, else `gemm`) on every wgpu device and
+/// every vulkan one but software rasterizers: partial tiles of rows and tokens at both edges,
+/// whole tiles (the cooperative kernels store those straight into the output), one and several
+/// steps of columns, several tiles each way, block formats, a K-quant, F16, and F32 rows of 36
+/// elements, which no tile takes (the product falls back to `linear_matmat`). Same reference
+/// and tolerance as `linear_every_format_matvec_and_matmat` (2e-6 x cols: f32 sums in another
+/// order) but for the cooperative kernels' f16 operands (below). (Lavapipe takes 12 to 37 s to compile each of the vulkan
 /// backend's SPIR-V for these kernels with a cold shader cache, against 0.3 s for wgpu's; the
 /// WGSL is the same.)
 #[test]
@@ -2134,7 +2135,8 @@ fn linear_prefill_kernels_match_the_reference() {
         WgpuPrefill::Gemm128,
         WgpuPrefill::Gemm64,
         WgpuPrefill::Gemm32,
-        WgpuPrefill::Coop,
+        WgpuPrefill::Coop64,
+        WgpuPrefill::Coop128,
     ] {
         let mut found = cairn_engine::device::discover_blocking_with(options());
         found.options_mut().wgpu.prefill = choice;
@@ -2154,7 +2156,7 @@ fn linear_prefill_kernels_match_the_reference() {
                 // 2^-11 of itself, f32 sums): errors of random sign, about sqrt(cols) x 1e-3 x
                 // the mean |w x| of 0.25, 0.006 at 1,024 columns, against an allowance of 2e-3
                 // of the largest sum (about 30 there). A misplaced element is off by units.
-                let tol = if choice == WgpuPrefill::Coop {
+                let tol = if choice.coop() {
                     2e-3
                 } else {
                     2e-6 * cols as f32

@@ -38,7 +38,8 @@ pub struct EngineArgs {
     /// blocks, no workgroup memory), `tiles` (64 x 64 tiles in workgroup memory, session 15's),
     /// `gemm` (workgroup-memory tiles of 128, 64 or 32 rows and tokens by the product's shape),
     /// `gemm128`, `gemm64`, `gemm32` (that tile always), `coop` (vulkan: f16 tiles on
-    /// cooperative matrices where the driver has them, else `gemm`; experimental), `auto`
+    /// cooperative matrices where the driver has them, else `gemm`; experimental; `coop64`,
+    /// `coop128` force the tile), `auto`
     /// (`gemm` on GPUs, `registers` on software rasterizers).
     #[arg(long, env = "CAIRN_WGPU_PREFILL", value_enum, default_value_t = WgpuPrefillArg::Auto)]
     pub wgpu_prefill: WgpuPrefillArg,
@@ -133,6 +134,8 @@ pub enum WgpuPrefillArg {
     Gemm64,
     Gemm32,
     Coop,
+    Coop64,
+    Coop128,
     Auto,
 }
 
@@ -195,6 +198,8 @@ impl EngineArgs {
                     WgpuPrefillArg::Gemm64 => WgpuPrefill::Gemm64,
                     WgpuPrefillArg::Gemm32 => WgpuPrefill::Gemm32,
                     WgpuPrefillArg::Coop => WgpuPrefill::Coop,
+                    WgpuPrefillArg::Coop64 => WgpuPrefill::Coop64,
+                    WgpuPrefillArg::Coop128 => WgpuPrefill::Coop128,
                     WgpuPrefillArg::Auto => WgpuPrefill::ByAdapter,
                 },
                 limits: WgpuLimits {

@@ -85,7 +85,7 @@ pub(crate) fn open(
     let adapter = adapter.ok_or_else(|| {
         BackendError::Unsupported(format!("{}: no wgpu adapter behind this device", info.id))
     })?;
-    let coop = opts.wgpu.prefill == crate::options::WgpuPrefill::Coop;
+    let coop = opts.wgpu.prefill.coop();
     open_backend(adapter, info, &opts.vulkan, coop)
         .map(|b| Device::new_wgpu(info.clone(), b.with_options(&opts.wgpu, info)))
 }

@@ -347,7 +347,7 @@ mod tests {
             for kernel in cairn_shaders::ALL {
                 if (!subgroups
                     && (kernel.subgroups || *kernel == cairn_shaders::LINEAR_MATVEC_SUBGROUP))
-                    || (kernel.coop && !coop)
+                    || (kernel.coop.is_some() && !coop)
                 {
                     continue;
                 }

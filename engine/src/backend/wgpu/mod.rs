@@ -269,7 +269,7 @@ impl WgpuBackend {
         };
         self.prefill = match opts.prefill.resolve(info.is_software()) {
             // Cooperative matrices only on a raw vulkan device opened with them.
-            WgpuPrefill::Coop if !self.coop() => WgpuPrefill::Gemm,
+            p if p.coop() && !self.coop() => WgpuPrefill::Gemm,
             other => other,
         };
         self.attention = opts.attention.resolve(info.is_software());

@@ -229,6 +229,7 @@ impl<'a> WgpuOp<'a> for Linear<'a> {
         shaders::LINEAR_GEMM_64,
         shaders::LINEAR_GEMM_32,
         shaders::LINEAR_GEMM_COOP,
+        shaders::LINEAR_GEMM_COOP_128,
         shaders::LINEAR_MATVEC_STREAM,
         shaders::LINEAR_MATVEC_STREAM_SUBGROUP,
         shaders::LINEAR_MATVEC_BATCH,
@@ -333,6 +334,16 @@ pub(crate) fn gemm_for(rows: u32, tokens: u32) -> Kernel {
     shaders::LINEAR_GEMM_32
 }
 
+/// The `linear_gemm_coop*` tile for a product of `rows` by `tokens`, as `gemm_for` picks.
+pub(crate) fn coop_for(rows: u32, tokens: u32) -> Kernel {
+    match shaders::LINEAR_GEMM_COOP_128.coop {
+        Some(c) if rows.div_ceil(c.rows()) * tokens.div_ceil(c.tokens()) >= GEMM_MIN_GROUPS => {
+            shaders::LINEAR_GEMM_COOP_128
+        }
+        _ => shaders::LINEAR_GEMM_COOP,
+    }
+}
+
 /// Workgroups a tile's grid should have before `gemm_for` takes it: about one per
 /// multiprocessor of a large GPU (132 on an H100).
 pub(crate) const GEMM_MIN_GROUPS: u32 = 128;
@@ -359,14 +370,17 @@ pub(crate) fn prefill(step: Step<'_>, choice: WgpuPrefill) -> Step<'_> {
                 WgpuPrefill::Gemm128 => shaders::LINEAR_GEMM_128,
                 WgpuPrefill::Gemm64 => shaders::LINEAR_GEMM_64,
                 WgpuPrefill::Gemm32 => shaders::LINEAR_GEMM_32,
-                WgpuPrefill::Coop => shaders::LINEAR_GEMM_COOP,
+                WgpuPrefill::Coop => coop_for(rows, tokens),
+                WgpuPrefill::Coop64 => shaders::LINEAR_GEMM_COOP,
+                WgpuPrefill::Coop128 => shaders::LINEAR_GEMM_COOP_128,
                 WgpuPrefill::Registers => shaders::LINEAR_MATMAT,
             };
             // (rows, tokens) a workgroup takes, and the columns a step.
-            let (tile_rows, tile_tokens, step) = match kernel.gemm {
-                Some(g) => (g.rows(), g.tokens(), g.bk),
-                None if kernel == shaders::LINEAR_MATMAT_TILED || kernel.coop => (64, 64, 32),
-                None => (0, 0, 0),
+            let (tile_rows, tile_tokens, step) = match (kernel.gemm, kernel.coop) {
+                (Some(g), _) => (g.rows(), g.tokens(), g.bk),
+                (None, Some(c)) => (c.rows(), c.tokens(), c.bk),
+                _ if kernel == shaders::LINEAR_MATMAT_TILED => (64, 64, 32),
+                _ => (0, 0, 0),
             };
             if step == 0 || !cols.is_multiple_of(step) {
                 return Step::Dispatch {
