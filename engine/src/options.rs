@@ -196,17 +196,26 @@ pub enum WgpuPrefill {
     Coop64,
     /// `Coop` with 128 x 128 tiles always.
     Coop128,
-    /// `Gemm` on GPUs, `Registers` on software rasterizers (on lavapipe workgroup tiles
-    /// measured about even with or slower than register blocks, and compile slower).
+    /// `Coop` with 64-row by 128-token tiles (four subgroups of 2 x 4 blocks) always.
+    Coop64x128,
+    /// `Coop` with 64 x 64 tiles and 64 columns a step always.
+    Coop64K64,
+    /// `Coop` on the vulkan backend's GPUs whose driver has f16 cooperative matrices, `Gemm`
+    /// on other GPUs, `Registers` on software rasterizers (on lavapipe workgroup tiles measured
+    /// slower than register blocks, and compile slower). On an H200 the 8B shape's 512-token
+    /// prefill ran at 2,222-2,467 tok/s on vulkan with `Coop`, 1,107-1,128 with `Gemm`,
+    /// 502-503 with `Registers` (docs/performance.md, session 19).
     #[default]
     ByAdapter,
 }
 
 impl WgpuPrefill {
-    /// What runs on a device that is a software rasterizer or not.
-    pub fn resolve(self, software: bool) -> WgpuPrefill {
+    /// What runs on a device that is a software rasterizer or not, and was opened with
+    /// cooperative matrices or not.
+    pub fn resolve(self, software: bool, coop: bool) -> WgpuPrefill {
         match self {
             WgpuPrefill::ByAdapter if software => WgpuPrefill::Registers,
+            WgpuPrefill::ByAdapter if coop => WgpuPrefill::Coop,
             WgpuPrefill::ByAdapter => WgpuPrefill::Gemm,
             other => other,
         }
@@ -216,7 +225,11 @@ impl WgpuPrefill {
     pub fn coop(self) -> bool {
         matches!(
             self,
-            WgpuPrefill::Coop | WgpuPrefill::Coop64 | WgpuPrefill::Coop128
+            WgpuPrefill::Coop
+                | WgpuPrefill::Coop64
+                | WgpuPrefill::Coop128
+                | WgpuPrefill::Coop64x128
+                | WgpuPrefill::Coop64K64
         )
     }
 }
@@ -476,6 +489,20 @@ mod tests {
         );
         assert_eq!(o.wgpu.fuse, WgpuFuse::ByAdapter);
         // GPUs fold everything; software rasterizers nothing unless told.
+        assert_eq!(
+            WgpuPrefill::ByAdapter.resolve(true, false),
+            WgpuPrefill::Registers
+        );
+        assert_eq!(
+            WgpuPrefill::ByAdapter.resolve(false, false),
+            WgpuPrefill::Gemm
+        );
+        assert_eq!(
+            WgpuPrefill::ByAdapter.resolve(false, true),
+            WgpuPrefill::Coop
+        );
+        assert_eq!(WgpuPrefill::Tiles.resolve(false, true), WgpuPrefill::Tiles);
+        assert!(WgpuPrefill::Coop64K64.coop() && !WgpuPrefill::Gemm.coop());
         assert_eq!(WgpuFuse::ByAdapter.resolve(false), (true, true));
         assert_eq!(WgpuFuse::ByAdapter.resolve(true), (false, false));
         assert_eq!(WgpuFuse::NoNorms.resolve(true), (true, false));

@@ -169,6 +169,10 @@ const fn gemm_kernel(name: &'static str, shape: GemmShape) -> Kernel {
 pub const LINEAR_GEMM_COOP: Kernel = coop_kernel("linear_gemm_coop", CoopShape::MEDIUM);
 /// The same with 128 x 128 tiles from eight subgroups.
 pub const LINEAR_GEMM_COOP_128: Kernel = coop_kernel("linear_gemm_coop_128", CoopShape::LARGE);
+/// 64 rows by 128 tokens from four subgroups of 2 x 4 blocks.
+pub const LINEAR_GEMM_COOP_64X128: Kernel = coop_kernel("linear_gemm_coop_64x128", CoopShape::WIDE);
+/// 64 x 64 with 64 columns a step.
+pub const LINEAR_GEMM_COOP_64K64: Kernel = coop_kernel("linear_gemm_coop_64k64", CoopShape::DEEP);
 
 const fn coop_kernel(name: &'static str, shape: CoopShape) -> Kernel {
     Kernel {
@@ -220,6 +224,8 @@ kernels! {
     LINEAR_GEMM_32,
     LINEAR_GEMM_COOP,
     LINEAR_GEMM_COOP_128,
+    LINEAR_GEMM_COOP_64X128,
+    LINEAR_GEMM_COOP_64K64,
     ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
@@ -798,7 +804,7 @@ pub struct CoopShape {
     pub mr: u32,
     /// 16-token blocks a subgroup sums.
     pub mt: u32,
-    /// Columns a step: 16 or 32 (a step never straddles a 32-element block).
+    /// Columns a step: a multiple of 16; rows of a multiple of it only.
     pub bk: u32,
 }
 
@@ -818,6 +824,22 @@ impl CoopShape {
         mr: 2,
         mt: 4,
         bk: 32,
+    };
+    /// 64 rows x 128 tokens from 2 x 2 subgroups of 2 x 4 blocks, 32 columns a step.
+    pub const WIDE: CoopShape = CoopShape {
+        sr: 2,
+        st: 2,
+        mr: 2,
+        mt: 4,
+        bk: 32,
+    };
+    /// `MEDIUM` with 64 columns a step (half the barriers).
+    pub const DEEP: CoopShape = CoopShape {
+        sr: 2,
+        st: 2,
+        mr: 2,
+        mt: 2,
+        bk: 64,
     };
 
     /// Rows a workgroup takes.

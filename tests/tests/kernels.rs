@@ -2096,7 +2096,7 @@ fn linear_int8_kernels_match_the_rounded_reference() {
 
 /// The prompt-product kernels of `WgpuOptions::prefill` forced one by one
 /// (`linear_matmat_tiled`, session 15's 64 x 64 tiles, the `linear_gemm_*` tiles of 128, 64
-/// and 32 rows by tokens staged in workgroup memory, and `linear_gemm_coop` and `_coop_128` on
+/// and 32 rows by tokens staged in workgroup memory, and the `linear_gemm_coop*` tiles on
 /// cooperative matrices where a vulkan device has them, else `gemm`) on every wgpu device and
 /// every vulkan one but software rasterizers: partial tiles of rows and tokens at both edges,
 /// whole tiles (the cooperative kernels store those straight into the output), one and several
@@ -2137,6 +2137,8 @@ fn linear_prefill_kernels_match_the_reference() {
         WgpuPrefill::Gemm32,
         WgpuPrefill::Coop64,
         WgpuPrefill::Coop128,
+        WgpuPrefill::Coop64x128,
+        WgpuPrefill::Coop64K64,
     ] {
         let mut found = cairn_engine::device::discover_blocking_with(options());
         found.options_mut().wgpu.prefill = choice;

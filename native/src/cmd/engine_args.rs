@@ -38,9 +38,9 @@ pub struct EngineArgs {
     /// blocks, no workgroup memory), `tiles` (64 x 64 tiles in workgroup memory, session 15's),
     /// `gemm` (workgroup-memory tiles of 128, 64 or 32 rows and tokens by the product's shape),
     /// `gemm128`, `gemm64`, `gemm32` (that tile always), `coop` (vulkan: f16 tiles on
-    /// cooperative matrices where the driver has them, else `gemm`; experimental; `coop64`,
-    /// `coop128` force the tile), `auto`
-    /// (`gemm` on GPUs, `registers` on software rasterizers).
+    /// cooperative matrices where the driver has them, else `gemm`; `coop64`, `coop128`,
+    /// `coop64x128`, `coop64k64` force the tile), `auto` (`coop` on the vulkan backend's GPUs
+    /// that have it, `gemm` on other GPUs, `registers` on software rasterizers).
     #[arg(long, env = "CAIRN_WGPU_PREFILL", value_enum, default_value_t = WgpuPrefillArg::Auto)]
     pub wgpu_prefill: WgpuPrefillArg,
     /// wgpu and vulkan: open devices with the adapter's own limits, or with WebGPU's
@@ -136,6 +136,8 @@ pub enum WgpuPrefillArg {
     Coop,
     Coop64,
     Coop128,
+    Coop64x128,
+    Coop64k64,
     Auto,
 }
 
@@ -200,6 +202,8 @@ impl EngineArgs {
                     WgpuPrefillArg::Coop => WgpuPrefill::Coop,
                     WgpuPrefillArg::Coop64 => WgpuPrefill::Coop64,
                     WgpuPrefillArg::Coop128 => WgpuPrefill::Coop128,
+                    WgpuPrefillArg::Coop64x128 => WgpuPrefill::Coop64x128,
+                    WgpuPrefillArg::Coop64k64 => WgpuPrefill::Coop64K64,
                     WgpuPrefillArg::Auto => WgpuPrefill::ByAdapter,
                 },
                 limits: WgpuLimits {

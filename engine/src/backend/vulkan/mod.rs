@@ -85,7 +85,9 @@ pub(crate) fn open(
     let adapter = adapter.ok_or_else(|| {
         BackendError::Unsupported(format!("{}: no wgpu adapter behind this device", info.id))
     })?;
-    let coop = opts.wgpu.prefill.coop();
+    // Cooperative matrices where asked for, and for `auto` on GPUs (`WgpuPrefill::ByAdapter`).
+    let coop = opts.wgpu.prefill.coop()
+        || (opts.wgpu.prefill == crate::options::WgpuPrefill::ByAdapter && !info.is_software());
     open_backend(adapter, info, &opts.vulkan, coop)
         .map(|b| Device::new_wgpu(info.clone(), b.with_options(&opts.wgpu, info)))
 }

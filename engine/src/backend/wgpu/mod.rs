@@ -267,8 +267,8 @@ impl WgpuBackend {
                 wide: None,
             },
         };
-        self.prefill = match opts.prefill.resolve(info.is_software()) {
-            // Cooperative matrices only on a raw vulkan device opened with them.
+        // Cooperative matrices only on a raw vulkan device opened with them.
+        self.prefill = match opts.prefill.resolve(info.is_software(), self.coop()) {
             p if p.coop() && !self.coop() => WgpuPrefill::Gemm,
             other => other,
         };
