@@ -86,11 +86,9 @@ pub struct WgpuOptions {
     /// The shape of `WgpuMatvec::Wide`'s walk (rows and invocations a workgroup, chunks in
     /// flight per invocation, packed 8-bit dot products or f32).
     pub matvec_shape: WgpuMatvecShape,
-    /// Prompt-sized products (more tokens than the matrix-vector kernels take) through
-    /// `linear_matmat_tiled` (64-row by 64-token tiles staged in workgroup memory) instead of
-    /// `linear_matmat` (4 x 4 blocks in registers, no workgroup memory). Off by default: not
-    /// yet measured on a GPU.
-    pub tiled_prefill: bool,
+    /// Which kernel runs prompt-sized products (more tokens than the matrix-vector kernels
+    /// take).
+    pub prefill: WgpuPrefill,
     /// The limits devices are opened with: the adapter's own, or WebGPU's defaults.
     pub limits: WgpuLimits,
     /// Decode attention split across workgroups by keys (flash-decoding) or one workgroup per
@@ -171,6 +169,77 @@ impl WgpuAttention {
             WgpuAttention::ByAdapter if software => WgpuAttention::Single,
             other => other,
         }
+    }
+}
+
+/// The `wgpu` and `vulkan` backends' kernels for prompt-sized products (more tokens than the
+/// matrix-vector kernels take; `backend/wgpu/plan.rs`, `prefill`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WgpuPrefill {
+    /// `linear_matmat`: a 4-row by 4-token block of sums an invocation, weights and
+    /// activations read from global memory, no workgroup memory.
+    Registers,
+    /// `linear_matmat_tiled`: 64-row by 64-token tiles staged in workgroup memory, 4 x 4 sums
+    /// an invocation (session 15's tiles; 1,808 tok/s against `Registers`' 6,542 on the 135M
+    /// model's prefill on an H100).
+    Tiles,
+    /// The `linear_gemm_*` kernels (`shaders/src/lib.rs`, `gemm_body`), the tile by the
+    /// product's shape: 128 x 128 where that still gives enough workgroups, else 64 x 64, else
+    /// 32 x 32. Rows of a multiple of the tile's step of columns (16 or 32); others run
+    /// `Registers`.
+    Gemm,
+    /// `Gemm` with 128-row by 128-token tiles always.
+    Gemm128,
+    /// `Gemm` with 64 x 64 tiles always.
+    Gemm64,
+    /// `Gemm` with 32 x 32 tiles always.
+    Gemm32,
+    /// The `linear_gemm_coop*` kernels on the raw vulkan backend: tiles of f16 in workgroup
+    /// memory multiplied on cooperative matrices (tensor cores; 16 x 16 x 16, f32 sums), where
+    /// the driver has them (VK_KHR_cooperative_matrix with that configuration, f16), 128 x 128
+    /// where that still gives enough workgroups, else 64 x 64; elsewhere, and on the wgpu
+    /// backend, `Gemm`. Experimental (wgpu's cooperative-matrix feature is): not `ByAdapter`'s
+    /// choice. Activations and weights are rounded to f16 (sums stay f32).
+    Coop,
+    /// `Coop` with 64 x 64 tiles always.
+    Coop64,
+    /// `Coop` with 128 x 128 tiles always.
+    Coop128,
+    /// `Coop` with 64-row by 128-token tiles (four subgroups of 2 x 4 blocks) always.
+    Coop64x128,
+    /// `Coop` with 64 x 64 tiles and 64 columns a step always.
+    Coop64K64,
+    /// `Coop` on the vulkan backend's GPUs whose driver has f16 cooperative matrices, `Gemm`
+    /// on other GPUs, `Registers` on software rasterizers (on lavapipe workgroup tiles measured
+    /// slower than register blocks, and compile slower). On an H200 the 8B shape's 512-token
+    /// prefill ran at 2,222-2,467 tok/s on vulkan with `Coop`, 1,107-1,128 with `Gemm`,
+    /// 502-503 with `Registers` (docs/performance.md, session 19).
+    #[default]
+    ByAdapter,
+}
+
+impl WgpuPrefill {
+    /// What runs on a device that is a software rasterizer or not, and was opened with
+    /// cooperative matrices or not.
+    pub fn resolve(self, software: bool, coop: bool) -> WgpuPrefill {
+        match self {
+            WgpuPrefill::ByAdapter if software => WgpuPrefill::Registers,
+            WgpuPrefill::ByAdapter if coop => WgpuPrefill::Coop,
+            WgpuPrefill::ByAdapter => WgpuPrefill::Gemm,
+            other => other,
+        }
+    }
+
+    /// Whether this choice asks for cooperative matrices.
+    pub fn coop(self) -> bool {
+        matches!(
+            self,
+            WgpuPrefill::Coop
+                | WgpuPrefill::Coop64
+                | WgpuPrefill::Coop128
+                | WgpuPrefill::Coop64x128
+                | WgpuPrefill::Coop64K64
+        )
     }
 }
 
@@ -429,6 +498,20 @@ mod tests {
         );
         assert_eq!(o.wgpu.fuse, WgpuFuse::ByAdapter);
         // GPUs fold everything; software rasterizers nothing unless told.
+        assert_eq!(
+            WgpuPrefill::ByAdapter.resolve(true, false),
+            WgpuPrefill::Registers
+        );
+        assert_eq!(
+            WgpuPrefill::ByAdapter.resolve(false, false),
+            WgpuPrefill::Gemm
+        );
+        assert_eq!(
+            WgpuPrefill::ByAdapter.resolve(false, true),
+            WgpuPrefill::Coop
+        );
+        assert_eq!(WgpuPrefill::Tiles.resolve(false, true), WgpuPrefill::Tiles);
+        assert!(WgpuPrefill::Coop64K64.coop() && !WgpuPrefill::Gemm.coop());
         assert_eq!(WgpuFuse::ByAdapter.resolve(false), (true, true));
         assert_eq!(WgpuFuse::ByAdapter.resolve(true), (false, false));
         assert_eq!(WgpuFuse::NoNorms.resolve(true), (true, false));

@@ -29,6 +29,14 @@ pub struct Kernel {
     /// Whether the kernel runs over the wide walk, generated for a [`WideShape`] at pipeline
     /// creation ([`source_shaped`]; [`source`] gives [`WideShape::default`]'s).
     pub wide: bool,
+    /// Whether the kernel is the prompt product through workgroup-memory tiles, generated for
+    /// this shape ([`gemm_body`]; `wgsl` is empty).
+    pub gemm: Option<GemmShape>,
+    /// Whether the kernel is the prompt product on cooperative matrices with f16 inputs,
+    /// generated for this shape ([`gemm_coop_body`]; `wgsl` is empty): its source starts with
+    /// `enable f16; enable wgpu_cooperative_matrix;`, and only devices opened with both take it
+    /// (the vulkan backend's, with `WgpuPrefill::Coop`).
+    pub coop: Option<CoopShape>,
 }
 
 macro_rules! kernels {
@@ -43,6 +51,8 @@ macro_rules! kernels {
             int8: false,
             vec4: false,
             wide: false,
+            gemm: None,
+            coop: None,
         };)*
         /// Every kernel, for validation and listing.
         pub const ALL: &[Kernel] = &[$($ident,)* $($sident,)*];
@@ -77,6 +87,8 @@ macro_rules! streaming {
             int8: $int8,
             vec4: $vec4,
             wide: false,
+            gemm: None,
+            coop: None,
         };
     };
 }
@@ -95,6 +107,8 @@ macro_rules! wide {
             int8: $int8,
             vec4: false,
             wide: true,
+            gemm: None,
+            coop: None,
         };
     };
 }
@@ -126,6 +140,59 @@ wide!(LINEAR_MATVEC_WIDE_I8 = "linear_matvec_wide_i8" from "linear_matvec_wide",
 wide!(LINEAR_MATVEC_FUSED_WIDE = "linear_matvec_fused_wide" from "linear_matvec_fused_wide", false);
 wide!(LINEAR_MATVEC_FUSED_WIDE_I8 = "linear_matvec_fused_wide_i8" from "linear_matvec_fused_wide", true);
 
+// Prompt-sized products (more tokens than the batch kernels take) as a real matrix product:
+// tiles of rows by tokens, dequantized weights and activations staged in workgroup memory per
+// step of columns, a register block of sums per invocation ([`gemm_body`]). Three tile sizes,
+// all within WebGPU's 16 KiB of workgroup memory and 256 invocations.
+pub const LINEAR_GEMM_128: Kernel = gemm_kernel("linear_gemm_128", GemmShape::LARGE);
+pub const LINEAR_GEMM_64: Kernel = gemm_kernel("linear_gemm_64", GemmShape::MEDIUM);
+pub const LINEAR_GEMM_32: Kernel = gemm_kernel("linear_gemm_32", GemmShape::SMALL);
+
+const fn gemm_kernel(name: &'static str, shape: GemmShape) -> Kernel {
+    Kernel {
+        name,
+        wgsl: "",
+        formatted: true,
+        prelude: "",
+        chunked: false,
+        subgroups: false,
+        int8: false,
+        vec4: false,
+        wide: false,
+        gemm: Some(shape),
+        coop: None,
+    }
+}
+
+/// The prompt product on cooperative matrices ([`gemm_coop_body`]): 64 x 64 tiles from four
+/// subgroups, f16 tiles in workgroup memory, 16 x 16 x 16 products with f32 sums.
+pub const LINEAR_GEMM_COOP: Kernel = coop_kernel("linear_gemm_coop", CoopShape::MEDIUM);
+/// The same with 128 x 128 tiles from eight subgroups.
+pub const LINEAR_GEMM_COOP_128: Kernel = coop_kernel("linear_gemm_coop_128", CoopShape::LARGE);
+/// 64 rows by 128 tokens from four subgroups of 2 x 4 blocks.
+pub const LINEAR_GEMM_COOP_64X128: Kernel = coop_kernel("linear_gemm_coop_64x128", CoopShape::WIDE);
+/// 64 x 64 with 64 columns a step.
+pub const LINEAR_GEMM_COOP_64K64: Kernel = coop_kernel("linear_gemm_coop_64k64", CoopShape::DEEP);
+
+const fn coop_kernel(name: &'static str, shape: CoopShape) -> Kernel {
+    Kernel {
+        name,
+        wgsl: "",
+        formatted: true,
+        prelude: "",
+        chunked: false,
+        subgroups: false,
+        int8: false,
+        vec4: false,
+        wide: false,
+        gemm: None,
+        coop: Some(shape),
+    }
+}
+
+/// What a cooperative-matrix kernel's source starts with (directives come before anything).
+const COOP_ENABLES: &str = "enable f16;\nenable wgpu_cooperative_matrix;\n";
+
 /// Tokens the batch kernels take per pass (`LINEAR_MATVEC_BATCH*`'s TOKENS); more run as
 /// token groups along the grid's z.
 pub const BATCH_TOKENS: u32 = 4;
@@ -152,6 +219,13 @@ kernels! {
     LINEAR_MATVEC_WIDE_I8,
     LINEAR_MATVEC_FUSED_WIDE,
     LINEAR_MATVEC_FUSED_WIDE_I8,
+    LINEAR_GEMM_128,
+    LINEAR_GEMM_64,
+    LINEAR_GEMM_32,
+    LINEAR_GEMM_COOP,
+    LINEAR_GEMM_COOP_128,
+    LINEAR_GEMM_COOP_64X128,
+    LINEAR_GEMM_COOP_64K64,
     ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
@@ -324,9 +398,19 @@ pub fn source_shaped(kernel: Kernel, format: Option<&str>, shape: WideShape) -> 
         let loader = CHUNKS_I8.iter().find(|(n, _)| Some(*n) == format)?.1;
         chunks = format!("{chunks}{CHUNK_I8_COMMON}\n{loader}\n");
     }
+    let body = match (kernel.gemm, kernel.coop) {
+        (Some(shape), _) => std::borrow::Cow::Owned(gemm_body(shape)),
+        (None, Some(shape)) => std::borrow::Cow::Owned(gemm_coop_body(shape)),
+        (None, None) => std::borrow::Cow::Borrowed(kernel.wgsl),
+    };
+    let enables = if kernel.coop.is_some() {
+        COOP_ENABLES
+    } else {
+        ""
+    };
     Some(format!(
-        "{COMMON}\n{fmt}\n{chunks}{}\n{}",
-        kernel.prelude, kernel.wgsl
+        "{enables}{COMMON}\n{fmt}\n{chunks}{}\n{body}",
+        kernel.prelude
     ))
 }
 
@@ -493,5 +577,453 @@ fn row_dot(w: W8, x: XC) -> f32 {
         "    return array<vec4<f32>, RG>({});\n}}",
         accs.join(", ")
     );
+    s
+}
+
+/// The tile of a prompt product (`LINEAR_GEMM_*`, [`gemm_body`]): a workgroup of `wx` x `wy`
+/// invocations computes `wx * tm` rows by `wy * tn` tokens, `bk` columns a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    /// Invocations along the rows.
+    pub wx: u32,
+    /// Invocations along the tokens.
+    pub wy: u32,
+    /// Rows an invocation sums (`wx` apart).
+    pub tm: u32,
+    /// Tokens an invocation sums (`wy` apart).
+    pub tn: u32,
+    /// Columns a step: a multiple of 4 that divides 32, so a step never straddles a block of
+    /// the 32-element formats. Rows of a multiple of it only.
+    pub bk: u32,
+}
+
+impl GemmShape {
+    /// 128 rows x 128 tokens, 8 x 8 sums an invocation, 16 columns a step (16 KiB).
+    pub const LARGE: GemmShape = GemmShape {
+        wx: 16,
+        wy: 16,
+        tm: 8,
+        tn: 8,
+        bk: 16,
+    };
+    /// 64 x 64, 4 x 4 sums an invocation, 32 columns a step (16 KiB).
+    pub const MEDIUM: GemmShape = GemmShape {
+        wx: 16,
+        wy: 16,
+        tm: 4,
+        tn: 4,
+        bk: 32,
+    };
+    /// 32 x 32 from 8 x 8 invocations, 4 x 4 sums each, 32 columns a step (8 KiB).
+    pub const SMALL: GemmShape = GemmShape {
+        wx: 8,
+        wy: 8,
+        tm: 4,
+        tn: 4,
+        bk: 32,
+    };
+
+    /// Rows a workgroup takes.
+    pub const fn rows(&self) -> u32 {
+        self.wx * self.tm
+    }
+
+    /// Tokens a workgroup takes.
+    pub const fn tokens(&self) -> u32 {
+        self.wy * self.tn
+    }
+
+    /// Bytes of workgroup memory: the step's weights and activations as f32.
+    pub const fn workgroup_bytes(&self) -> u32 {
+        (self.rows() + self.tokens()) * self.bk * 4
+    }
+}
+
+/// The prompt product `y[t, r] = sum_c w[r, c] * x[t, c]` for `shape`, over the format's
+/// `w_load4` (rows of a multiple of `shape.bk` elements). Per step of `bk` columns every
+/// invocation dequantizes its share of the tile's weights (`rows x bk`) and copies its share
+/// of the activations (`tokens x bk`) into workgroup memory, k-major in vec4s of 4 columns, so
+/// each weight is dequantized once per workgroup and then serves all its tokens; then each
+/// invocation sums its `tm x tn` block from workgroup memory. Its rows and tokens are `wx` and
+/// `wy` apart, so neighbouring invocations read neighbouring vec4s (no bank conflicts) and
+/// write neighbouring rows. Each sum takes its four products as a chain of fused
+/// multiply-adds (a `dot` then an add is one instruction more). The next step's global loads are issued before this step's sums,
+/// into registers, so their latency hides behind the arithmetic. Written out sum by sum, so a
+/// driver keeps them in registers without unrolling loops over arrays. Rows and tokens past
+/// the end re-read the last one; their sums are dropped.
+pub fn gemm_body(shape: GemmShape) -> String {
+    use std::fmt::Write;
+    let GemmShape { wx, wy, tm, tn, bk } = shape;
+    let (bm, bn, kq) = (shape.rows(), shape.tokens(), bk / 4);
+    let threads = wx * wy;
+    // Each invocation's share of the staged vec4s (at least one).
+    let lw = (bm * kq).div_ceil(threads);
+    let lx = (bn * kq).div_ceil(threads);
+    let mut s = String::new();
+    s.push_str(
+        "struct Params {
+    rows: u32,
+    cols: u32,
+    tokens: u32,
+    row_bytes: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+",
+    );
+    let _ = writeln!(
+        s,
+        "const BM: u32 = {bm}u;\nconst BN: u32 = {bn}u;\nconst BK: u32 = {bk}u;\nconst KQ: u32 = {kq}u;\nconst NT: u32 = {threads}u;"
+    );
+    let _ = writeln!(s, "var<workgroup> ws: array<vec4<f32>, {}>;", bm * kq);
+    let _ = writeln!(s, "var<workgroup> xs: array<vec4<f32>, {}>;", bn * kq);
+    let _ = writeln!(
+        s,
+        "
+@compute @workgroup_size({wx}, {wy})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let r0 = wid.x * BM;
+    let t0 = wid.y * BN;
+    let xrow = p.cols / 4u;"
+    );
+    // The invocation's staging slots: slot i of the tile is vec4 (i % KQ) of row (or token)
+    // i / KQ, so neighbouring invocations read neighbouring memory.
+    for l in 0..lw {
+        let _ = writeln!(s, "    let wi{l} = li + {}u;", l * threads);
+        let _ = writeln!(
+            s,
+            "    let wr{l} = min(r0 + min(wi{l}, BM * KQ - 1u) / KQ, p.rows - 1u) * p.row_bytes;"
+        );
+        let _ = writeln!(s, "    let wq{l} = wi{l} % KQ;");
+        let _ = writeln!(s, "    var pw{l} = w_load4(wr{l}, wq{l} * 4u);");
+    }
+    for l in 0..lx {
+        let _ = writeln!(s, "    let xi{l} = li + {}u;", l * threads);
+        let _ = writeln!(
+            s,
+            "    let xr{l} = min(t0 + min(xi{l}, BN * KQ - 1u) / KQ, p.tokens - 1u) * xrow + xi{l} % KQ;"
+        );
+        let _ = writeln!(s, "    var px{l} = x[xr{l}];");
+    }
+    for i in 0..tm {
+        for j in 0..tn {
+            let _ = writeln!(s, "    var c{i}_{j} = 0.0;");
+        }
+    }
+    s.push_str("    for (var k0 = 0u; k0 < p.cols; k0 += BK) {\n        workgroupBarrier();\n");
+    for l in 0..lw {
+        let guard = (bm * kq) % threads != 0 && l == lw - 1;
+        if guard {
+            let _ = writeln!(
+                s,
+                "        if (wi{l} < BM * KQ) {{ ws[wq{l} * BM + wi{l} / KQ] = pw{l}; }}"
+            );
+        } else {
+            let _ = writeln!(s, "        ws[wq{l} * BM + wi{l} / KQ] = pw{l};");
+        }
+    }
+    for l in 0..lx {
+        let guard = (bn * kq) % threads != 0 && l == lx - 1;
+        if guard {
+            let _ = writeln!(
+                s,
+                "        if (xi{l} < BN * KQ) {{ xs[(xi{l} % KQ) * BN + xi{l} / KQ] = px{l}; }}"
+            );
+        } else {
+            let _ = writeln!(s, "        xs[(xi{l} % KQ) * BN + xi{l} / KQ] = px{l};");
+        }
+    }
+    s.push_str(
+        "        workgroupBarrier();\n        let k1 = k0 + BK;\n        if (k1 < p.cols) {\n",
+    );
+    for l in 0..lw {
+        let _ = writeln!(s, "            pw{l} = w_load4(wr{l}, k1 + wq{l} * 4u);");
+    }
+    for l in 0..lx {
+        let _ = writeln!(s, "            px{l} = x[xr{l} + k1 / 4u];");
+    }
+    s.push_str("        }\n        for (var q = 0u; q < KQ; q++) {\n");
+    for i in 0..tm {
+        let _ = writeln!(
+            s,
+            "            let a{i} = ws[q * BM + lid.x + {}u];",
+            i * wx
+        );
+    }
+    for j in 0..tn {
+        let _ = writeln!(
+            s,
+            "            let b{j} = xs[q * BN + lid.y + {}u];",
+            j * wy
+        );
+    }
+    for i in 0..tm {
+        for j in 0..tn {
+            let _ = writeln!(
+                s,
+                "            c{i}_{j} = fma(a{i}.w, b{j}.w, fma(a{i}.z, b{j}.z, fma(a{i}.y, b{j}.y, fma(a{i}.x, b{j}.x, c{i}_{j}))));"
+            );
+        }
+    }
+    s.push_str("        }\n    }\n");
+    for j in 0..tn {
+        let _ = writeln!(s, "    let otok{j} = t0 + lid.y + {}u;", j * wy);
+    }
+    for i in 0..tm {
+        let _ = writeln!(s, "    let orow{i} = r0 + lid.x + {}u;", i * wx);
+    }
+    for j in 0..tn {
+        let _ = writeln!(s, "    if (otok{j} < p.tokens) {{");
+        for i in 0..tm {
+            let _ = writeln!(
+                s,
+                "        if (orow{i} < p.rows) {{ y[otok{j} * p.rows + orow{i}] = c{i}_{j}; }}"
+            );
+        }
+        s.push_str("    }\n");
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// The tile of a cooperative-matrix prompt product (`LINEAR_GEMM_COOP*`, [`gemm_coop_body`]):
+/// `sr x st` subgroups of 32 invocations, each summing `mr x mt` blocks of 16 rows by 16
+/// tokens, `bk` columns a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CoopShape {
+    /// Subgroups along the rows.
+    pub sr: u32,
+    /// Subgroups along the tokens.
+    pub st: u32,
+    /// 16-row blocks a subgroup sums.
+    pub mr: u32,
+    /// 16-token blocks a subgroup sums.
+    pub mt: u32,
+    /// Columns a step: a multiple of 16; rows of a multiple of it only.
+    pub bk: u32,
+}
+
+impl CoopShape {
+    /// 64 x 64 from 2 x 2 subgroups of 2 x 2 blocks, 32 columns a step.
+    pub const MEDIUM: CoopShape = CoopShape {
+        sr: 2,
+        st: 2,
+        mr: 2,
+        mt: 2,
+        bk: 32,
+    };
+    /// 128 x 128 from 4 x 2 subgroups of 2 x 4 blocks, 32 columns a step.
+    pub const LARGE: CoopShape = CoopShape {
+        sr: 4,
+        st: 2,
+        mr: 2,
+        mt: 4,
+        bk: 32,
+    };
+    /// 64 rows x 128 tokens from 2 x 2 subgroups of 2 x 4 blocks, 32 columns a step.
+    pub const WIDE: CoopShape = CoopShape {
+        sr: 2,
+        st: 2,
+        mr: 2,
+        mt: 4,
+        bk: 32,
+    };
+    /// `MEDIUM` with 64 columns a step (half the barriers).
+    pub const DEEP: CoopShape = CoopShape {
+        sr: 2,
+        st: 2,
+        mr: 2,
+        mt: 2,
+        bk: 64,
+    };
+
+    /// Rows a workgroup takes.
+    pub const fn rows(&self) -> u32 {
+        self.sr * self.mr * 16
+    }
+
+    /// Tokens a workgroup takes.
+    pub const fn tokens(&self) -> u32 {
+        self.st * self.mt * 16
+    }
+
+    /// Invocations a workgroup (subgroups of 32 assumed).
+    pub const fn invocations(&self) -> u32 {
+        self.sr * self.st * 32
+    }
+}
+
+/// The prompt product `y[t, r] = sum_c w[r, c] * x[t, c]` on cooperative matrices, for the raw
+/// vulkan backend: per step of `bk` columns every invocation dequantizes its share of the
+/// tile's weights and converts its share of the activations to f16 in workgroup memory
+/// (row-major, `bk` columns a row; the next step's global loads are issued before this step's
+/// products), and each subgroup multiplies its `mr x mt` blocks of 16 x 16 (16 columns at a
+/// time, f32 sums). Whole tiles store their sums straight into y (column-major blocks:
+/// token-major with a stride of `rows`); tiles at the edges store them block by block through
+/// workgroup memory, dropping what is past the end. Assumes subgroups of 32 invocations
+/// (NVIDIA's), numbered by `local_invocation_index / 32`. Rows of a multiple of `bk`.
+pub fn gemm_coop_body(shape: CoopShape) -> String {
+    use std::fmt::Write;
+    let CoopShape { sr, st, mr, mt, bk } = shape;
+    let (bm, bn, nt) = (shape.rows(), shape.tokens(), shape.invocations());
+    let kq = bk / 4;
+    let lw = (bm * kq).div_ceil(nt);
+    let lx = (bn * kq).div_ceil(nt);
+    let mut s = String::new();
+    s.push_str(
+        "struct Params {
+    rows: u32,
+    cols: u32,
+    tokens: u32,
+    row_bytes: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+",
+    );
+    let _ = writeln!(
+        s,
+        "const BM: u32 = {bm}u;\nconst BN: u32 = {bn}u;\nconst BK: u32 = {bk}u;\nconst KQ: u32 = {kq}u;"
+    );
+    let _ = writeln!(s, "var<workgroup> ws: array<f16, {}>;", bm * bk);
+    let _ = writeln!(s, "var<workgroup> xs: array<f16, {}>;", bn * bk);
+    // One 16 x 16 block of sums per subgroup, for the edges.
+    let _ = writeln!(s, "var<workgroup> cs: array<f32, {}>;", sr * st * 256);
+    let _ = writeln!(
+        s,
+        "
+@compute @workgroup_size({nt})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let r0 = wid.x * BM;
+    let t0 = wid.y * BN;
+    let xrow = p.cols / 4u;
+    let sg = li / 32u;
+    let lane = li % 32u;
+    // The subgroup's blocks: rows sr0 .., tokens st0 .. of the tile.
+    let sr0 = (sg % {sr}u) * {}u;
+    let st0 = (sg / {sr}u) * {}u;",
+        mr * 16,
+        mt * 16
+    );
+    for l in 0..lw {
+        let _ = writeln!(s, "    let wi{l} = min(li + {}u, BM * KQ - 1u);", l * nt);
+        let _ = writeln!(
+            s,
+            "    let wr{l} = min(r0 + wi{l} / KQ, p.rows - 1u) * p.row_bytes;"
+        );
+        let _ = writeln!(s, "    let wq{l} = wi{l} % KQ;");
+        let _ = writeln!(s, "    var pw{l} = w_load4(wr{l}, wq{l} * 4u);");
+    }
+    for l in 0..lx {
+        let _ = writeln!(s, "    let xi{l} = min(li + {}u, BN * KQ - 1u);", l * nt);
+        let _ = writeln!(
+            s,
+            "    let xr{l} = min(t0 + xi{l} / KQ, p.tokens - 1u) * xrow + xi{l} % KQ;"
+        );
+        let _ = writeln!(s, "    var px{l} = x[xr{l}];");
+    }
+    for i in 0..mr {
+        for j in 0..mt {
+            let _ = writeln!(s, "    var c{i}_{j} = coop_mat16x16<f32, C>();");
+        }
+    }
+    s.push_str("    for (var k0 = 0u; k0 < p.cols; k0 += BK) {\n        workgroupBarrier();\n");
+    // Slot i: vec4 i % KQ of row (or token) i / KQ, at element (i / KQ) * BK + (i % KQ) * 4.
+    // Slots past the tile (clamped to its last) write the same values twice.
+    for l in 0..lw {
+        let _ = writeln!(
+            s,
+            "        let wh{l} = vec4<f16>(pw{l});\n        let wa{l} = (wi{l} / KQ) * BK + wq{l} * 4u;"
+        );
+        for (c, f) in ["x", "y", "z", "w"].iter().enumerate() {
+            let _ = writeln!(s, "        ws[wa{l} + {c}u] = wh{l}.{f};");
+        }
+    }
+    for l in 0..lx {
+        let _ = writeln!(
+            s,
+            "        let xh{l} = vec4<f16>(px{l});\n        let xa{l} = (xi{l} / KQ) * BK + (xi{l} % KQ) * 4u;"
+        );
+        for (c, f) in ["x", "y", "z", "w"].iter().enumerate() {
+            let _ = writeln!(s, "        xs[xa{l} + {c}u] = xh{l}.{f};");
+        }
+    }
+    s.push_str(
+        "        workgroupBarrier();\n        let k1 = k0 + BK;\n        if (k1 < p.cols) {\n",
+    );
+    for l in 0..lw {
+        let _ = writeln!(s, "            pw{l} = w_load4(wr{l}, k1 + wq{l} * 4u);");
+    }
+    for l in 0..lx {
+        let _ = writeln!(s, "            px{l} = x[xr{l} + k1 / 4u];");
+    }
+    s.push_str("        }\n        for (var kk = 0u; kk < BK; kk += 16u) {\n");
+    for i in 0..mr {
+        let _ = writeln!(
+            s,
+            "            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&ws[(sr0 + {}u) * BK + kk], BK);",
+            i * 16
+        );
+    }
+    for j in 0..mt {
+        let _ = writeln!(
+            s,
+            "            let b{j} = coopLoad<coop_mat16x16<f16, B>>(&xs[(st0 + {}u) * BK + kk], BK);",
+            j * 16
+        );
+    }
+    for i in 0..mr {
+        for j in 0..mt {
+            let _ = writeln!(
+                s,
+                "            c{i}_{j} = coopMultiplyAdd(a{i}, b{j}, c{i}_{j});"
+            );
+        }
+    }
+    s.push_str("        }\n    }\n");
+    // Whole tiles: straight into y. The condition is the same for the whole workgroup.
+    // (Offsets and stride bound to names first: naga 30's SPIR-V writer takes coopStore's
+    // operands only as expressions already emitted.)
+    s.push_str("    let ys = p.rows;\n    if (r0 + BM <= p.rows && t0 + BN <= p.tokens) {\n");
+    for i in 0..mr {
+        for j in 0..mt {
+            let _ = writeln!(
+                s,
+                "        let yo{i}_{j} = (t0 + st0 + {}u) * ys + r0 + sr0 + {}u;\n        coopStore(c{i}_{j}, &y[yo{i}_{j}], ys);",
+                j * 16,
+                i * 16
+            );
+        }
+    }
+    s.push_str("        return;\n    }\n");
+    for i in 0..mr {
+        for j in 0..mt {
+            let _ = writeln!(
+                s,
+                "    workgroupBarrier();
+    coopStore(c{i}_{j}, &cs[sg * 256u], 16u);
+    workgroupBarrier();
+    for (var e = lane; e < 256u; e += 32u) {{
+        let r = r0 + sr0 + {}u + e % 16u;
+        let t = t0 + st0 + {}u + e / 16u;
+        if (r < p.rows && t < p.tokens) {{
+            y[t * p.rows + r] = cs[sg * 256u + e];
+        }}
+    }}",
+                i * 16,
+                j * 16
+            );
+        }
+    }
+    s.push_str("}\n");
     s
 }

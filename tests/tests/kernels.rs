@@ -2094,52 +2094,86 @@ fn linear_int8_kernels_match_the_rounded_reference() {
     }
 }
 
-/// `WgpuOptions::tiled_prefill` (`linear_matmat_tiled`: 64-row by 64-token tiles staged in
-/// workgroup memory) on every wgpu device and every vulkan one but software rasterizers:
-/// partial tiles of rows and tokens at both edges, one and several 32-column steps, a block
-/// format, a K-quant and F16. Same reference and tolerance as
-/// `linear_every_format_matvec_and_matmat`. (Lavapipe takes 12 to 37 s to compile each of
-/// the vulkan backend's SPIR-V for this kernel with a cold shader cache, against 0.3 s for
-/// wgpu's; the WGSL is the same.)
+/// The prompt-product kernels of `WgpuOptions::prefill` forced one by one
+/// (`linear_matmat_tiled`, session 15's 64 x 64 tiles, the `linear_gemm_*` tiles of 128, 64
+/// and 32 rows by tokens staged in workgroup memory, and the `linear_gemm_coop*` tiles on
+/// cooperative matrices where a vulkan device has them, else `gemm`) on every wgpu device and
+/// every vulkan one but software rasterizers: partial tiles of rows and tokens at both edges,
+/// whole tiles (the cooperative kernels store those straight into the output), one and several
+/// steps of columns, several tiles each way, block formats, a K-quant, F16, and F32 rows of 36
+/// elements, which no tile takes (the product falls back to `linear_matmat`). Same reference
+/// and tolerance as `linear_every_format_matvec_and_matmat` (2e-6 x cols: f32 sums in another
+/// order) but for the cooperative kernels' f16 operands (below). (Lavapipe takes 12 to 37 s to compile each of the vulkan
+/// backend's SPIR-V for these kernels with a cold shader cache, against 0.3 s for wgpu's; the
+/// WGSL is the same.)
 #[test]
-fn linear_tiled_prefill_matches_the_reference() {
+fn linear_prefill_kernels_match_the_reference() {
+    use cairn_engine::options::WgpuPrefill;
     let mut rng = StdRng::seed_from_u64(41);
-    let mut found = cairn_engine::device::discover_blocking_with(options());
-    found.options_mut().wgpu.tiled_prefill = true;
-    let mut ran = 0;
-    for info in found.devices.clone() {
-        if !matches!(info.backend, BackendKind::Wgpu | BackendKind::Vulkan)
-            || info.support == cairn_engine::Support::Unsupported
-            || info.api == "gl"
-            || (info.backend == BackendKind::Vulkan && info.is_software())
-        {
-            continue;
-        }
-        let d = pollster::block_on(found.open_info(info.clone())).expect("opens");
-        ran += 1;
-        for (ty, rows, cols, tokens) in [
-            (GgmlType::Q4_1, 70usize, 160usize, 33usize),
-            (GgmlType::Q8_0, 130, 96, 65),
-            (GgmlType::Q6_K, 37, 256, 70),
-            (GgmlType::F16, 13, 32, 9),
-            (GgmlType::Q4_0, 11, 1024, 17),
-        ] {
+    let cases = [
+        (GgmlType::Q4_1, 150usize, 160usize, 135usize),
+        (GgmlType::Q8_0, 130, 96, 65),
+        (GgmlType::Q6_K, 37, 256, 70),
+        (GgmlType::F16, 13, 32, 9),
+        (GgmlType::Q4_0, 11, 1024, 17),
+        (GgmlType::F32, 10, 36, 20),
+    ];
+    let data: Vec<_> = cases
+        .iter()
+        .map(|&(ty, rows, cols, tokens)| {
             let wf = rand_vec(&mut rng, rows * cols, 1.0);
             let wq: Vec<u8> = wf.chunks(cols).flat_map(|r| quantize_row(ty, r)).collect();
             let x = rand_vec(&mut rng, tokens * cols, 1.0);
             let mut want = vec![0f32; tokens * rows];
             k::linear::linear(ty, &wq, &x, &mut want, rows, cols, tokens);
-            let got = run_linear(&d, ty, &wq, &x, rows, cols, tokens);
-            assert_close(
-                &format!("tiled linear {ty:?} {rows}x{cols} tokens={tokens}"),
-                &d,
-                &got,
-                &want,
-                2e-6 * cols as f32,
-            );
+            (wq, x, want)
+        })
+        .collect();
+    let mut ran = 0;
+    for choice in [
+        WgpuPrefill::Tiles,
+        WgpuPrefill::Gemm128,
+        WgpuPrefill::Gemm64,
+        WgpuPrefill::Gemm32,
+        WgpuPrefill::Coop64,
+        WgpuPrefill::Coop128,
+        WgpuPrefill::Coop64x128,
+        WgpuPrefill::Coop64K64,
+    ] {
+        let mut found = cairn_engine::device::discover_blocking_with(options());
+        found.options_mut().wgpu.prefill = choice;
+        for info in found.devices.clone() {
+            if !matches!(info.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+                || info.support == cairn_engine::Support::Unsupported
+                || info.api == "gl"
+                || (info.backend == BackendKind::Vulkan && info.is_software())
+            {
+                continue;
+            }
+            let d = pollster::block_on(found.open_info(info.clone())).expect("opens");
+            ran += 1;
+            for (&(ty, rows, cols, tokens), (wq, x, want)) in cases.iter().zip(&data) {
+                let got = run_linear(&d, ty, wq, x, rows, cols, tokens);
+                // Cooperative matrices take f16 weights and activations (each rounded by at most
+                // 2^-11 of itself, f32 sums): errors of random sign, about sqrt(cols) x 1e-3 x
+                // the mean |w x| of 0.25, 0.006 at 1,024 columns, against an allowance of 2e-3
+                // of the largest sum (about 30 there). A misplaced element is off by units.
+                let tol = if choice.coop() {
+                    2e-3
+                } else {
+                    2e-6 * cols as f32
+                };
+                assert_close(
+                    &format!("{choice:?} linear {ty:?} {rows}x{cols} tokens={tokens}"),
+                    &d,
+                    &got,
+                    want,
+                    tol,
+                );
+            }
         }
     }
     if std::env::var_os("CAIRN_TEST_REQUIRE_GPU").is_some() {
-        assert!(ran > 0, "no device ran the tiled prefill kernel");
+        assert!(ran > 0, "no device ran the prompt-product kernels");
     }
 }

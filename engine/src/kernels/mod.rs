@@ -51,8 +51,11 @@ mod shader_validation {
                     naga::valid::ValidationFlags::all(),
                     // unpack2x16float is core WGSL; naga files it under this capability.
                     // Subgroup variants are used only where the device has subgroups.
+                    // Cooperative-matrix kernels only where the device has them (and f16).
                     naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
-                        | naga::valid::Capabilities::SUBGROUP,
+                        | naga::valid::Capabilities::SUBGROUP
+                        | naga::valid::Capabilities::COOPERATIVE_MATRIX
+                        | naga::valid::Capabilities::SHADER_FLOAT16,
                 )
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{} {format:?}: {e:?}", kernel.name));

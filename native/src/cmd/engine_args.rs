@@ -3,7 +3,7 @@
 
 use cairn_engine::options::{
     CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuAttention, WgpuFuse,
-    WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions,
+    WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions, WgpuPrefill,
 };
 use clap::builder::BoolishValueParser;
 
@@ -34,10 +34,15 @@ pub struct EngineArgs {
     /// defaults.
     #[arg(long, env = "CAIRN_WGPU_MATVEC_SHAPE", default_value = "", value_parser = parse_shape)]
     pub wgpu_matvec_shape: WgpuMatvecShape,
-    /// wgpu and vulkan: prompt-sized products through 64 x 64 tiles staged in workgroup memory
-    /// (`linear_matmat_tiled`) instead of 4 x 4 register blocks (false, the default).
-    #[arg(long, env = "CAIRN_WGPU_TILED_PREFILL", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
-    pub wgpu_tiled_prefill: bool,
+    /// wgpu and vulkan: the kernel of prompt-sized products: `registers` (4 x 4 register
+    /// blocks, no workgroup memory), `tiles` (64 x 64 tiles in workgroup memory, session 15's),
+    /// `gemm` (workgroup-memory tiles of 128, 64 or 32 rows and tokens by the product's shape),
+    /// `gemm128`, `gemm64`, `gemm32` (that tile always), `coop` (vulkan: f16 tiles on
+    /// cooperative matrices where the driver has them, else `gemm`; `coop64`, `coop128`,
+    /// `coop64x128`, `coop64k64` force the tile), `auto` (`coop` on the vulkan backend's GPUs
+    /// that have it, `gemm` on other GPUs, `registers` on software rasterizers).
+    #[arg(long, env = "CAIRN_WGPU_PREFILL", value_enum, default_value_t = WgpuPrefillArg::Auto)]
+    pub wgpu_prefill: WgpuPrefillArg,
     /// wgpu and vulkan: open devices with the adapter's own limits, or with WebGPU's
     /// defaults (`default`: 128 MiB per storage binding, 16 KiB of workgroup memory, 256
     /// invocations, no shader-f16 or subgroups), the floor of every browser and phone.
@@ -124,6 +129,23 @@ pub enum WgpuMatvecArg {
     Auto,
 }
 
+/// `WgpuPrefill` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuPrefillArg {
+    Registers,
+    Tiles,
+    Gemm,
+    Gemm128,
+    Gemm64,
+    Gemm32,
+    Coop,
+    Coop64,
+    Coop128,
+    Coop64x128,
+    Coop64k64,
+    Auto,
+}
+
 /// `WgpuLimits::webgpu_defaults` for the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WgpuLimitsArg {
@@ -175,7 +197,20 @@ impl EngineArgs {
                     WgpuMatvecArg::Auto => WgpuMatvec::ByAdapter,
                 },
                 matvec_shape: self.wgpu_matvec_shape,
-                tiled_prefill: self.wgpu_tiled_prefill,
+                prefill: match self.wgpu_prefill {
+                    WgpuPrefillArg::Registers => WgpuPrefill::Registers,
+                    WgpuPrefillArg::Tiles => WgpuPrefill::Tiles,
+                    WgpuPrefillArg::Gemm => WgpuPrefill::Gemm,
+                    WgpuPrefillArg::Gemm128 => WgpuPrefill::Gemm128,
+                    WgpuPrefillArg::Gemm64 => WgpuPrefill::Gemm64,
+                    WgpuPrefillArg::Gemm32 => WgpuPrefill::Gemm32,
+                    WgpuPrefillArg::Coop => WgpuPrefill::Coop,
+                    WgpuPrefillArg::Coop64 => WgpuPrefill::Coop64,
+                    WgpuPrefillArg::Coop128 => WgpuPrefill::Coop128,
+                    WgpuPrefillArg::Coop64x128 => WgpuPrefill::Coop64x128,
+                    WgpuPrefillArg::Coop64k64 => WgpuPrefill::Coop64K64,
+                    WgpuPrefillArg::Auto => WgpuPrefill::ByAdapter,
+                },
                 limits: WgpuLimits {
                     webgpu_defaults: self.wgpu_limits == WgpuLimitsArg::Default,
                     max_binding_bytes: self.wgpu_max_binding,
@@ -321,7 +356,11 @@ mod tests {
         );
         let all: Vec<&str> = ["cairn", "--wgpu-matvec-shape", "rows:5"].into();
         assert!(Cli::try_parse_from(all).is_err(), "rows:5 was taken");
-        assert!(parse(&["--wgpu-tiled-prefill", "true"]).wgpu.tiled_prefill);
+        assert_eq!(
+            parse(&["--wgpu-prefill", "tiles"]).wgpu.prefill,
+            WgpuPrefill::Tiles
+        );
+        assert_eq!(parse(&[]).wgpu.prefill, WgpuPrefill::ByAdapter);
         assert!(!parse(&[]).wgpu.serial_decode);
         assert!(parse(&["--wgpu-pipeline", "0"]).wgpu.serial_decode);
         assert!(!parse(&[]).cuda.serial_decode);

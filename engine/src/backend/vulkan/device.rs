@@ -14,6 +14,25 @@ pub(crate) const WANTED: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::PASSTHROUGH_SHADERS);
 pub(crate) const REQUIRED: wgpu::Features = wgpu::Features::PASSTHROUGH_SHADERS;
 
+/// Whether the adapter multiplies 16 x 16 x 16 f16 cooperative matrices into f32 sums in a
+/// subgroup (what `linear_gemm_coop` does): wgpu lists the driver's subgroup-scoped
+/// configurations.
+pub(crate) fn has_coop_f16(adapter: &wgpu::Adapter) -> bool {
+    if !adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    {
+        return false;
+    }
+    adapter.cooperative_matrix_properties().iter().any(|c| {
+        c.m_size == 16
+            && c.n_size == 16
+            && c.k_size == 16
+            && c.ab_type == wgpu::CooperativeScalarType::F16
+            && c.cr_type == wgpu::CooperativeScalarType::F32
+    })
+}
+
 /// The queue family wgpu-hal's own `open` uses; compute-capable on every Vulkan GPU (the
 /// specification requires a graphics-and-compute family, and drivers list it first).
 const FAMILY: u32 = 0;

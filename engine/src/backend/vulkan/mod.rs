@@ -85,7 +85,10 @@ pub(crate) fn open(
     let adapter = adapter.ok_or_else(|| {
         BackendError::Unsupported(format!("{}: no wgpu adapter behind this device", info.id))
     })?;
-    open_backend(adapter, info, &opts.vulkan)
+    // Cooperative matrices where asked for, and for `auto` on GPUs (`WgpuPrefill::ByAdapter`).
+    let coop = opts.wgpu.prefill.coop()
+        || (opts.wgpu.prefill == crate::options::WgpuPrefill::ByAdapter && !info.is_software());
+    open_backend(adapter, info, &opts.vulkan, coop)
         .map(|b| Device::new_wgpu(info.clone(), b.with_options(&opts.wgpu, info)))
 }
 
@@ -93,12 +96,20 @@ fn open_backend(
     adapter: &wgpu::Adapter,
     info: &DeviceInfo,
     opts: &VulkanOptions,
+    coop: bool,
 ) -> Result<WgpuBackend> {
     let props = props::query(adapter)
         .ok_or_else(|| BackendError::Unsupported(format!("{}: not a Vulkan adapter", info.id)))?;
     // What the options force (WebGPU's defaults, a smaller binding) is in `info` already.
-    let features =
+    let mut features =
         super::wgpu::discover::device_features(adapter.features() & device::WANTED, info);
+    // Cooperative matrices only when asked for (`WgpuPrefill::Coop`: an experimental wgpu
+    // feature) and where the driver multiplies 16 x 16 x 16 f16 tiles into f32 sums.
+    let coop =
+        coop && features.contains(wgpu::Features::SHADER_F16) && device::has_coop_f16(adapter);
+    if coop {
+        features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
     if !features.contains(device::REQUIRED) {
         return Err(BackendError::Unsupported(format!(
             "{}: the driver lacks {:?}",
@@ -107,6 +118,14 @@ fn open_backend(
         )));
     }
     let limits = super::wgpu::discover::device_limits(adapter, info);
+    let experimental = if coop {
+        // SAFETY: asked for only with cooperative matrices, wgpu's one experimental feature
+        // here; its shaders are naga's SPIR-V, checked against the reference by the kernels
+        // test on the GPU.
+        unsafe { wgpu::ExperimentalFeatures::enabled() }
+    } else {
+        wgpu::ExperimentalFeatures::disabled()
+    };
     let open = device::open_raw(adapter, &props, features, &limits)?;
     // SAFETY: `open` was made from this adapter's HAL adapter with exactly `features`, which
     // the adapter supports.
@@ -118,6 +137,7 @@ fn open_backend(
                 required_features: features,
                 required_limits: limits.clone(),
                 memory_hints: wgpu::MemoryHints::Performance,
+                experimental_features: experimental,
                 ..Default::default()
             },
         )
@@ -130,10 +150,11 @@ fn open_backend(
     if push_constants {
         tracing::warn!("vulkan push constants on: known to give wrong results");
     }
-    tracing::info!(id = %info.id, name = %info.name, subgroups, push_constants, "opened raw Vulkan device");
+    tracing::info!(id = %info.id, name = %info.name, subgroups, push_constants, coop, "opened raw Vulkan device");
     let kernels = spirv::SpirvKernels {
         subgroups,
         push_constants,
+        coop,
     };
     Ok(WgpuBackend::from_device(dev, queue, limits).with_spirv(kernels))
 }

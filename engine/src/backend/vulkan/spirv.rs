@@ -26,6 +26,9 @@ pub(crate) struct SpirvKernels {
     pub(crate) subgroups: bool,
     /// Parameters as push constants instead of a dynamic-offset uniform.
     pub(crate) push_constants: bool,
+    /// The device was opened with cooperative matrices and f16 (`WgpuPrefill::Coop`), so
+    /// `linear_gemm_coop` may be used.
+    pub(crate) coop: bool,
 }
 
 /// A kernel translated to SPIR-V, with what its pipeline layout needs.
@@ -107,6 +110,11 @@ impl SpirvKernels {
             | Capabilities::SHADER_FLOAT16_IN_FLOAT32
             | if self.subgroups {
                 Capabilities::SUBGROUP
+            } else {
+                Capabilities::empty()
+            }
+            | if self.coop {
+                Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16
             } else {
                 Capabilities::empty()
             };
@@ -247,6 +255,7 @@ mod tests {
         let k = SpirvKernels {
             subgroups: true,
             push_constants: false,
+            coop: false,
         };
         for kernel in [
             cairn_shaders::LINEAR_MATVEC_STREAM_I8_SUBGROUP,
@@ -286,6 +295,7 @@ mod tests {
         let k = SpirvKernels {
             subgroups: true,
             push_constants: false,
+            coop: false,
         };
         let shapes = [
             (4, 32, 1),
@@ -323,14 +333,21 @@ mod tests {
     /// bindings; no device needed.
     #[test]
     fn every_kernel_translates_to_spirv() {
-        for (subgroups, push_constants) in [(false, false), (true, false), (true, true)] {
+        for (subgroups, push_constants, coop) in [
+            (false, false, false),
+            (true, false, false),
+            (true, true, false),
+            (true, false, true),
+        ] {
             let k = SpirvKernels {
                 subgroups,
                 push_constants,
+                coop,
             };
             for kernel in cairn_shaders::ALL {
-                if !subgroups
-                    && (kernel.subgroups || *kernel == cairn_shaders::LINEAR_MATVEC_SUBGROUP)
+                if (!subgroups
+                    && (kernel.subgroups || *kernel == cairn_shaders::LINEAR_MATVEC_SUBGROUP))
+                    || (kernel.coop.is_some() && !coop)
                 {
                     continue;
                 }

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use super::{Accounting, BackendError, Buffer, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
-use crate::options::{WgpuAttention, WgpuMatvec, WgpuOptions};
+use crate::options::{WgpuAttention, WgpuMatvec, WgpuOptions, WgpuPrefill};
 use plan::{Matvec, Step, Wide};
 
 const PARAM_SLOT: u64 = 256;
@@ -115,8 +115,8 @@ pub struct WgpuBackend {
     fuse_norms: bool,
     /// The matrix-vector kernels.
     matvec: Matvec,
-    /// Prompt-sized products on `linear_matmat_tiled`.
-    tiled_prefill: bool,
+    /// The prompt-sized products' kernel (resolved for the device).
+    prefill: WgpuPrefill,
     /// Q4_0, Q4_1 and Q8_0 weights are repacked at upload (`repack.rs`)...
     repack: bool,
     /// ...and these buffers (by id) hold them so.
@@ -209,7 +209,7 @@ impl WgpuBackend {
             fuse: true,
             fuse_norms: true,
             matvec: Matvec::Rows,
-            tiled_prefill: false,
+            prefill: WgpuPrefill::Registers,
             repack: false,
             repacked: Mutex::new(HashSet::new()),
             int8_scratch: Mutex::new(None),
@@ -277,7 +277,11 @@ impl WgpuBackend {
                 wide: None,
             },
         };
-        self.tiled_prefill = opts.tiled_prefill;
+        // Cooperative matrices only on a raw vulkan device opened with them.
+        self.prefill = match opts.prefill.resolve(info.is_software(), self.coop()) {
+            p if p.coop() && !self.coop() => WgpuPrefill::Gemm,
+            other => other,
+        };
         self.attention = opts.attention.resolve(info.is_software());
         self.pipelined_decode = AtomicBool::new(!opts.serial_decode);
         self.shader_checks = opts.shader_checks;
@@ -293,8 +297,18 @@ impl WgpuBackend {
                 tracing::warn!(id = %info.id, "CAIRN_WGPU_PROFILE: this device has no timestamp queries; not profiled");
             }
         }
-        tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, tiled_prefill = self.tiled_prefill, attention = ?self.attention, shader_checks = self.shader_checks, "wgpu kernels");
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, prefill = ?self.prefill, attention = ?self.attention, shader_checks = self.shader_checks, "wgpu kernels");
         self
+    }
+
+    /// Whether the device runs cooperative-matrix kernels (the vulkan backend's, opened with
+    /// them for `WgpuPrefill::Coop`).
+    fn coop(&self) -> bool {
+        #[cfg(all(feature = "vulkan", not(target_arch = "wasm32")))]
+        if let Some(spirv) = &self.spirv {
+            return spirv.coop;
+        }
+        false
     }
 
     /// Whether weights of `format` (a GGML type name) are uploaded repacked (`repack.rs`).
@@ -716,10 +730,13 @@ impl WgpuBackend {
                 attention_forced: forced,
             },
         )?;
-        let mut steps: Vec<Step<'_>> = if self.tiled_prefill {
-            steps.into_iter().map(plan::tiled_prefill).collect()
+        let mut steps: Vec<Step<'_>> = if self.prefill == WgpuPrefill::Registers {
+            steps
         } else {
             steps
+                .into_iter()
+                .map(|s| plan::prefill(s, self.prefill))
+                .collect()
         };
         if self.repack {
             let repacked = self
