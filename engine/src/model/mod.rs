@@ -6,6 +6,7 @@ pub mod config;
 pub mod family;
 pub mod generate;
 pub mod kv_pool;
+mod pipeline;
 pub mod shard;
 pub mod stack;
 pub mod synthetic;
@@ -15,6 +16,8 @@ pub mod weights;
 
 #[cfg(test)]
 mod batch_tests;
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod tensor_tests;
 
