@@ -5,6 +5,7 @@ pub mod cache;
 pub mod config;
 pub mod family;
 pub mod generate;
+mod head_split;
 pub mod kv_pool;
 mod pipeline;
 pub mod shard;

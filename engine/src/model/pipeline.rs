@@ -20,8 +20,8 @@
 //! against the other); `CAIRN_LAYER_PIPELINE=N` makes micro-batches of about N sequences
 //! (default [`DEFAULT_MICRO_SEQS`]).
 
-use super::shard::BatchItem;
-use super::{KvPool, ModelError, SeqKv, Shard, ShardInput, ShardOutput, Want};
+// A browser has no threads: the pipeline is left out there, and what it uses goes unused.
+#![cfg_attr(target_arch = "wasm32", allow(dead_code))]
 
 /// Sequences per micro-batch by default: the cuda backend's decode products take four tokens
 /// per weight row read, so fewer would read the weights for nothing.
@@ -60,170 +60,182 @@ fn groups(items: usize, m: usize) -> Vec<std::ops::Range<usize>> {
         .collect()
 }
 
-/// One micro-batch as it leaves a piece: each live item's index and hidden rows.
-type Handoff = Vec<(usize, Vec<f32>)>;
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) use threads::forward;
 
-/// What a piece's thread gives back: the items that ended on it (their output, or the error
-/// that stopped them), or the error of its device.
-type PieceResult = Result<Vec<(usize, Result<ShardOutput, ModelError>)>, (usize, ModelError)>;
+/// The pipeline's threads (none in a browser, where [`micro_batches`] is always 1).
+#[cfg(not(target_arch = "wasm32"))]
+mod threads {
+    use super::groups;
+    use crate::model::shard::BatchItem;
+    use crate::model::{KvPool, ModelError, SeqKv, Shard, ShardInput, ShardOutput, Want};
 
-/// One piece's work over the pass: each micro-batch in order, its input from `input` (the
-/// first piece: the items' own) and its hidden rows to `output` (all but the last piece).
-#[allow(clippy::too_many_arguments)]
-fn run_piece(
-    p: usize,
-    shard: &Shard,
-    pool: &mut KvPool,
-    seqs: &mut [&mut SeqKv],
-    inputs: &[ShardInput<'_>],
-    wants: &[Want],
-    parts: &[std::ops::Range<usize>],
-    fail: Option<usize>,
-    input: Option<std::sync::mpsc::Receiver<Handoff>>,
-    output: Option<std::sync::mpsc::Sender<Handoff>>,
-) -> PieceResult {
-    if let Some(index) = fail {
-        return Err((
-            p,
-            ModelError::DeviceFailed {
-                index,
-                text: "failed on purpose (CAIRN_DEBUG_FAIL_DEVICE)".into(),
-            },
-        ));
-    }
-    let last = output.is_none();
-    let mut ended = Vec::new();
-    for part in parts {
-        // The micro-batch's live items and their rows for this piece.
-        let carried: Handoff = match &input {
-            None => part.clone().map(|i| (i, Vec::new())).collect(),
-            // The piece before stopped (its device failed): so does this one.
-            Some(rx) => match rx.recv() {
-                Ok(h) => h,
-                Err(_) => return Ok(ended),
-            },
-        };
-        if carried.is_empty() {
-            if let Some(tx) = &output {
-                let _ = tx.send(Vec::new());
-            }
-            continue;
-        }
-        let outs = {
-            let mut batch: Vec<BatchItem> = Vec::with_capacity(carried.len());
-            let mut want_idx = carried.iter().map(|c| c.0).peekable();
-            for (i, seq) in seqs.iter_mut().enumerate() {
-                if want_idx.peek() != Some(&i) {
-                    continue;
-                }
-                want_idx.next();
-                let k = batch.len();
-                batch.push(BatchItem {
-                    seq: &mut **seq,
-                    input: if input.is_none() {
-                        inputs[i]
-                    } else {
-                        ShardInput::Hidden(&carried[k].1)
-                    },
-                    want: if last { wants[i] } else { Want::Hidden },
-                });
-            }
-            pollster::block_on(shard.forward_batch(pool, &mut batch)).map_err(|e| (p, e))?
-        };
-        let mut next: Handoff = Vec::with_capacity(carried.len());
-        for ((i, _), out) in carried.iter().zip(outs) {
-            match out {
-                Ok(ShardOutput::Hidden(h)) if !last => next.push((*i, h)),
-                other => ended.push((*i, other)),
-            }
-        }
-        if let Some(tx) = &output {
-            // A later piece that stopped has its own error to report.
-            if tx.send(next).is_err() {
-                return Ok(ended);
-            }
-        }
-    }
-    Ok(ended)
-}
+    /// One micro-batch as it leaves a piece: each live item's index and hidden rows.
+    type Handoff = Vec<(usize, Vec<f32>)>;
 
-/// Runs `items` (each with one sequence part per piece in `seqs`, in piece order) through
-/// `pieces` as a pipeline of `m` micro-batches, each piece with its pool in `pools`. Items
-/// fail alone as in [`Shard::forward_batch`]; an error of a device fails the call, naming its
-/// piece (the first piece in order whose device failed). `fail`: the piece that fails on
-/// purpose (tests) and the device index it reports.
-pub(super) fn forward(
-    pieces: &[Shard],
-    pools: &mut [KvPool],
-    seqs: Vec<Vec<&mut SeqKv>>,
-    inputs: &[ShardInput<'_>],
-    wants: &[Want],
-    m: usize,
-    fail: Option<(usize, usize)>,
-) -> Result<Vec<Result<ShardOutput, ModelError>>, (usize, ModelError)> {
-    let n = inputs.len();
-    let parts = groups(n, m);
-    let count = pieces.len();
-    let mut senders = Vec::with_capacity(count);
-    let mut receivers = Vec::with_capacity(count);
-    receivers.push(None);
-    for _ in 1..count {
-        let (tx, rx) = std::sync::mpsc::channel::<Handoff>();
-        senders.push(Some(tx));
-        receivers.push(Some(rx));
-    }
-    senders.push(None);
-    let parts = &parts;
-    let done: Vec<PieceResult> = std::thread::scope(|scope| {
-        let mut handles = Vec::with_capacity(count);
-        let mut first = None;
-        for (p, ((((shard, pool), mut seqs), rx), tx)) in pieces
-            .iter()
-            .zip(pools.iter_mut())
-            .zip(seqs)
-            .zip(receivers)
-            .zip(senders)
-            .enumerate()
-        {
-            let work = move || {
-                run_piece(
-                    p,
-                    shard,
-                    pool,
-                    &mut seqs,
-                    inputs,
-                    wants,
-                    parts,
-                    fail.filter(|f| f.0 == p).map(|f| f.1),
-                    rx,
-                    tx,
-                )
+    /// What a piece's thread gives back: the items that ended on it (their output, or the error
+    /// that stopped them), or the error of its device.
+    type PieceResult = Result<Vec<(usize, Result<ShardOutput, ModelError>)>, (usize, ModelError)>;
+
+    /// One piece's work over the pass: each micro-batch in order, its input from `input` (the
+    /// first piece: the items' own) and its hidden rows to `output` (all but the last piece).
+    #[allow(clippy::too_many_arguments)]
+    fn run_piece(
+        p: usize,
+        shard: &Shard,
+        pool: &mut KvPool,
+        seqs: &mut [&mut SeqKv],
+        inputs: &[ShardInput<'_>],
+        wants: &[Want],
+        parts: &[std::ops::Range<usize>],
+        fail: Option<usize>,
+        input: Option<std::sync::mpsc::Receiver<Handoff>>,
+        output: Option<std::sync::mpsc::Sender<Handoff>>,
+    ) -> PieceResult {
+        if let Some(index) = fail {
+            return Err((
+                p,
+                ModelError::DeviceFailed {
+                    index,
+                    text: "failed on purpose (CAIRN_DEBUG_FAIL_DEVICE)".into(),
+                },
+            ));
+        }
+        let last = output.is_none();
+        let mut ended = Vec::new();
+        for part in parts {
+            // The micro-batch's live items and their rows for this piece.
+            let carried: Handoff = match &input {
+                None => part.clone().map(|i| (i, Vec::new())).collect(),
+                // The piece before stopped (its device failed): so does this one.
+                Some(rx) => match rx.recv() {
+                    Ok(h) => h,
+                    Err(_) => return Ok(ended),
+                },
             };
-            // The first piece runs on the calling thread, the others on threads of their own.
-            if p == 0 {
-                first = Some(work);
-            } else {
-                handles.push(scope.spawn(work));
+            if carried.is_empty() {
+                if let Some(tx) = &output {
+                    let _ = tx.send(Vec::new());
+                }
+                continue;
+            }
+            let outs = {
+                let mut batch: Vec<BatchItem> = Vec::with_capacity(carried.len());
+                let mut want_idx = carried.iter().map(|c| c.0).peekable();
+                for (i, seq) in seqs.iter_mut().enumerate() {
+                    if want_idx.peek() != Some(&i) {
+                        continue;
+                    }
+                    want_idx.next();
+                    let k = batch.len();
+                    batch.push(BatchItem {
+                        seq: &mut **seq,
+                        input: if input.is_none() {
+                            inputs[i]
+                        } else {
+                            ShardInput::Hidden(&carried[k].1)
+                        },
+                        want: if last { wants[i] } else { Want::Hidden },
+                    });
+                }
+                pollster::block_on(shard.forward_batch(pool, &mut batch)).map_err(|e| (p, e))?
+            };
+            let mut next: Handoff = Vec::with_capacity(carried.len());
+            for ((i, _), out) in carried.iter().zip(outs) {
+                match out {
+                    Ok(ShardOutput::Hidden(h)) if !last => next.push((*i, h)),
+                    other => ended.push((*i, other)),
+                }
+            }
+            if let Some(tx) = &output {
+                // A later piece that stopped has its own error to report.
+                if tx.send(next).is_err() {
+                    return Ok(ended);
+                }
             }
         }
-        let mut all = vec![first.map_or(Ok(Vec::new()), |w| w())];
-        for (p, h) in handles.into_iter().enumerate() {
-            all.push(h.join().unwrap_or_else(|_| {
-                Err((p + 1, ModelError::WrongInput("a piece's thread panicked")))
-            }));
-        }
-        all
-    });
-    let mut results: Vec<Option<Result<ShardOutput, ModelError>>> = (0..n).map(|_| None).collect();
-    for piece in done {
-        for (i, out) in piece? {
-            results[i] = Some(out);
-        }
+        Ok(ended)
     }
-    Ok(results
-        .into_iter()
-        .map(|r| r.unwrap_or(Err(ModelError::WrongInput("a piece gave no output"))))
-        .collect())
+
+    /// Runs `items` (each with one sequence part per piece in `seqs`, in piece order) through
+    /// `pieces` as a pipeline of `m` micro-batches, each piece with its pool in `pools`. Items
+    /// fail alone as in [`Shard::forward_batch`]; an error of a device fails the call, naming its
+    /// piece (the first piece in order whose device failed). `fail`: the piece that fails on
+    /// purpose (tests) and the device index it reports.
+    pub(in crate::model) fn forward(
+        pieces: &[Shard],
+        pools: &mut [KvPool],
+        seqs: Vec<Vec<&mut SeqKv>>,
+        inputs: &[ShardInput<'_>],
+        wants: &[Want],
+        m: usize,
+        fail: Option<(usize, usize)>,
+    ) -> Result<Vec<Result<ShardOutput, ModelError>>, (usize, ModelError)> {
+        let n = inputs.len();
+        let parts = groups(n, m);
+        let count = pieces.len();
+        let mut senders = Vec::with_capacity(count);
+        let mut receivers = Vec::with_capacity(count);
+        receivers.push(None);
+        for _ in 1..count {
+            let (tx, rx) = std::sync::mpsc::channel::<Handoff>();
+            senders.push(Some(tx));
+            receivers.push(Some(rx));
+        }
+        senders.push(None);
+        let parts = &parts;
+        let done: Vec<PieceResult> = std::thread::scope(|scope| {
+            let mut handles = Vec::with_capacity(count);
+            let mut first = None;
+            for (p, ((((shard, pool), mut seqs), rx), tx)) in pieces
+                .iter()
+                .zip(pools.iter_mut())
+                .zip(seqs)
+                .zip(receivers)
+                .zip(senders)
+                .enumerate()
+            {
+                let work = move || {
+                    run_piece(
+                        p,
+                        shard,
+                        pool,
+                        &mut seqs,
+                        inputs,
+                        wants,
+                        parts,
+                        fail.filter(|f| f.0 == p).map(|f| f.1),
+                        rx,
+                        tx,
+                    )
+                };
+                // The first piece runs on the calling thread, the others on threads of their own.
+                if p == 0 {
+                    first = Some(work);
+                } else {
+                    handles.push(scope.spawn(work));
+                }
+            }
+            let mut all = vec![first.map_or(Ok(Vec::new()), |w| w())];
+            for (p, h) in handles.into_iter().enumerate() {
+                all.push(h.join().unwrap_or_else(|_| {
+                    Err((p + 1, ModelError::WrongInput("a piece's thread panicked")))
+                }));
+            }
+            all
+        });
+        let mut results: Vec<Option<Result<ShardOutput, ModelError>>> =
+            (0..n).map(|_| None).collect();
+        for piece in done {
+            for (i, out) in piece? {
+                results[i] = Some(out);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(ModelError::WrongInput("a piece gave no output"))))
+            .collect())
+    }
 }
 
 #[cfg(test)]

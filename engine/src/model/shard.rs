@@ -207,6 +207,13 @@ impl Shard {
         self.weights.head.is_some()
     }
 
+    /// The final norm and the output head's matrix, where this shard holds the head (a tensor
+    /// split's head over its devices, `head_split.rs`, takes the first rows of it).
+    pub(super) fn head_weights(&self) -> Option<(&Buffer, &Matrix)> {
+        let (norm, _) = self.weights.head.as_ref()?;
+        Some((norm, self.weights.output()?))
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }

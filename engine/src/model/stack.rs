@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use super::head_split::HeadSplit;
 use super::pipeline;
 use super::shard::{BatchItem, max_batch_for};
 use super::tensor_split::{self, TensorSplit};
@@ -242,7 +243,10 @@ impl ShardStack {
                 progress,
             )?);
         }
-        let tensor = TensorSplit::new(&pieces)?;
+        let mut tensor = TensorSplit::new(&pieces)?;
+        if pieces[0].is_last() && super::head_split::wanted() {
+            tensor.head = Some(HeadSplit::load(&pieces, src)?);
+        }
         let mut stack = ShardStack::of(pieces, (0..devices.len()).collect());
         stack.tensor = Some(tensor);
         Ok(stack)
@@ -368,9 +372,12 @@ impl ShardStack {
                 .map_err(|(p, e)| self.device_failed(p, e));
         }
         let n = items.len();
-        let micro = pipeline::micro_batches(n, self.pieces.len());
-        if micro > 1 {
-            return self.forward_pipelined(pool, items, micro);
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let micro = pipeline::micro_batches(n, self.pieces.len());
+            if micro > 1 {
+                return self.forward_pipelined(pool, items, micro);
+            }
         }
         let mut results: Vec<Option<Result<ShardOutput, ModelError>>> =
             (0..n).map(|_| None).collect();
@@ -439,6 +446,7 @@ impl ShardStack {
 impl ShardStack {
     /// [`Self::forward_batch`] over pieces split by layers as a pipeline of `micro`
     /// micro-batches, each piece on a thread of its own (`pipeline.rs`).
+    #[cfg(not(target_arch = "wasm32"))]
     pub(super) fn forward_pipelined(
         &self,
         pool: &mut StackPool,
