@@ -252,6 +252,15 @@ impl ShardStack {
         Ok(stack)
     }
 
+    /// Tests: a tensor split's head back on the first device alone, as `CAIRN_HEAD_SPLIT=off`
+    /// loads it.
+    #[cfg(test)]
+    pub(super) fn without_head_split(&mut self) {
+        if let Some(t) = &mut self.tensor {
+            t.head = None;
+        }
+    }
+
     /// How the stack's layers are spread over its devices.
     pub fn split(&self) -> Split {
         if self.tensor.is_some() {

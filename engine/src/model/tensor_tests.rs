@@ -321,3 +321,76 @@ fn shapes_that_do_not_split_are_refused() {
     assert_eq!("auto".parse::<Split>(), Ok(Split::Auto));
     assert!("rows".parse::<Split>().unwrap_err().contains("auto"));
 }
+
+/// The head split by vocabulary rows over the devices (`head_split.rs`) gives exactly the
+/// logits of the head on the first device alone (each row's dot product is the same whichever
+/// device computes it), and the same tokens drawn at a temperature with top-k and top-p, for
+/// three sequences batched; the other devices hold rows of the head.
+#[test]
+fn a_tensor_splits_head_over_its_devices_gives_the_first_devices_outputs() {
+    let cfg = config();
+    let model = SyntheticModel::new(&cfg, 21);
+    let mut stack = tensor_stack(&model, 2).unwrap();
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![5, 6, 7],
+        (0..9).map(|i| i * 31 % 512).collect(),
+        vec![1],
+    ];
+    let sampled = |step: u32| {
+        Want::Sample(SampleParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 7,
+            step,
+        })
+    };
+    // Every pass's logits, then the tokens of a few steps drawn at a temperature.
+    let outputs = |stack: &ShardStack| -> Vec<ShardOutput> {
+        let mut pool = stack.new_pool(|_| 8 << 20).unwrap();
+        let mut seqs: Vec<StackSeq> = prompts.iter().map(|_| StackSeq::new(2, 64)).collect();
+        let mut all = Vec::new();
+        pollster::block_on(async {
+            for step in 0..4u32 {
+                let inputs: Vec<Vec<u32>> = match step {
+                    0 => prompts.clone(),
+                    s => (0..prompts.len() as u32)
+                        .map(|i| vec![i * 100 + s])
+                        .collect(),
+                };
+                let mut items: Vec<StackItem> = seqs
+                    .iter_mut()
+                    .zip(&inputs)
+                    .enumerate()
+                    .map(|(i, (seq, input))| StackItem {
+                        seq,
+                        input: ShardInput::Tokens(input),
+                        want: if i == 1 { sampled(step) } else { Want::Logits },
+                    })
+                    .collect();
+                let outs = stack.forward_batch(&mut pool, &mut items).await.unwrap();
+                all.extend(outs.into_iter().map(Result::unwrap));
+            }
+        });
+        all
+    };
+    let split = outputs(&stack);
+    let with_rows = stack.pieces()[1].device().live_bytes();
+    stack.without_head_split();
+    let on_first = outputs(&stack);
+    assert!(
+        split == on_first,
+        "the split head's outputs differ from the first device's"
+    );
+    assert!(
+        split.iter().any(|o| matches!(o, ShardOutput::Token(_))),
+        "tokens were drawn"
+    );
+    // Half the head's rows (256 of 512, of 576 columns, at least 4 bits each) lived on the
+    // second device.
+    let freed = with_rows.saturating_sub(stack.pieces()[1].device().live_bytes());
+    assert!(
+        freed >= 256 * 576 / 2,
+        "{freed} bytes of head on the second device"
+    );
+}
