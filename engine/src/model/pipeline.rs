@@ -129,7 +129,7 @@ mod threads {
                     want_idx.next();
                     let k = batch.len();
                     batch.push(BatchItem {
-                        seq: &mut **seq,
+                        seq,
                         input: if input.is_none() {
                             inputs[i]
                         } else {
