@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod config;
+mod embed_copies;
 pub mod family;
 pub mod generate;
 mod head_split;

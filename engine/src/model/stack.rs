@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use super::embed_copies::EmbedCopies;
 use super::head_split::HeadSplit;
 use super::pipeline;
 use super::shard::{BatchItem, max_batch_for};
@@ -247,6 +248,9 @@ impl ShardStack {
         if pieces[0].is_last() && super::head_split::wanted() {
             tensor.head = Some(HeadSplit::load(&pieces, src)?);
         }
+        if pieces[0].is_first() && super::embed_copies::wanted() {
+            tensor.embeds = Some(EmbedCopies::load(&pieces, src)?);
+        }
         let mut stack = ShardStack::of(pieces, (0..devices.len()).collect());
         stack.tensor = Some(tensor);
         Ok(stack)
@@ -258,6 +262,15 @@ impl ShardStack {
     pub(super) fn without_head_split(&mut self) {
         if let Some(t) = &mut self.tensor {
             t.head = None;
+        }
+    }
+
+    /// Tests: a tensor split's embedding on the first device alone, as
+    /// `CAIRN_EMBED_COPIES=off` loads it.
+    #[cfg(test)]
+    pub(super) fn without_embed_copies(&mut self) {
+        if let Some(t) = &mut self.tensor {
+            t.embeds = None;
         }
     }
 

@@ -26,6 +26,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::embed_copies::EmbedCopies;
 use super::head_split::HeadSplit;
 use super::kv_pool::KvPool;
 use super::shard::{BatchItem, Kv, Scratch, next_pass};
@@ -166,6 +167,8 @@ pub(super) struct TensorSplit {
     /// The output head by vocabulary rows over the devices (`head_split.rs`), where the
     /// stage ends the model.
     pub(super) head: Option<HeadSplit>,
+    /// The embedding on every device (`embed_copies.rs`), where the stage starts the model.
+    pub(super) embeds: Option<EmbedCopies>,
 }
 
 /// The sums of a split whose devices read each other's memory (backend/peer.rs): each
@@ -230,6 +233,7 @@ impl TensorSplit {
             gather,
             peer,
             head: None,
+            embeds: None,
         })
     }
 }
@@ -330,7 +334,9 @@ pub(super) async fn forward_batch(
                 table_len,
             });
         }
-        if lead.is_first() {
+        // Each device embeds the tokens itself where each holds the embedding.
+        let embeds = split.embeds.as_ref().filter(|_| lead.is_first());
+        if lead.is_first() && embeds.is_none() {
             // The first device embeds the tokens and hands the rows to the others.
             let mut ops = Vec::new();
             lead.encode_embed(&scratch[0], t, &mut ops);
@@ -378,6 +384,9 @@ pub(super) async fn forward_batch(
                 for i in 0..layers {
                     let epoch = first.wrapping_add(2 * i as u32);
                     let mut ops = Vec::new();
+                    if let Some(e) = embeds.filter(|_| i == 0) {
+                        e.encode(p, lane, &scratch[p], t, &mut ops);
+                    }
                     lane.encode_attention(&scratch[p], kvs[p], t, i, &mut ops);
                     pieces.push(Piece::Ops(ops));
                     pieces.push(Piece::Sum(sum(false, epoch)));
@@ -423,6 +432,8 @@ pub(super) async fn forward_batch(
                 let mut ops = Vec::new();
                 if i > 0 {
                     lane.encode_residual(&scratch[p], t, lane.post_norm(i - 1, 1), &mut ops);
+                } else if let Some(e) = embeds {
+                    e.encode(p, lane, &scratch[p], t, &mut ops);
                 }
                 lane.encode_attention(&scratch[p], kvs[p], t, i, &mut ops);
                 lane.device().run(&ops).map_err(at(p))?;

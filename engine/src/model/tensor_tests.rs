@@ -102,7 +102,8 @@ fn a_tensor_split_matches_one_device() {
         if n == 2 {
             assert_eq!((heads, ffn), (vec![6, 3], vec![768, 768]));
         }
-        // Every device holds its part of every layer; only the first the embedding.
+        // Every device holds its part of every layer (and, since session 19, a copy of the
+        // embedding and its rows of the head; the first the head whole).
         let live: Vec<u64> = stack
             .pieces()
             .iter()
@@ -111,7 +112,7 @@ fn a_tensor_split_matches_one_device() {
         assert!(live.iter().all(|&b| b > 0), "weights on every device");
         assert!(
             live[0] > live[n - 1],
-            "the first device holds the embedding as well: {live:?}"
+            "the first device holds the whole head (and the first heads) as well: {live:?}"
         );
         // Each device's key/value pool holds its own heads only.
         let per_pos: Vec<u64> = stack
@@ -322,12 +323,13 @@ fn shapes_that_do_not_split_are_refused() {
     assert!("rows".parse::<Split>().unwrap_err().contains("auto"));
 }
 
-/// The head split by vocabulary rows over the devices (`head_split.rs`) gives exactly the
-/// logits of the head on the first device alone (each row's dot product is the same whichever
-/// device computes it), and the same tokens drawn at a temperature with top-k and top-p, for
-/// three sequences batched; the other devices hold rows of the head.
+/// The head split by vocabulary rows over the devices (`head_split.rs`) and the embedding
+/// copied to every device (`embed_copies.rs`) give exactly the outputs of both on the first
+/// device alone (a row's dot product is the same whichever device computes it; an embedding
+/// row is looked up): the logits, and the tokens drawn at a temperature with top-k and top-p,
+/// for three sequences batched; the second device held the embedding and rows of the head.
 #[test]
-fn a_tensor_splits_head_over_its_devices_gives_the_first_devices_outputs() {
+fn a_tensor_splits_head_and_embedding_on_every_device_give_the_first_devices_outputs() {
     let cfg = config();
     let model = SyntheticModel::new(&cfg, 21);
     let mut stack = tensor_stack(&model, 2).unwrap();
@@ -377,6 +379,7 @@ fn a_tensor_splits_head_over_its_devices_gives_the_first_devices_outputs() {
     let split = outputs(&stack);
     let with_rows = stack.pieces()[1].device().live_bytes();
     stack.without_head_split();
+    stack.without_embed_copies();
     let on_first = outputs(&stack);
     assert!(
         split == on_first,
@@ -386,11 +389,11 @@ fn a_tensor_splits_head_over_its_devices_gives_the_first_devices_outputs() {
         split.iter().any(|o| matches!(o, ShardOutput::Token(_))),
         "tokens were drawn"
     );
-    // Half the head's rows (256 of 512, of 576 columns, at least 4 bits each) lived on the
-    // second device.
+    // The embedding (512 rows) and half the head's rows (256), of 576 columns at least 4 bits
+    // each, lived on the second device.
     let freed = with_rows.saturating_sub(stack.pieces()[1].device().live_bytes());
     assert!(
-        freed >= 256 * 576 / 2,
-        "{freed} bytes of head on the second device"
+        freed >= 768 * 576 / 2,
+        "{freed} bytes of the ends on the second device"
     );
 }
