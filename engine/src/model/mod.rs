@@ -3,9 +3,12 @@
 
 pub mod cache;
 pub mod config;
+mod embed_copies;
 pub mod family;
 pub mod generate;
+mod head_split;
 pub mod kv_pool;
+mod pipeline;
 pub mod shard;
 pub mod stack;
 pub mod synthetic;
@@ -15,6 +18,8 @@ pub mod weights;
 
 #[cfg(test)]
 mod batch_tests;
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod tensor_tests;
 

@@ -207,6 +207,13 @@ impl Shard {
         self.weights.head.is_some()
     }
 
+    /// The final norm and the output head's matrix, where this shard holds the head (a tensor
+    /// split's head over its devices, `head_split.rs`, takes the first rows of it).
+    pub(super) fn head_weights(&self) -> Option<(&Buffer, &Matrix)> {
+        let (norm, _) = self.weights.head.as_ref()?;
+        Some((norm, self.weights.output()?))
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
@@ -797,25 +804,8 @@ impl Shard {
 
     /// The token embedding into `h` (the shard holding it only).
     pub(super) fn encode_embed<'a>(&'a self, s: &'a Scratch, t: usize, ops: &mut Vec<Op<'a>>) {
-        let c = &self.cfg;
         if let Some(e) = &self.weights.embed {
-            ops.push(Op::Embed(Embed {
-                table: &e.buf,
-                ttype: e.ty,
-                ids: &s.ids,
-                out: &s.h,
-                dim: c.dim as u32,
-                vocab: e.rows as u32,
-                tokens: t as u32,
-            }));
-            if c.family.gemma() {
-                ops.push(Op::ScaleCap(ScaleCap {
-                    x: &s.h,
-                    n: (t * c.dim) as u32,
-                    scale: (c.dim as f32).sqrt(),
-                    cap: 0.0,
-                }));
-            }
+            encode_embed_from(&self.cfg, e, s, t, ops);
         }
     }
 
@@ -1166,6 +1156,34 @@ impl Shard {
             }));
         }
         Ok(())
+    }
+}
+
+/// The embedding of the `t` token ids in `s.ids` from `table` into `s.h` (a shard's own
+/// embedding, or a tensor split's copy of it on another device, `embed_copies.rs`).
+pub(super) fn encode_embed_from<'a>(
+    c: &ModelConfig,
+    table: &'a Matrix,
+    s: &'a Scratch,
+    t: usize,
+    ops: &mut Vec<Op<'a>>,
+) {
+    ops.push(Op::Embed(Embed {
+        table: &table.buf,
+        ttype: table.ty,
+        ids: &s.ids,
+        out: &s.h,
+        dim: c.dim as u32,
+        vocab: table.rows as u32,
+        tokens: t as u32,
+    }));
+    if c.family.gemma() {
+        ops.push(Op::ScaleCap(ScaleCap {
+            x: &s.h,
+            n: (t * c.dim) as u32,
+            scale: (c.dim as f32).sqrt(),
+            cap: 0.0,
+        }));
     }
 }
 

@@ -1,4 +1,5 @@
-//! A stage's layers split over several devices of one host, run back to back.
+//! A stage's layers split over several devices of one host, run back to back (one
+//! sequence) or as a pipeline of micro-batches, a thread per piece (several; `pipeline.rs`).
 //!
 //! A worker that drives several local devices (two GPUs, say) serves one layer range as a
 //! stack of [`Shard`]s, one per device, each over a contiguous part of the range. A pass
@@ -15,6 +16,9 @@
 
 use std::sync::Arc;
 
+use super::embed_copies::EmbedCopies;
+use super::head_split::HeadSplit;
+use super::pipeline;
 use super::shard::{BatchItem, max_batch_for};
 use super::tensor_split::{self, TensorSplit};
 use super::{KvPool, ModelConfig, ModelError, SeqKv, Shard, ShardInput, ShardOutput, Want};
@@ -240,10 +244,34 @@ impl ShardStack {
                 progress,
             )?);
         }
-        let tensor = TensorSplit::new(&pieces)?;
+        let mut tensor = TensorSplit::new(&pieces)?;
+        if pieces[0].is_last() && super::head_split::wanted() {
+            tensor.head = Some(HeadSplit::load(&pieces, src)?);
+        }
+        if pieces[0].is_first() && super::embed_copies::wanted() {
+            tensor.embeds = Some(EmbedCopies::load(&pieces, src)?);
+        }
         let mut stack = ShardStack::of(pieces, (0..devices.len()).collect());
         stack.tensor = Some(tensor);
         Ok(stack)
+    }
+
+    /// Tests: a tensor split's head back on the first device alone, as `CAIRN_HEAD_SPLIT=off`
+    /// loads it.
+    #[cfg(test)]
+    pub(super) fn without_head_split(&mut self) {
+        if let Some(t) = &mut self.tensor {
+            t.head = None;
+        }
+    }
+
+    /// Tests: a tensor split's embedding on the first device alone, as
+    /// `CAIRN_EMBED_COPIES=off` loads it.
+    #[cfg(test)]
+    pub(super) fn without_embed_copies(&mut self) {
+        if let Some(t) = &mut self.tensor {
+            t.embeds = None;
+        }
     }
 
     /// How the stack's layers are spread over its devices.
@@ -366,6 +394,13 @@ impl ShardStack {
                 .map_err(|(p, e)| self.device_failed(p, e));
         }
         let n = items.len();
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let micro = pipeline::micro_batches(n, self.pieces.len());
+            if micro > 1 {
+                return self.forward_pipelined(pool, items, micro);
+            }
+        }
         let mut results: Vec<Option<Result<ShardOutput, ModelError>>> =
             (0..n).map(|_| None).collect();
         // Hidden states between pieces, per item.
@@ -427,6 +462,52 @@ impl ShardStack {
             .into_iter()
             .map(|r| r.unwrap_or(Err(ModelError::WrongInput("a piece gave no output"))))
             .collect())
+    }
+}
+
+impl ShardStack {
+    /// [`Self::forward_batch`] over pieces split by layers as a pipeline of `micro`
+    /// micro-batches, each piece on a thread of its own (`pipeline.rs`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn forward_pipelined(
+        &self,
+        pool: &mut StackPool,
+        items: &mut [StackItem<'_>],
+        micro: usize,
+    ) -> Result<Vec<Result<ShardOutput, ModelError>>, ModelError> {
+        let count = self.pieces.len();
+        let inputs: Vec<ShardInput> = items.iter().map(|it| it.input).collect();
+        let wants: Vec<Want> = items.iter().map(|it| it.want).collect();
+        // Each piece's part of every item's sequence.
+        let mut seqs: Vec<Vec<&mut SeqKv>> = (0..count)
+            .map(|_| Vec::with_capacity(items.len()))
+            .collect();
+        for it in items.iter_mut() {
+            if it.seq.seqs.len() != count {
+                return Err(ModelError::WrongInput("a sequence not made for this stage"));
+            }
+            for (piece, s) in seqs.iter_mut().zip(it.seq.seqs.iter_mut()) {
+                piece.push(s);
+            }
+        }
+        #[cfg(feature = "dev-hooks")]
+        let fail = self.fail.lock().ok().and_then(|mut f| {
+            let index = f.take_if(|i| self.devices.contains(i))?;
+            let piece = self.devices.iter().position(|d| *d == index)?;
+            Some((piece, index))
+        });
+        #[cfg(not(feature = "dev-hooks"))]
+        let fail = None;
+        pipeline::forward(
+            &self.pieces,
+            &mut pool.pools,
+            seqs,
+            &inputs,
+            &wants,
+            micro,
+            fail,
+        )
+        .map_err(|(p, e)| self.device_failed(p, e))
     }
 }
 

@@ -26,10 +26,12 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::embed_copies::EmbedCopies;
+use super::head_split::HeadSplit;
 use super::kv_pool::KvPool;
 use super::shard::{BatchItem, Kv, Scratch, next_pass};
 use super::stack::StackItem;
-use super::{ModelConfig, ModelError, Shard, ShardOutput};
+use super::{ModelConfig, ModelError, Shard, ShardOutput, Want};
 use crate::backend::peer::{PEER_FLAG_BYTES, PeerSum, Piece};
 use crate::backend::{Buffer, Device};
 use crate::gguf::GgufFile;
@@ -162,6 +164,11 @@ pub fn plan(
 pub(super) struct TensorSplit {
     gather: Vec<Buffer>,
     peer: Option<PeerSums>,
+    /// The output head by vocabulary rows over the devices (`head_split.rs`), where the
+    /// stage ends the model.
+    pub(super) head: Option<HeadSplit>,
+    /// The embedding on every device (`embed_copies.rs`), where the stage starts the model.
+    pub(super) embeds: Option<EmbedCopies>,
 }
 
 /// The sums of a split whose devices read each other's memory (backend/peer.rs): each
@@ -222,7 +229,12 @@ impl TensorSplit {
                     .alloc(&format!("partial sums of device {p}"), bytes)
             })
             .collect::<Result<_, _>>()?;
-        Ok(TensorSplit { gather, peer })
+        Ok(TensorSplit {
+            gather,
+            peer,
+            head: None,
+            embeds: None,
+        })
     }
 }
 
@@ -322,7 +334,9 @@ pub(super) async fn forward_batch(
                 table_len,
             });
         }
-        if lead.is_first() {
+        // Each device embeds the tokens itself where each holds the embedding.
+        let embeds = split.embeds.as_ref().filter(|_| lead.is_first());
+        if lead.is_first() && embeds.is_none() {
             // The first device embeds the tokens and hands the rows to the others.
             let mut ops = Vec::new();
             lead.encode_embed(&scratch[0], t, &mut ops);
@@ -332,6 +346,17 @@ pub(super) async fn forward_batch(
                 copy(lead, &scratch[0].h, &lanes[p], &scratch[p].h, bytes, p).await?;
             }
         }
+        // Each item that ends in this pass: its index and its last row in the hidden states.
+        let mut ends: Vec<(usize, usize)> = Vec::new();
+        let mut row_end = 0;
+        for &(i, from, take) in &pass {
+            row_end += take;
+            if from + take == rows[i] {
+                ends.push((i, row_end - 1));
+            }
+        }
+        let head_rows: Vec<usize> = ends.iter().map(|e| e.1).collect();
+        let head = split.head.as_ref().filter(|_| lead.is_last());
         if let Some(peer) = &split.peer {
             // Epoch 0 is never taken before the counter wraps: flags start at 0.
             let first = peer.epoch.fetch_add(2 * layers as u32, Ordering::Relaxed);
@@ -359,6 +384,9 @@ pub(super) async fn forward_batch(
                 for i in 0..layers {
                     let epoch = first.wrapping_add(2 * i as u32);
                     let mut ops = Vec::new();
+                    if let Some(e) = embeds.filter(|_| i == 0) {
+                        e.encode(p, lane, &scratch[p], t, &mut ops);
+                    }
                     lane.encode_attention(&scratch[p], kvs[p], t, i, &mut ops);
                     pieces.push(Piece::Ops(ops));
                     pieces.push(Piece::Sum(sum(false, epoch)));
@@ -366,6 +394,13 @@ pub(super) async fn forward_batch(
                     lane.encode_ffn_into(&scratch[p], t, i, &peer.second[p], &mut ops);
                     pieces.push(Piece::Ops(ops));
                     pieces.push(Piece::Sum(sum(true, epoch.wrapping_add(1))));
+                }
+                // Each device's rows of the head, in the same run.
+                if let Some(hs) = head {
+                    let mut ops = Vec::new();
+                    hs.encode_lane(p, lane, &scratch[p], &head_rows, &mut ops)
+                        .map_err(at(p))?;
+                    pieces.push(Piece::Ops(ops));
                 }
                 lane.device().run_pieces(&pieces).map_err(at(p))
             };
@@ -397,6 +432,8 @@ pub(super) async fn forward_batch(
                 let mut ops = Vec::new();
                 if i > 0 {
                     lane.encode_residual(&scratch[p], t, lane.post_norm(i - 1, 1), &mut ops);
+                } else if let Some(e) = embeds {
+                    e.encode(p, lane, &scratch[p], t, &mut ops);
                 }
                 lane.encode_attention(&scratch[p], kvs[p], t, i, &mut ops);
                 lane.device().run(&ops).map_err(at(p))?;
@@ -409,6 +446,40 @@ pub(super) async fn forward_batch(
                 lane.device().run(&ops).map_err(at(p))?;
             }
             all_reduce(lanes, &scratch, split, t).await?;
+        }
+        if let Some(hs) = head {
+            if split.peer.is_none() {
+                // The last residual and each device's rows of the head.
+                for (p, lane) in lanes.iter().enumerate() {
+                    let mut ops = Vec::new();
+                    lane.encode_residual(&scratch[p], t, lane.post_norm(layers - 1, 1), &mut ops);
+                    hs.encode_lane(p, lane, &scratch[p], &head_rows, &mut ops)
+                        .map_err(at(p))?;
+                    lane.device().run(&ops).map_err(at(p))?;
+                }
+            }
+            let wants: Vec<Want> = ends.iter().map(|e| per_lane[0][e.0].want).collect();
+            if !wants.is_empty() {
+                hs.gather(lanes, wants.len()).await?;
+                let mut ops = Vec::new();
+                hs.encode_samples(&wants, &mut ops);
+                if !ops.is_empty() {
+                    lead.device().run(&ops).map_err(at(0))?;
+                }
+            }
+            for &(i, _, take) in &pass {
+                for lane in per_lane.iter_mut() {
+                    lane[i].seq.advance(take);
+                }
+                done[i] += take;
+            }
+            if !wants.is_empty() {
+                let outs = hs.collect(lead.device(), &wants).await.map_err(at(0))?;
+                for (e, out) in ends.iter().zip(outs) {
+                    results[e.0] = Some(Ok(out));
+                }
+            }
+            continue;
         }
         // The last residual and the head on the first device: the next pass starts the
         // others' hidden states afresh.

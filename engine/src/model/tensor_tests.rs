@@ -102,7 +102,8 @@ fn a_tensor_split_matches_one_device() {
         if n == 2 {
             assert_eq!((heads, ffn), (vec![6, 3], vec![768, 768]));
         }
-        // Every device holds its part of every layer; only the first the embedding.
+        // Every device holds its part of every layer (and, since session 19, a copy of the
+        // embedding and its rows of the head; the first the head whole).
         let live: Vec<u64> = stack
             .pieces()
             .iter()
@@ -111,7 +112,7 @@ fn a_tensor_split_matches_one_device() {
         assert!(live.iter().all(|&b| b > 0), "weights on every device");
         assert!(
             live[0] > live[n - 1],
-            "the first device holds the embedding as well: {live:?}"
+            "the first device holds the whole head (and the first heads) as well: {live:?}"
         );
         // Each device's key/value pool holds its own heads only.
         let per_pos: Vec<u64> = stack
@@ -320,4 +321,79 @@ fn shapes_that_do_not_split_are_refused() {
     assert_eq!(auto.map(|s| s.split()).ok(), Some(Split::Layers));
     assert_eq!("auto".parse::<Split>(), Ok(Split::Auto));
     assert!("rows".parse::<Split>().unwrap_err().contains("auto"));
+}
+
+/// The head split by vocabulary rows over the devices (`head_split.rs`) and the embedding
+/// copied to every device (`embed_copies.rs`) give exactly the outputs of both on the first
+/// device alone (a row's dot product is the same whichever device computes it; an embedding
+/// row is looked up): the logits, and the tokens drawn at a temperature with top-k and top-p,
+/// for three sequences batched; the second device held the embedding and rows of the head.
+#[test]
+fn a_tensor_splits_head_and_embedding_on_every_device_give_the_first_devices_outputs() {
+    let cfg = config();
+    let model = SyntheticModel::new(&cfg, 21);
+    let mut stack = tensor_stack(&model, 2).unwrap();
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![5, 6, 7],
+        (0..9).map(|i| i * 31 % 512).collect(),
+        vec![1],
+    ];
+    let sampled = |step: u32| {
+        Want::Sample(SampleParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 7,
+            step,
+        })
+    };
+    // Every pass's logits, then the tokens of a few steps drawn at a temperature.
+    let outputs = |stack: &ShardStack| -> Vec<ShardOutput> {
+        let mut pool = stack.new_pool(|_| 8 << 20).unwrap();
+        let mut seqs: Vec<StackSeq> = prompts.iter().map(|_| StackSeq::new(2, 64)).collect();
+        let mut all = Vec::new();
+        pollster::block_on(async {
+            for step in 0..4u32 {
+                let inputs: Vec<Vec<u32>> = match step {
+                    0 => prompts.clone(),
+                    s => (0..prompts.len() as u32)
+                        .map(|i| vec![i * 100 + s])
+                        .collect(),
+                };
+                let mut items: Vec<StackItem> = seqs
+                    .iter_mut()
+                    .zip(&inputs)
+                    .enumerate()
+                    .map(|(i, (seq, input))| StackItem {
+                        seq,
+                        input: ShardInput::Tokens(input),
+                        want: if i == 1 { sampled(step) } else { Want::Logits },
+                    })
+                    .collect();
+                let outs = stack.forward_batch(&mut pool, &mut items).await.unwrap();
+                all.extend(outs.into_iter().map(Result::unwrap));
+            }
+        });
+        all
+    };
+    let split = outputs(&stack);
+    let with_rows = stack.pieces()[1].device().live_bytes();
+    stack.without_head_split();
+    stack.without_embed_copies();
+    let on_first = outputs(&stack);
+    assert!(
+        split == on_first,
+        "the split head's outputs differ from the first device's"
+    );
+    assert!(
+        split.iter().any(|o| matches!(o, ShardOutput::Token(_))),
+        "tokens were drawn"
+    );
+    // The embedding (512 rows) and half the head's rows (256), of 576 columns at least 4 bits
+    // each, lived on the second device.
+    let freed = with_rows.saturating_sub(stack.pieces()[1].device().live_bytes());
+    assert!(
+        freed >= 768 * 576 / 2,
+        "{freed} bytes of the ends on the second device"
+    );
 }

@@ -572,7 +572,8 @@ fn steps_of_an_older_run_are_dropped() {
 
 /// A stage over three local devices (its layers split over them, hidden states handed on
 /// inside the process) draws the same greedy tokens as the whole model on one device, for
-/// two requests batched in each pass; their blocks are held and given back on every piece.
+/// ten requests batched in each pass (run as a pipeline of two micro-batches,
+/// `model/pipeline.rs`); their blocks are held and given back on every piece.
 /// Greedy tokens of every prompt, all requests batched into each `handle_forwards` pass;
 /// `step(request, pos0, ids)` makes a request's `Forward`.
 async fn batched_greedy(
@@ -606,7 +607,18 @@ fn a_stage_over_several_devices_matches_one_device() {
     pollster::block_on(async {
         let cfg = small_config();
         let model = SyntheticModel::new(&cfg, 5);
-        let prompts = [vec![3u32, 14, 15, 92, 65], vec![2u32, 7, 1, 8]];
+        let prompts = [
+            vec![3u32, 14, 15, 92, 65],
+            vec![2u32, 7, 1, 8],
+            vec![400u32],
+            vec![9u32, 9, 9],
+            vec![1u32, 2, 3, 4, 5, 6, 7],
+            vec![300u32, 301],
+            vec![42u32, 43, 44],
+            vec![128u32],
+            vec![7u32, 77, 177, 277],
+            vec![500u32, 5],
+        ];
         let steps = 6;
         let dev = cpu();
         let mut expect = Vec::new();
@@ -651,11 +663,12 @@ fn a_stage_over_several_devices_matches_one_device() {
         let t = server.telemetry();
         let kv = t.kv.expect("pool report");
         assert!(kv.blocks_used > 0);
-        assert_eq!(t.mean_batch, Some(2.0));
+        assert_eq!(t.mean_batch, Some(10.0));
         let total: u64 = devices.iter().map(|(d, _)| d.info().memory_bytes).sum();
         assert_eq!(t.memory_total_bytes, total, "memory over every device");
-        server.handle(Message::EndRequest { request: 0 }).await;
-        server.handle(Message::EndRequest { request: 1 }).await;
+        for request in 0..prompts.len() as u64 {
+            server.handle(Message::EndRequest { request }).await;
+        }
         assert_eq!(server.telemetry().kv.map(|k| k.blocks_used), Some(0));
     });
 }
