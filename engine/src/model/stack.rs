@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use super::embed_copies::EmbedCopies;
 use super::head_split::HeadSplit;
+#[cfg(not(target_arch = "wasm32"))]
 use super::pipeline;
 use super::shard::{BatchItem, max_batch_for};
 use super::tensor_split::{self, TensorSplit};
