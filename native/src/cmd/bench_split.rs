@@ -123,8 +123,9 @@ fn measure(stack: &ShardStack, n: usize, prompt: usize, generate: usize) -> Resu
 }
 
 fn figures(stack: &ShardStack, load_s: f64, s: &Setup<'_>) -> Result<Figures> {
-    // Warm-up: compiles every kernel the prefill and decode take.
-    measure(stack, 1, s.prompt_tokens.min(8), 3)?;
+    // Warm-up over the whole prompt: compiles every kernel the prefill and decode take (the
+    // prompt products' kernels depend on its length; `bench.rs` says what a short one missed).
+    measure(stack, 1, s.prompt_tokens, 3)?;
     let mut one = Vec::with_capacity(s.runs);
     for _ in 0..s.runs {
         one.push(measure(stack, 1, s.prompt_tokens, s.gen_tokens)?);
