@@ -29,7 +29,12 @@ enum Action {
         ttl: Option<u64>,
     },
     /// Revoke a token by id: refused from now on, its workers dropped.
-    Revoke { id: String },
+    Revoke {
+        /// The token's id, as `list` shows it. Ids are URL-safe base64, so one may start with
+        /// `-`; it is taken as the id, not as an option.
+        #[arg(allow_hyphen_values = true)]
+        id: String,
+    },
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -99,4 +104,24 @@ async fn call(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::Args,
+    }
+
+    #[test]
+    fn an_id_starting_with_a_hyphen_is_revoked_not_taken_for_an_option() {
+        let cli = Cli::try_parse_from(["cairn", "revoke", "--q3medeH0pisWy0"]).unwrap();
+        match cli.args.action {
+            super::Action::Revoke { id } => assert_eq!(id, "--q3medeH0pisWy0"),
+            _ => panic!("not a revoke"),
+        }
+    }
 }
