@@ -1799,31 +1799,48 @@ async fn dashboard_chat_streams_stops_and_asks_for_the_key() {
     )
     .await;
 
-    // A long answer, stopped while it streams; the prompt's markup stays text.
+    // A long answer, stopped while it streams; the prompt's markup stays text. The page
+    // presses Stop itself the moment the answer passes 12 characters (a mutation observer
+    // runs right after the text lands): polling over the DevTools link from here could see
+    // the whole answer finished first, since the worker's threads and Chromium share CI's
+    // two cores. The answer is sampled, so it may be any length up to max_tokens; 1,000
+    // tokens leave room (every sample of this prompt seen ran to its limit).
+    page.eval(
+        "(function () { var log = document.getElementById('chat-log');
+           window.stopPressed = false;
+           var watch = new MutationObserver(function () {
+             var b = log.querySelector('.msg-bot:last-child');
+             var a = b && b.querySelector('.answer');
+             if (a && a.textContent.length > 12 && b.getAttribute('data-done') === null) {
+               watch.disconnect();
+               window.stopPressed = true;
+               document.getElementById('chat-stop').click();
+             }
+           });
+           watch.observe(log, { subtree: true, childList: true, characterData: true });
+           return true; })()",
+    )
+    .await;
     let injected = "<img src=x onerror=\"window.pwned=1\"> Tell me a long story about a dragon.";
-    page.eval(&ask(injected, 400)).await;
+    page.eval(&ask(injected, 1000)).await;
     wait_true(
         &mut page,
-        &format!("{last}.querySelector('.answer').textContent.length > 12"),
-        "streamed text arriving",
+        &format!("{last}.getAttribute('data-done') !== null"),
+        "the streamed answer ending",
         SLOW,
     )
     .await;
     assert_eq!(
+        page.eval("window.stopPressed").await,
+        json!(true),
+        "the answer ended before 12 characters of it had streamed, so Stop was never pressed"
+    );
+    assert_eq!(
         page.eval(&format!("{last}.getAttribute('data-done')"))
             .await,
-        Value::Null,
-        "the answer ended before Stop could be pressed"
+        json!("stopped"),
+        "Stop did not stop the streaming answer"
     );
-    page.eval("document.getElementById('chat-stop').click(); true")
-        .await;
-    wait_true(
-        &mut page,
-        &format!("{last}.getAttribute('data-done') === 'stopped'"),
-        "the answer stopping",
-        WAIT,
-    )
-    .await;
     let meta = page
         .eval(&format!("{last}.querySelector('.msg-meta').textContent"))
         .await;
