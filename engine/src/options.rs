@@ -94,6 +94,11 @@ pub struct WgpuOptions {
     /// Decode attention split across workgroups by keys (flash-decoding) or one workgroup per
     /// head.
     pub attention: WgpuAttention,
+    /// The first pass of decode attention cut by keys: one workgroup per query head, or per
+    /// key/value head for all the query heads that share it.
+    pub attention_kernel: WgpuAttentionKernel,
+    /// The fewest keys a piece of the grouped kernel gets (`None`: its default, 32).
+    pub attention_piece: Option<u32>,
     /// Generation waits for each decode step's token before queueing the next step (the
     /// order before session 18). Off by default: step n+1, whose input is the token step n
     /// sampled into a device buffer, is queued before step n's token is read back, so the
@@ -170,6 +175,20 @@ impl WgpuAttention {
             other => other,
         }
     }
+}
+
+/// Which kernel scores the pieces of decode attention cut by keys (`WgpuAttention::Split`,
+/// and `ByAdapter` where it cuts) on the `wgpu` and `vulkan` backends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WgpuAttentionKernel {
+    /// One workgroup per (query head, token, piece) (`attention_split.wgsl`): under
+    /// grouped-query attention each key and value row is read once per query head.
+    #[default]
+    Heads,
+    /// One workgroup per (key/value head, token, piece) scoring up to 4 query heads that
+    /// share it against each row loaded once (`attention_grouped.wgsl`); head sizes that are
+    /// not a multiple of 4 keep `Heads`.
+    Grouped,
 }
 
 /// The `wgpu` and `vulkan` backends' kernels for prompt-sized products (more tokens than the
@@ -415,6 +434,27 @@ pub struct VulkanOptions {
     /// Kernel parameters as push constants instead of a uniform buffer. Known to give wrong
     /// results (the kernels read zeros), so off unless asked for while that is investigated.
     pub push_constants: bool,
+    /// How the kernels' workgroup memory is zeroed, as WGSL requires, before they run.
+    pub zero_init: VulkanZeroInit,
+    /// Kernel parameters through a uniform binding with a dynamic offset (one bind group per
+    /// set of buffers), or at a fixed offset in each dispatch's bind group, as the `wgpu`
+    /// backend binds them.
+    pub fixed_params: bool,
+}
+
+/// How the `vulkan` backend's SPIR-V zeroes workgroup memory (naga's
+/// `ZeroInitializeWorkgroupMemoryMode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VulkanZeroInit {
+    /// Invocation 0 of every workgroup stores zeros over all of the kernel's workgroup arrays,
+    /// then a barrier (naga's polyfill; what the backend always did).
+    #[default]
+    Polyfill,
+    /// The driver zeroes them (`VK_KHR_zero_initialize_workgroup_memory`, core in Vulkan
+    /// 1.3), as wgpu's own pipelines do where the device has it; the polyfill elsewhere.
+    Native,
+    /// Not zeroed: every kernel writes its workgroup memory before reading it.
+    Off,
 }
 
 /// Development hooks: what they hold is honoured only in builds with the `dev-hooks` feature,

@@ -190,6 +190,35 @@ const fn coop_kernel(name: &'static str, shape: CoopShape) -> Kernel {
     }
 }
 
+/// Decode attention's first pass grouped by key/value head (`attention_grouped.wgsl`, and
+/// `paged_attention_grouped.wgsl` over a block table): the two kernels declare their
+/// bindings, find their keys and call the chunk loop they share,
+/// `attention_grouped_walk.wgsl`, prepended as their prelude.
+pub const ATTENTION_GROUPED: Kernel = attention_grouped(
+    "attention_grouped",
+    include_str!("../attention_grouped.wgsl"),
+);
+pub const PAGED_ATTENTION_GROUPED: Kernel = attention_grouped(
+    "paged_attention_grouped",
+    include_str!("../paged_attention_grouped.wgsl"),
+);
+
+const fn attention_grouped(name: &'static str, wgsl: &'static str) -> Kernel {
+    Kernel {
+        name,
+        wgsl,
+        formatted: false,
+        prelude: include_str!("../attention_grouped_walk.wgsl"),
+        chunked: false,
+        subgroups: false,
+        int8: false,
+        vec4: false,
+        wide: false,
+        gemm: None,
+        coop: None,
+    }
+}
+
 /// What a cooperative-matrix kernel's source starts with (directives come before anything).
 const COOP_ENABLES: &str = "enable f16;\nenable wgpu_cooperative_matrix;\n";
 
@@ -226,6 +255,8 @@ kernels! {
     LINEAR_GEMM_COOP_128,
     LINEAR_GEMM_COOP_64X128,
     LINEAR_GEMM_COOP_64K64,
+    ATTENTION_GROUPED,
+    PAGED_ATTENTION_GROUPED,
     ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
@@ -373,7 +404,10 @@ pub fn source_shaped(kernel: Kernel, format: Option<&str>, shape: WideShape) -> 
         ));
     }
     if !kernel.formatted {
-        return Some(kernel.wgsl.to_string());
+        if kernel.prelude.is_empty() {
+            return Some(kernel.wgsl.to_string());
+        }
+        return Some(format!("{}\n{}", kernel.prelude, kernel.wgsl));
     }
     if kernel.vec4 {
         let loader = CHUNKS_V4.iter().find(|(n, _)| Some(*n) == format)?.1;

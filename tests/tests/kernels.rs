@@ -1251,7 +1251,10 @@ struct PagedSeq {
 fn paged_attention_over_shuffled_blocks_of_several_sequences() {
     // Every device, then the wgpu and vulkan ones again with decode attention cut by keys
     // (`paged_attention_split.wgsl` and its merge), forced whatever the context.
+    // And with the grouped first pass (`paged_attention_grouped.wgsl`: 3 query heads a
+    // key/value head here).
     let split = split_attention_devices();
+    let grouped = grouped_attention_devices();
     let mut rng = StdRng::seed_from_u64(16);
     let (heads, kv_heads) = (6usize, 2usize);
     let seqs = [
@@ -1369,7 +1372,7 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
             }
         }
         assert_eq!((gi, bi), (n_good, bad_rows.len()));
-        for d in devices().iter().chain(&split) {
+        for d in devices().iter().chain(&split).chain(&grouped) {
             let run = |q: &[f32], rows: &[u32], tokens: usize| {
                 let (bq, bk, bv) = (
                     upload_f32(d, "q", q),
@@ -1721,6 +1724,58 @@ fn split_attention_devices() -> Vec<Device> {
         })
         .map(|i| pollster::block_on(found.open_info(i.clone())).expect("open device"))
         .collect()
+}
+
+/// [`split_attention_devices`] with the grouped first pass (`--wgpu-attention-kernel
+/// grouped`): a workgroup per key/value head scores all the query heads sharing it.
+fn grouped_attention_devices() -> Vec<Device> {
+    let mut found = cairn_engine::device::discover_blocking_with(options());
+    found.options_mut().wgpu.attention = cairn_engine::options::WgpuAttention::Split;
+    found.options_mut().wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Grouped;
+    found
+        .devices
+        .iter()
+        .filter(|i| {
+            matches!(i.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+                && i.support != cairn_engine::Support::Unsupported
+                && i.api != "gl"
+        })
+        .map(|i| pollster::block_on(found.open_info(i.clone())).expect("open device"))
+        .collect()
+}
+
+/// The grouped first pass (`attention_grouped.wgsl`, forced on every wgpu and vulkan device)
+/// against the reference, at grouped-query ratios 1 (4 heads over 4), 3 (6 over 2: a group
+/// short of the kernel's 4 heads), 4 (8 over 2) and 8 (16 over 2: two workgroups per
+/// key/value head); head sizes 40 (vec4s of a row not a multiple of the 8 scoring lanes),
+/// 64, 128 and 256 (the largest the kernels take); one key, pieces of one to a few keys,
+/// pieces of more than the 32-key chunk (8 tokens over one key/value head: 32 pieces of
+/// about 63 keys), pieces past the end left empty, windows and a soft cap. Tolerance 1e-5 of
+/// the largest output, as the per-head kernels (f32 sums in another order only).
+#[test]
+fn grouped_decode_attention_matches_the_reference() {
+    let devs = grouped_attention_devices();
+    let mut rng = StdRng::seed_from_u64(27);
+    for (heads, kv_heads, head_dim, tokens, pos0, window, softcap) in [
+        (4usize, 4usize, 64usize, 1usize, 0usize, 0usize, 0.0f32),
+        (6, 2, 40, 1, 300, 0, 0.0),
+        (6, 2, 40, 3, 2, 0, 0.0),
+        (6, 2, 40, 1, 700, 300, 0.5),
+        (8, 2, 128, 1, 511, 0, 0.0),
+        (8, 2, 128, 2, 900, 37, 0.0),
+        (16, 2, 64, 1, 200, 0, 0.7),
+        (4, 1, 256, 8, 2000, 0, 0.0),
+        (4, 1, 128, 8, 2000, 100, 0.0),
+    ] {
+        check_attention_on(
+            &devs,
+            &mut rng,
+            (heads, kv_heads, head_dim),
+            (tokens, pos0),
+            (window, softcap),
+            |_| 1e-5,
+        );
+    }
 }
 
 /// Decode attention cut by keys across workgroups and merged (flash-decoding,

@@ -2,8 +2,9 @@
 //! has always had (the engine itself reads none): `EngineOptions` for discovery.
 
 use cairn_engine::options::{
-    CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuAttention, WgpuFuse,
-    WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions, WgpuPrefill,
+    CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, VulkanZeroInit, WgpuAttention,
+    WgpuAttentionKernel, WgpuFuse, WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions,
+    WgpuPrefill,
 };
 use clap::builder::BoolishValueParser;
 
@@ -58,6 +59,14 @@ pub struct EngineArgs {
     /// software rasterizers).
     #[arg(long, env = "CAIRN_WGPU_ATTENTION", value_enum, default_value_t = WgpuAttentionArg::Auto)]
     pub wgpu_attention: WgpuAttentionArg,
+    /// wgpu and vulkan: the split decode attention's first pass (`heads`: a workgroup per
+    /// query head; `grouped`: a workgroup per key/value head for the query heads sharing it).
+    #[arg(long, env = "CAIRN_WGPU_ATTENTION_KERNEL", value_enum, default_value_t = WgpuAttentionKernelArg::Heads)]
+    pub wgpu_attention_kernel: WgpuAttentionKernelArg,
+    /// wgpu and vulkan: the fewest keys a piece of the grouped attention kernel gets
+    /// (default 32).
+    #[arg(long, env = "CAIRN_WGPU_ATTENTION_PIECE", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub wgpu_attention_piece: Option<u32>,
     /// wgpu and vulkan: queue each decode step before reading the previous step's token
     /// (false: wait for every token before encoding the next step).
     #[arg(long, env = "CAIRN_WGPU_PIPELINE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
@@ -94,6 +103,14 @@ pub struct EngineArgs {
     /// vulkan: kernel parameters as push constants (known to give wrong results).
     #[arg(long, env = "CAIRN_VULKAN_PUSH_CONSTANTS", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub vulkan_push_constants: bool,
+    /// vulkan: how the kernels' workgroup memory is zeroed (`polyfill`: by invocation 0 of
+    /// each workgroup; `native`: by the driver, as wgpu's pipelines do; `off`).
+    #[arg(long, env = "CAIRN_VULKAN_ZERO_INIT", value_enum, default_value_t = VulkanZeroInitArg::Polyfill)]
+    pub vulkan_zero_init: VulkanZeroInitArg,
+    /// vulkan: kernel parameters at a fixed offset in each dispatch's bind group, as wgpu
+    /// binds them (false: a dynamic offset, one bind group per set of buffers).
+    #[arg(long, env = "CAIRN_VULKAN_FIXED_PARAMS", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub vulkan_fixed_params: bool,
     /// cuda (development builds): a folder whose kernel files replace the built-in ones.
     #[cfg(feature = "dev-hooks")]
     #[arg(long, env = "CAIRN_CUDA_KERNELS")]
@@ -161,6 +178,21 @@ pub enum WgpuAttentionArg {
     Auto,
 }
 
+/// `WgpuAttentionKernel` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuAttentionKernelArg {
+    Heads,
+    Grouped,
+}
+
+/// `VulkanZeroInit` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VulkanZeroInitArg {
+    Polyfill,
+    Native,
+    Off,
+}
+
 /// `CudaFuse` for the command line; `0` and `1`, the variable's old values, still work.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FuseArg {
@@ -220,6 +252,11 @@ impl EngineArgs {
                     WgpuAttentionArg::Single => WgpuAttention::Single,
                     WgpuAttentionArg::Auto => WgpuAttention::ByAdapter,
                 },
+                attention_kernel: match self.wgpu_attention_kernel {
+                    WgpuAttentionKernelArg::Heads => WgpuAttentionKernel::Heads,
+                    WgpuAttentionKernelArg::Grouped => WgpuAttentionKernel::Grouped,
+                },
+                attention_piece: self.wgpu_attention_piece,
                 serial_decode: !self.wgpu_pipeline,
                 shader_checks: self.wgpu_shader_checks,
             },
@@ -238,6 +275,12 @@ impl EngineArgs {
             },
             vulkan: VulkanOptions {
                 push_constants: self.vulkan_push_constants,
+                zero_init: match self.vulkan_zero_init {
+                    VulkanZeroInitArg::Polyfill => VulkanZeroInit::Polyfill,
+                    VulkanZeroInitArg::Native => VulkanZeroInit::Native,
+                    VulkanZeroInitArg::Off => VulkanZeroInit::Off,
+                },
+                fixed_params: self.vulkan_fixed_params,
             },
             dev: self.dev_hooks(),
         }
@@ -375,6 +418,13 @@ mod tests {
         assert_eq!(
             parse(&["--wgpu-attention", "single"]).wgpu.attention,
             WgpuAttention::Single
+        );
+        assert_eq!(parse(&[]).wgpu.attention_kernel, WgpuAttentionKernel::Heads);
+        assert_eq!(
+            parse(&["--wgpu-attention-kernel", "grouped"])
+                .wgpu
+                .attention_kernel,
+            WgpuAttentionKernel::Grouped
         );
         assert_eq!(
             o.cuda,

@@ -16,7 +16,7 @@ pub(crate) mod spirv;
 use super::wgpu::WgpuBackend;
 use super::{BackendError, BackendKind, Device, Result};
 use crate::device::DeviceInfo;
-use crate::options::{EngineOptions, VulkanOptions};
+use crate::options::{EngineOptions, VulkanOptions, VulkanZeroInit};
 
 /// A `vulkan:N` entry for each Vulkan adapter among `adapters` (wgpu ids and adapters, in
 /// discovery order), described from its wgpu twin in `earlier`; where there is none, why.
@@ -150,11 +150,27 @@ fn open_backend(
     if push_constants {
         tracing::warn!("vulkan push constants on: known to give wrong results");
     }
-    tracing::info!(id = %info.id, name = %info.name, subgroups, push_constants, coop, "opened raw Vulkan device");
+    // naga's polyfill (invocation 0 stores zeros over every workgroup array, then a barrier)
+    // is what this backend always did; wgpu's own pipelines let the driver do it where the
+    // device can (docs/vulkan.md, "Against wgpu's own pipelines").
+    use naga::back::spv::ZeroInitializeWorkgroupMemoryMode as Zero;
+    let zero_init = match opts.zero_init {
+        VulkanZeroInit::Polyfill => Zero::Polyfill,
+        VulkanZeroInit::Native if props.zero_init_workgroup => Zero::Native,
+        VulkanZeroInit::Native => {
+            tracing::warn!(id = %info.id, "the driver does not zero workgroup memory itself; the polyfill does");
+            Zero::Polyfill
+        }
+        VulkanZeroInit::Off => Zero::None,
+    };
+    let fixed_params = opts.fixed_params && !push_constants;
+    tracing::info!(id = %info.id, name = %info.name, subgroups, push_constants, coop, ?zero_init, fixed_params, "opened raw Vulkan device");
     let kernels = spirv::SpirvKernels {
         subgroups,
         push_constants,
         coop,
+        zero_init,
+        fixed_params,
     };
     Ok(WgpuBackend::from_device(dev, queue, limits).with_spirv(kernels))
 }

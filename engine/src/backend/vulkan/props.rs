@@ -21,6 +21,10 @@ pub(crate) struct VulkanProps {
     pub(crate) budget_bytes: Option<u64>,
     pub(crate) subgroup_size: u32,
     pub(crate) subgroup_ops: vk::SubgroupFeatureFlags,
+    /// The driver zeroes workgroup memory itself (`shaderZeroInitializeWorkgroupMemory`):
+    /// only counted on Vulkan 1.3 devices, where wgpu-hal enables the feature on the devices
+    /// it (and `device.rs`) creates; it adds no extension for older ones.
+    pub(crate) zero_init_workgroup: bool,
 }
 
 impl VulkanProps {
@@ -70,6 +74,17 @@ pub(crate) fn query(adapter: &wgpu::Adapter) -> Option<VulkanProps> {
         {
             props.subgroup_ops = subgroup.supported_operations;
         }
+    }
+
+    if shared.instance_api_version() >= vk::API_VERSION_1_3
+        && base.api_version >= vk::API_VERSION_1_3
+    {
+        let mut v13 = vk::PhysicalDeviceVulkan13Features::default();
+        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut v13);
+        // SAFETY: `f2` and its chain live across the call; `phd` belongs to `instance`, and
+        // both are Vulkan 1.3, which defines the chained struct.
+        unsafe { instance.get_physical_device_features2(phd, &mut f2) };
+        props.zero_init_workgroup = v13.shader_zero_initialize_workgroup_memory == vk::TRUE;
     }
 
     let has_budget = v11 && props.has(MEMORY_BUDGET);

@@ -29,6 +29,12 @@ pub(crate) struct SpirvKernels {
     /// The device was opened with cooperative matrices and f16 (`WgpuPrefill::Coop`), so
     /// `linear_gemm_coop` may be used.
     pub(crate) coop: bool,
+    /// How workgroup memory is zeroed (naga's polyfill, the driver, or not at all:
+    /// `VulkanOptions::zero_init`, resolved for the device).
+    pub(crate) zero_init: spv::ZeroInitializeWorkgroupMemoryMode,
+    /// Parameters at a fixed uniform offset in each bind group, as the wgpu backend binds
+    /// them, instead of a dynamic offset (`VulkanOptions::fixed_params`).
+    pub(crate) fixed_params: bool,
 }
 
 /// A kernel translated to SPIR-V, with what its pipeline layout needs.
@@ -137,6 +143,7 @@ impl SpirvKernels {
             bounds_check_policies: naga::proc::BoundsCheckPolicies::default(),
             force_loop_bounding: false,
             emit_int_div_checks: false,
+            zero_initialize_workgroup_memory: self.zero_init,
             ..Default::default()
         };
         let pipeline = spv::PipelineOptions {
@@ -188,7 +195,7 @@ impl SpirvKernels {
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
                 ty: wgpu::BufferBindingType::Uniform,
-                has_dynamic_offset: true,
+                has_dynamic_offset: !self.fixed_params,
                 min_binding_size: wgpu::BufferSize::new(u64::from(PARAM_BYTES)),
             },
             count: None,
@@ -232,6 +239,8 @@ impl SpirvKernels {
             layout,
             params: if self.push_constants {
                 ParamMode::Immediates
+            } else if self.fixed_params {
+                ParamMode::Uniform
             } else {
                 ParamMode::DynamicUniform
             },
@@ -256,6 +265,8 @@ mod tests {
             subgroups: true,
             push_constants: false,
             coop: false,
+            zero_init: spv::ZeroInitializeWorkgroupMemoryMode::Polyfill,
+            fixed_params: false,
         };
         for kernel in [
             cairn_shaders::LINEAR_MATVEC_STREAM_I8_SUBGROUP,
@@ -296,6 +307,8 @@ mod tests {
             subgroups: true,
             push_constants: false,
             coop: false,
+            zero_init: spv::ZeroInitializeWorkgroupMemoryMode::Polyfill,
+            fixed_params: false,
         };
         let shapes = [
             (4, 32, 1),
@@ -343,6 +356,8 @@ mod tests {
                 subgroups,
                 push_constants,
                 coop,
+                zero_init: spv::ZeroInitializeWorkgroupMemoryMode::None,
+                fixed_params: false,
             };
             for kernel in cairn_shaders::ALL {
                 if (!subgroups

@@ -59,6 +59,8 @@ pub(crate) struct Scratch<'a> {
     pub(crate) attention: Option<&'a Buffer>,
     /// Every decode attention is cut (`--wgpu-attention split`), not only long ones.
     pub(crate) attention_forced: bool,
+    /// Which kernel scores the pieces.
+    pub(crate) attention_pass: split_attention::FirstPass,
 }
 
 /// Every op of a run as the steps that run it, fused where `fuse` allows
@@ -89,17 +91,24 @@ pub(crate) fn plan_run<'a>(
         }
         // Decode attention cut by keys, where it is on (its scratch is there) and pays.
         if let (Op::Attention(a), Some(pieces)) = (&ops[i], scratch.attention)
-            && let Some(n) = split_attention::splits(a, scratch.attention_forced)
+            && let Some(n) =
+                split_attention::splits(a, scratch.attention_forced, scratch.attention_pass)
         {
-            steps.extend(split_attention::steps(a, n, pieces));
+            steps.extend(split_attention::steps(a, n, pieces, scratch.attention_pass));
             quantized = None;
             continue;
         }
         if let (Op::PagedAttention(a), Some(pieces)) = (&ops[i], scratch.attention)
             && a.heads <= max_dim
-            && let Some(n) = split_attention::paged_splits(a, scratch.attention_forced)
+            && let Some(n) =
+                split_attention::paged_splits(a, scratch.attention_forced, scratch.attention_pass)
         {
-            steps.extend(split_attention::paged_steps(a, n, pieces));
+            steps.extend(split_attention::paged_steps(
+                a,
+                n,
+                pieces,
+                scratch.attention_pass,
+            ));
             quantized = None;
             continue;
         }

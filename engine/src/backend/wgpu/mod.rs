@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use super::{Accounting, BackendError, Buffer, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
-use crate::options::{WgpuAttention, WgpuMatvec, WgpuOptions, WgpuPrefill};
+use crate::options::{WgpuAttention, WgpuAttentionKernel, WgpuMatvec, WgpuOptions, WgpuPrefill};
 use plan::{Matvec, Step, Wide};
 
 const PARAM_SLOT: u64 = 256;
@@ -129,6 +129,8 @@ pub struct WgpuBackend {
     /// Decode attention cut by keys across workgroups (`split_attention.rs`): never
     /// (`Single`), always (`Split`), or where it pays (`ByAdapter`)...
     attention: WgpuAttention,
+    /// ...scored by this kernel...
+    attention_pass: split_attention::FirstPass,
     /// ...through this buffer.
     attention_scratch: Mutex<Option<Arc<Buffer>>>,
     /// Small host-readable buffers that reads copy into (`read`, and reads queued behind a run:
@@ -215,6 +217,7 @@ impl WgpuBackend {
             int8_scratch: Mutex::new(None),
             parts_scratch: Mutex::new(None),
             attention: WgpuAttention::Single,
+            attention_pass: split_attention::FirstPass::Heads,
             attention_scratch: Mutex::new(None),
             staging: Mutex::new(Vec::new()),
             pipelined_decode: AtomicBool::new(true),
@@ -283,6 +286,15 @@ impl WgpuBackend {
             other => other,
         };
         self.attention = opts.attention.resolve(info.is_software());
+        self.attention_pass = match opts.attention_kernel {
+            WgpuAttentionKernel::Heads => split_attention::FirstPass::Heads,
+            WgpuAttentionKernel::Grouped => split_attention::FirstPass::Grouped {
+                min_piece: opts
+                    .attention_piece
+                    .unwrap_or(split_attention::GROUPED_MIN_PIECE),
+            },
+        };
+        tracing::info!(id = %info.id, attention = ?self.attention, pass = ?self.attention_pass, "decode attention");
         self.pipelined_decode = AtomicBool::new(!opts.serial_decode);
         self.shader_checks = opts.shader_checks;
         #[cfg(not(target_arch = "wasm32"))]
@@ -707,10 +719,12 @@ impl WgpuBackend {
             .iter()
             .filter(|_| self.attention != WgpuAttention::Single)
             .filter_map(|op| match op {
-                Op::Attention(a) => split_attention::splits(a, forced)
+                Op::Attention(a) => split_attention::splits(a, forced, self.attention_pass)
                     .map(|n| split_attention::scratch_bytes(a.tokens, a.heads, a.head_dim, n)),
-                Op::PagedAttention(a) => split_attention::paged_splits(a, forced)
-                    .map(|n| split_attention::scratch_bytes(a.tokens, a.heads, a.head_dim, n)),
+                Op::PagedAttention(a) => {
+                    split_attention::paged_splits(a, forced, self.attention_pass)
+                        .map(|n| split_attention::scratch_bytes(a.tokens, a.heads, a.head_dim, n))
+                }
                 _ => None,
             })
             .max();
@@ -728,6 +742,7 @@ impl WgpuBackend {
                 parts: parts_scratch.as_deref(),
                 attention: attention_scratch.as_deref(),
                 attention_forced: forced,
+                attention_pass: self.attention_pass,
             },
         )?;
         let mut steps: Vec<Step<'_>> = if self.prefill == WgpuPrefill::Registers {

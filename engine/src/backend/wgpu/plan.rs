@@ -549,6 +549,7 @@ impl<'a> WgpuOp<'a> for Attention<'a> {
     const KERNELS: &'static [Kernel] = &[
         shaders::ATTENTION,
         shaders::ATTENTION_SPLIT,
+        shaders::ATTENTION_GROUPED,
         shaders::ATTENTION_MERGE,
     ];
 
@@ -757,6 +758,7 @@ mod tests {
             declares::<super::super::rows::EmbedRowsParams>(&[shaders::EMBED_ROWS]),
             declares::<super::super::split_attention::PagedSplitParams>(&[
                 shaders::PAGED_ATTENTION_SPLIT,
+                shaders::PAGED_ATTENTION_GROUPED,
                 shaders::PAGED_ATTENTION_MERGE,
             ]),
             declares::<super::super::fuse::FusedMatvecParams>(&[
