@@ -115,7 +115,12 @@ impl Tier {
             target_flops: 100e9,
             max_dispatch: 512,
             rmsnorm: vec![(4096, 1), (4096, 512)],
-            attention: vec![(9, 3, 64, 1024), (32, 8, 128, 1024), (32, 8, 128, 8192)],
+            attention: vec![
+                (9, 3, 64, 1024),
+                (32, 8, 128, 576),
+                (32, 8, 128, 1024),
+                (32, 8, 128, 8192),
+            ],
             cache_bust: true,
             sample_size: 20,
             measure: Duration::from_secs(2),
@@ -143,13 +148,27 @@ impl Tier {
 
 /// `CAIRN_WGPU_MATVEC` (rows, stream, subgroup, int8; else auto) picks the wgpu and vulkan
 /// matrix-vector kernels, as `cairn`'s `--wgpu-matvec` does; `CAIRN_WGPU_ATTENTION` (split,
-/// single; else auto) their decode attention, as `--wgpu-attention` does.
+/// single; else auto) their decode attention, as `--wgpu-attention` does, and
+/// `CAIRN_WGPU_ATTENTION_KERNEL` (grouped; else heads) and `CAIRN_WGPU_ATTENTION_PIECE` its
+/// split's first pass; `CAIRN_VULKAN_ZERO_INIT` (native, off; else polyfill) the vulkan
+/// backend's zeroing of workgroup memory.
 fn options() -> EngineOptions {
     let mut o = EngineOptions::default();
     o.wgpu.attention = match std::env::var("CAIRN_WGPU_ATTENTION").as_deref() {
         Ok("split") => WgpuAttention::Split,
         Ok("single") => WgpuAttention::Single,
         _ => WgpuAttention::ByAdapter,
+    };
+    if std::env::var("CAIRN_WGPU_ATTENTION_KERNEL").as_deref() == Ok("grouped") {
+        o.wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Grouped;
+    }
+    o.wgpu.attention_piece = std::env::var("CAIRN_WGPU_ATTENTION_PIECE")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    o.vulkan.zero_init = match std::env::var("CAIRN_VULKAN_ZERO_INIT").as_deref() {
+        Ok("native") => cairn_engine::options::VulkanZeroInit::Native,
+        Ok("off") => cairn_engine::options::VulkanZeroInit::Off,
+        _ => cairn_engine::options::VulkanZeroInit::Polyfill,
     };
     o.wgpu.matvec = match std::env::var("CAIRN_WGPU_MATVEC").as_deref() {
         Ok("rows") => WgpuMatvec::Rows,

@@ -58,6 +58,17 @@ fn options() -> cairn_engine::EngineOptions {
         Ok("single") => cairn_engine::options::WgpuAttention::Single,
         _ => cairn_engine::options::WgpuAttention::ByAdapter,
     };
+    // The grouped first pass of split attention, and the vulkan backend's workgroup-memory
+    // zeroing, as `cairn`'s variables pin them (to run the whole suite under each).
+    if std::env::var("CAIRN_WGPU_ATTENTION_KERNEL").as_deref() == Ok("grouped") {
+        o.wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Grouped;
+    }
+    o.vulkan.zero_init = match std::env::var("CAIRN_VULKAN_ZERO_INIT").as_deref() {
+        Ok("native") => cairn_engine::options::VulkanZeroInit::Native,
+        Ok("off") => cairn_engine::options::VulkanZeroInit::Off,
+        _ => cairn_engine::options::VulkanZeroInit::Polyfill,
+    };
+    o.vulkan.fixed_params = std::env::var("CAIRN_VULKAN_FIXED_PARAMS").as_deref() == Ok("1");
     // The norms are folded on software rasterizers too, to test that kernel here.
     if off("CAIRN_WGPU_FUSE") {
         o.wgpu.fuse = cairn_engine::options::WgpuFuse::Off;

@@ -68,7 +68,7 @@ impl FirstPass {
     fn for_shape(self, heads: u32, kv_heads: u32, head_dim: u32) -> FirstPass {
         match self {
             FirstPass::Grouped { .. }
-                if kv_heads > 0 && heads % kv_heads == 0 && head_dim % 4 == 0 =>
+                if kv_heads > 0 && heads.is_multiple_of(kv_heads) && head_dim.is_multiple_of(4) =>
             {
                 self
             }
