@@ -35,8 +35,10 @@ const NEG_BIG: f32 = -3.4028234e38;
 // value sums of the invocations that share an output element.
 var<workgroup> qs: array<vec4<f32>, 256>;
 var<workgroup> dots: array<f32, 1152>;
-// A chunk's scores per (head, key), then exp(score - m).
-var<workgroup> probs: array<f32, 128>;
+// A chunk's scores per (head, key), then exp(score - m); a head's row padded from CHUNK to
+// PS floats, so the 4 invocations walking their heads' rows read distinct banks.
+const PS: u32 = 33u;
+var<workgroup> probs: array<f32, 132>;
 // Per head: running maximum, running sum, and the current chunk's correction exp(m_old - m).
 var<workgroup> hm: array<f32, 4>;
 var<workgroup> hl: array<f32, 4>;
@@ -97,6 +99,7 @@ fn attend(li: u32, t: u32, piece: u32, kvh: u32, h0: u32, nq: u32, lo: u32, hi: 
         workgroupBarrier();
         if (li < GQ * CHUNK) {
             let kk = li % CHUNK;
+            let pi = (li / CHUNK) * PS + kk;
             var s = 0.0;
             for (var x = 0u; x < KL; x++) {
                 s += dots[li * KPAD + x];
@@ -105,26 +108,28 @@ fn attend(li: u32, t: u32, piece: u32, kvh: u32, h0: u32, nq: u32, lo: u32, hi: 
             if (p.softcap > 0.0) {
                 s = p.softcap * tanh(s / p.softcap);
             }
-            probs[li] = select(NEG_BIG, s, kk < live);
+            probs[pi] = select(NEG_BIG, s, kk < live);
         }
         workgroupBarrier();
         if (li < GQ) {
             var cm = hm[li];
             for (var kk = 0u; kk < live; kk++) {
-                cm = max(cm, probs[li * CHUNK + kk]);
+                cm = max(cm, probs[li * PS + kk]);
             }
             hc[li] = exp(hm[li] - cm);
             hm[li] = cm;
         }
         workgroupBarrier();
         if (li < GQ * CHUNK) {
-            probs[li] = select(0.0, exp(probs[li] - hm[li / CHUNK]), li % CHUNK < live);
+            let j = li / CHUNK;
+            let kk = li % CHUNK;
+            probs[j * PS + kk] = select(0.0, exp(probs[j * PS + kk] - hm[j]), kk < live);
         }
         workgroupBarrier();
         if (li < GQ) {
             var cs = 0.0;
             for (var kk = 0u; kk < live; kk++) {
-                cs += probs[li * CHUNK + kk];
+                cs += probs[li * PS + kk];
             }
             hl[li] = hl[li] * hc[li] + cs;
         }
@@ -142,7 +147,7 @@ fn attend(li: u32, t: u32, piece: u32, kvh: u32, h0: u32, nq: u32, lo: u32, hi: 
                     let kk = k0 + u * n_vg;
                     if (kk < live) {
                         for (var j = 0u; j < GQ; j++) {
-                            ov[j] += probs[j * CHUNK + kk] * vv[u];
+                            ov[j] += probs[j * PS + kk] * vv[u];
                         }
                     }
                 }

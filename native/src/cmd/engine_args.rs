@@ -420,6 +420,28 @@ mod tests {
             WgpuAttention::Single
         );
         assert_eq!(parse(&[]).wgpu.attention_kernel, WgpuAttentionKernel::Heads);
+        assert_eq!(parse(&[]).vulkan.zero_init, VulkanZeroInit::Polyfill);
+        assert_eq!(
+            parse(&["--vulkan-zero-init", "native"]).vulkan.zero_init,
+            VulkanZeroInit::Native
+        );
+        assert_eq!(
+            parse(&["--vulkan-zero-init", "off"]).vulkan.zero_init,
+            VulkanZeroInit::Off
+        );
+        assert!(!parse(&[]).vulkan.fixed_params);
+        assert!(
+            parse(&["--vulkan-fixed-params", "true"])
+                .vulkan
+                .fixed_params
+        );
+        assert_eq!(parse(&[]).wgpu.attention_piece, None);
+        assert_eq!(
+            parse(&["--wgpu-attention-piece", "16"])
+                .wgpu
+                .attention_piece,
+            Some(16)
+        );
         assert_eq!(
             parse(&["--wgpu-attention-kernel", "grouped"])
                 .wgpu
