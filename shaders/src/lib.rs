@@ -190,25 +190,43 @@ const fn coop_kernel(name: &'static str, shape: CoopShape) -> Kernel {
     }
 }
 
+/// Decode attention's first pass per query head (`attention_split.wgsl`, and
+/// `paged_attention_split.wgsl` over a block table), over the chunk loop they share,
+/// `attention_split_walk.wgsl`, prepended as their prelude.
+pub const ATTENTION_SPLIT: Kernel = attention_walk(
+    "attention_split",
+    include_str!("../attention_split.wgsl"),
+    include_str!("../attention_split_walk.wgsl"),
+);
+pub const PAGED_ATTENTION_SPLIT: Kernel = attention_walk(
+    "paged_attention_split",
+    include_str!("../paged_attention_split.wgsl"),
+    include_str!("../attention_split_walk.wgsl"),
+);
+
 /// Decode attention's first pass grouped by key/value head (`attention_grouped.wgsl`, and
 /// `paged_attention_grouped.wgsl` over a block table): the two kernels declare their
 /// bindings, find their keys and call the chunk loop they share,
 /// `attention_grouped_walk.wgsl`, prepended as their prelude.
-pub const ATTENTION_GROUPED: Kernel = attention_grouped(
+pub const ATTENTION_GROUPED: Kernel = attention_walk(
     "attention_grouped",
     include_str!("../attention_grouped.wgsl"),
+    include_str!("../attention_grouped_walk.wgsl"),
 );
-pub const PAGED_ATTENTION_GROUPED: Kernel = attention_grouped(
+pub const PAGED_ATTENTION_GROUPED: Kernel = attention_walk(
     "paged_attention_grouped",
     include_str!("../paged_attention_grouped.wgsl"),
+    include_str!("../attention_grouped_walk.wgsl"),
 );
 
-const fn attention_grouped(name: &'static str, wgsl: &'static str) -> Kernel {
+/// An attention kernel: its own file (bindings, which keys, `main`) after the chunk loop it
+/// shares with its twin over the other cache layout.
+const fn attention_walk(name: &'static str, wgsl: &'static str, walk: &'static str) -> Kernel {
     Kernel {
         name,
         wgsl,
         formatted: false,
-        prelude: include_str!("../attention_grouped_walk.wgsl"),
+        prelude: walk,
         chunked: false,
         subgroups: false,
         int8: false,
@@ -255,6 +273,8 @@ kernels! {
     LINEAR_GEMM_COOP_128,
     LINEAR_GEMM_COOP_64X128,
     LINEAR_GEMM_COOP_64K64,
+    ATTENTION_SPLIT,
+    PAGED_ATTENTION_SPLIT,
     ATTENTION_GROUPED,
     PAGED_ATTENTION_GROUPED,
     ]
@@ -277,10 +297,8 @@ kernels! {
     EMBED = "embed", true;
     EMBED_ROWS = "embed_rows", true;
     ATTENTION = "attention", false;
-    ATTENTION_SPLIT = "attention_split", false;
     ATTENTION_MERGE = "attention_merge", false;
     PAGED_ATTENTION = "paged_attention", false;
-    PAGED_ATTENTION_SPLIT = "paged_attention_split", false;
     PAGED_ATTENTION_MERGE = "paged_attention_merge", false;
     KV_STORE = "kv_store", false;
     QUANTIZE_Q8 = "quantize_q8", false;
