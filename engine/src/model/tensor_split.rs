@@ -63,8 +63,9 @@ impl TensorPart {
 }
 
 /// Cuts `n` into `parts` contiguous runs whose lengths differ by at most one, the longer
-/// ones first.
-fn even_runs(n: usize, parts: usize) -> Vec<Range<usize>> {
+/// ones first (a tensor split's heads and rows, its head's vocabulary rows, a layer split's
+/// micro-batches).
+pub(super) fn even_runs(n: usize, parts: usize) -> Vec<Range<usize>> {
     let (base, extra) = (n / parts, n % parts);
     let mut at = 0;
     (0..parts)
@@ -572,6 +573,9 @@ mod tests {
         assert_eq!(even_runs(3, 2), vec![0..2, 2..3]);
         assert_eq!(even_runs(8, 4), vec![0..2, 2..4, 4..6, 6..8]);
         assert_eq!(even_runs(5, 3), vec![0..2, 2..4, 4..5]);
+        // A head's vocabulary rows (head_split.rs).
+        assert_eq!(even_runs(10, 3), vec![0..4, 4..7, 7..10]);
+        assert_eq!(even_runs(512, 2), vec![0..256, 256..512]);
         assert_eq!(gcd(32, 256), 32);
     }
 }
