@@ -107,7 +107,7 @@ pub(super) fn stack_steps(
     for s in &mut seqs {
         pool.release(s);
     }
-    assert!(pool.pools().iter().all(|p| p.book().used() == 0));
+    assert!(pool.each(|p| p.book().used()).iter().all(|u| *u == 0));
     all
 }
 

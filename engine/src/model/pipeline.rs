@@ -159,7 +159,7 @@ mod threads {
     /// purpose (tests) and the device index it reports.
     pub(in crate::model) fn forward(
         pieces: &[Shard],
-        pools: &mut [KvPool],
+        pools: &mut [&mut KvPool],
         seqs: Vec<Vec<&mut SeqKv>>,
         inputs: &[ShardInput<'_>],
         wants: &[Want],

@@ -160,6 +160,7 @@ fn a_pipelined_pass_fails_an_item_alone_and_a_device_whole() {
             .iter()
             .map(|p| p.new_pool(8 << 20).unwrap())
             .collect();
+        let mut pools: Vec<&mut super::KvPool> = pools.iter_mut().collect();
         let got = super::pipeline::forward(
             stack.pieces(),
             &mut pools,

@@ -252,7 +252,7 @@ fn at<E: Into<ModelError>>(p: usize) -> impl Fn(E) -> LaneError {
 pub(super) async fn forward_batch(
     lanes: &[Shard],
     split: &TensorSplit,
-    pools: &mut [KvPool],
+    pools: &mut [&mut KvPool],
     items: &mut [StackItem<'_>],
 ) -> Result<Vec<Result<ShardOutput, ModelError>>, LaneError> {
     let n = lanes.len();
@@ -327,10 +327,10 @@ pub(super) async fn forward_batch(
         let mut kvs = Vec::with_capacity(n);
         for p in 0..n {
             let table_len = lanes[p]
-                .write_pass(&scratch[p], bufs[p], &pools[p], &per_lane[p], &pass)
+                .write_pass(&scratch[p], bufs[p], pools[p], &per_lane[p], &pass)
                 .map_err(at(p))?;
             kvs.push(Kv::Paged {
-                pool: &pools[p],
+                pool: pools[p],
                 batch: bufs[p],
                 table_len,
             });
