@@ -155,6 +155,8 @@ struct Context {
     failed: mpsc::UnboundedSender<usize>,
     /// Tests, `dev-hooks` builds: reports wrong tokens.
     corrupt: CorruptTokens,
+    /// Whether the log has said that passes are in flight at once (`overlap.rs`, once).
+    overlap_told: std::cell::Cell<bool>,
 }
 
 impl StageThread {
@@ -183,6 +185,7 @@ impl StageThread {
             last_pass_end: std::cell::Cell::new(None),
             failed,
             corrupt: CorruptTokens::from_env(),
+            overlap_told: std::cell::Cell::new(false),
         };
         std::thread::Builder::new()
             .name("cairn-stage".into())

@@ -18,7 +18,7 @@ use cairn_engine::model::shard::MAX_BATCH_SEQS;
 use cairn_engine::protocol::Message;
 use cairn_engine::worker::{ShardSlot, StageServer};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{Context, Job, Taken, step_of};
 
@@ -55,7 +55,14 @@ impl Context {
                 let outs = server.begin_forwards(group, move || {
                     let _ = jobs.send(Job::PassDone);
                 });
-                debug!(seqs, in_flight = server.passes_in_flight(), "pass begun");
+                let in_flight = server.passes_in_flight();
+                debug!(seqs, in_flight, "pass begun");
+                if in_flight == most && !self.overlap_told.replace(true) {
+                    info!(
+                        passes = in_flight,
+                        "passes in flight across steps: one on each device"
+                    );
+                }
                 for out in outs {
                     self.dispatch(out);
                 }
