@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Passes in flight across steps (CAIRN_STAGE_OVERLAP, default on) against one pass at a time
+# Passes in flight across steps (CAIRN_STAGE_OVERLAP=on; off is the default) against one pass at a time
 # (=off), through the cluster path: one worker over two cpu devices of one thread each, split
 # by layers; 1 (the single-request rows), 4 and 16 requests at once; alternated on, off, on,
 # off. Baseline: one worker on one cpu device of two threads. Run from the repo root after

@@ -20,7 +20,7 @@ fn forward(request: u64, pos0: usize, ids: &[u32]) -> Message {
         seq: 1,
         layers: LayerRange { start: 0, end: 4 },
         pos0: pos0 as u32,
-        max_len: 64,
+        max_len: 1024,
         sample: Some(SampleParams::default()),
         chain: None,
         tensor: Tensor::from_values(DType::U32, vec![ids.len() as u64], ids).unwrap(),
@@ -38,56 +38,29 @@ struct Req {
 
 fn requests() -> Vec<Req> {
     let prompt = |n: usize, k: u32| (0..n as u32).map(|i| (i * 37 + k * 11 + 1) % 500).collect();
-    vec![
-        Req {
-            prompt: prompt(5, 1),
-            tokens: 9,
-            joins: 0,
-            cancel_after: None,
-        },
-        Req {
-            prompt: prompt(2, 2),
-            tokens: 4,
-            joins: 0,
-            cancel_after: None,
-        },
-        Req {
-            prompt: prompt(11, 3),
-            tokens: 7,
-            joins: 0,
-            cancel_after: Some(3),
-        },
-        Req {
-            prompt: prompt(1, 4),
-            tokens: 6,
-            joins: 1,
-            cancel_after: None,
-        },
-        Req {
-            prompt: prompt(7, 5),
-            tokens: 3,
-            joins: 2,
-            cancel_after: None,
-        },
-        Req {
-            prompt: prompt(3, 6),
-            tokens: 8,
-            joins: 4,
-            cancel_after: None,
-        },
-        Req {
-            prompt: prompt(4, 7),
-            tokens: 5,
-            joins: 6,
-            cancel_after: None,
-        },
-        Req {
-            prompt: prompt(9, 8),
-            tokens: 6,
-            joins: 9,
-            cancel_after: None,
-        },
-    ]
+    // (prompt length, tokens, turn it joins at, ended after this many tokens)
+    let table: [(usize, usize, usize, Option<usize>); 9] = [
+        (5, 9, 0, None),
+        (2, 4, 0, None),
+        (11, 7, 0, Some(3)),
+        (1, 6, 1, None),
+        (7, 3, 2, None),
+        // Longer than a chunk: its prefill runs a chunk a pass, beside the others' steps.
+        (PREFILL_CHUNK + 30, 4, 3, None),
+        (3, 8, 4, None),
+        (4, 5, 6, None),
+        (9, 6, 9, None),
+    ];
+    table
+        .iter()
+        .enumerate()
+        .map(|(k, &(len, tokens, joins, cancel_after))| Req {
+            prompt: prompt(len, k as u32),
+            tokens,
+            joins,
+            cancel_after,
+        })
+        .collect()
 }
 
 /// The tokens each request got, its passes started as the native stage loop starts them: up
@@ -107,7 +80,7 @@ fn drive(server: &mut StageServer, reqs: &[Req]) -> (HashMap<u64, Vec<u32>>, usi
                 waiting.push(forward(r as u64, 0, &q.prompt));
             }
         }
-        while server.passes_in_flight() < pieces && !waiting.is_empty() {
+        while server.passes_in_flight() < pieces && (!waiting.is_empty() || server.has_partial()) {
             let share = waiting.len().div_ceil(pieces).max(1);
             let (group, rest): (Vec<_>, Vec<_>) =
                 waiting.drain(..).enumerate().partition(|(i, m)| {
@@ -117,7 +90,7 @@ fn drive(server: &mut StageServer, reqs: &[Req]) -> (HashMap<u64, Vec<u32>>, usi
                     *i < share && !server.in_flight(*request)
                 });
             waiting = rest.into_iter().map(|(_, m)| m).collect();
-            if group.is_empty() {
+            if group.is_empty() && !server.has_partial() {
                 break;
             }
             let group: Vec<Message> = group.into_iter().map(|(_, m)| m).collect();
@@ -143,6 +116,7 @@ fn drive(server: &mut StageServer, reqs: &[Req]) -> (HashMap<u64, Vec<u32>>, usi
         }
         if server.passes_in_flight() == 0
             && waiting.is_empty()
+            && !server.has_partial()
             && reqs.iter().all(|q| q.joins < turn)
         {
             break;
@@ -175,7 +149,8 @@ fn drive(server: &mut StageServer, reqs: &[Req]) -> (HashMap<u64, Vec<u32>>, usi
 #[test]
 fn passes_in_flight_over_two_and_three_devices_give_one_devices_tokens() {
     pollster::block_on(async {
-        let cfg = small_config();
+        let mut cfg = small_config();
+        cfg.context_length = 2048;
         let model = SyntheticModel::new(&cfg, 5);
         let reqs = requests();
         let dev = cpu();
