@@ -29,7 +29,7 @@ pub struct StageServer {
     /// How a stage over several devices spreads its layers over them.
     split: Split,
     /// Shared with the threads of passes in flight ([`Self::begin_forwards`]).
-    shard: Option<Arc<ShardStack>>,
+    shard: Option<Shared<ShardStack>>,
     route: Route,
     caches: HashMap<u64, Entry>,
     /// Made on the first step after a shard is installed.
@@ -64,6 +64,7 @@ pub struct StageServer {
     ended: std::collections::HashSet<u64>,
     /// Passes in flight across steps where the stage is split by layers
     /// (`CAIRN_STAGE_OVERLAP=on`, [`Self::set_overlap`]).
+    #[cfg(not(target_arch = "wasm32"))]
     overlap: bool,
 }
 
@@ -74,6 +75,13 @@ struct Flight {
     requests: Vec<u64>,
     result: std::sync::mpsc::Receiver<(Round, PassResult, f64)>,
 }
+
+/// The stage's shard, shared with the threads of passes in flight; a browser has no threads
+/// (and its devices are not `Send`).
+#[cfg(not(target_arch = "wasm32"))]
+type Shared<T> = Arc<T>;
+#[cfg(target_arch = "wasm32")]
+type Shared<T> = std::rc::Rc<T>;
 
 /// Rows of one prompt run in one round: a longer prompt goes on in the next rounds, so the
 /// steps of other requests that arrive meanwhile join them instead of waiting for it all.
@@ -309,8 +317,6 @@ impl StageServer {
             ended: std::collections::HashSet::new(),
             #[cfg(not(target_arch = "wasm32"))]
             overlap: overlap_wanted(),
-            #[cfg(target_arch = "wasm32")]
-            overlap: false,
         }
     }
 
@@ -361,7 +367,7 @@ impl StageServer {
     /// Installs a loaded stack (layers over several devices); the old one's caches go with it.
     pub fn set_stack(&mut self, stack: ShardStack) {
         self.clear_requests();
-        self.shard = Some(Arc::new(stack));
+        self.shard = Some(Shared::new(stack));
     }
 
     /// Bounds the key/value pool to `bytes` (from the next shard or cleared pool on); by
