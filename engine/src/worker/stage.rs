@@ -921,7 +921,7 @@ impl StageServer {
                     ),
                 );
             }
-            if self.caches.len() >= MAX_REQUESTS {
+            if self.requests_held() >= MAX_REQUESTS {
                 return fail(
                     error_code::OVERLOADED,
                     format!("{MAX_REQUESTS} requests already hold a KV cache here"),
@@ -980,7 +980,7 @@ impl StageServer {
             forward_ms: (self.window_calls > 0)
                 .then(|| self.window_busy_s * 1e3 / self.window_calls as f64),
             forwards: self.window_calls,
-            requests: self.caches.len().try_into().unwrap_or(u32::MAX),
+            requests: self.requests_held().try_into().unwrap_or(u32::MAX),
             mean_batch: (self.window_calls > 0)
                 .then(|| (self.window_seqs as f64 / self.window_calls as f64) as f32),
             // Every piece holds the same sequences; the tightest pool is what binds.
