@@ -1881,6 +1881,84 @@ fn one_worker_over_several_devices_serves_and_is_recovered() {
     );
 }
 
+/// One worker over two local devices split by layers, with passes in flight across steps
+/// (`CAIRN_STAGE_OVERLAP=on`: while one group of requests' pass runs the second device's
+/// layers, the next group's runs the first's): three requests at once each give what `cairn
+/// run` gives alone, and a stream cancelled mid-way gives its blocks back on both devices.
+#[test]
+fn one_worker_split_by_layers_keeps_passes_in_flight() {
+    let dir = artifacts("cluster-overlap");
+    let (_, ref_text) = reference();
+    let model = model_path();
+    let model = model.to_str().expect("utf-8 path");
+    let serve = Serve::embedded(
+        &dir,
+        model,
+        &[
+            "--no-mdns",
+            "--ctx",
+            "256",
+            "--parallel",
+            "3",
+            "--wait-timeout",
+            "120",
+        ],
+    );
+    let (api, signal, token) = (&serve.api, &serve.signal, &serve.worker_token);
+    let (_worker, id) = cpu_worker(
+        signal,
+        token,
+        &dir,
+        "worker-overlap",
+        &[
+            "--memory-budget",
+            "300000000",
+            "--model",
+            model,
+            "--device",
+            "cpu,cpu",
+            "--split",
+            "layers",
+        ],
+        &[("CAIRN_STAGE_OVERLAP", std::path::Path::new("on"))],
+    );
+    let placed = wait_for(
+        Duration::from_secs(180),
+        "a placement on the worker",
+        || {
+            let s = stages(api);
+            (!s.is_empty()).then_some(s)
+        },
+    );
+    assert_eq!(placed, vec![(id, 0, 30)]);
+    let other_refs: Vec<String> = OTHER_PROMPTS
+        .iter()
+        .map(|p| cairn_tests::procs::cairn_run_greedy(p, TOKENS).1)
+        .collect();
+    let texts = concurrent_texts(api, &[PROMPT, OTHER_PROMPTS[0], OTHER_PROMPTS[1]]);
+    assert_eq!(texts[0], ref_text, "PROMPT among concurrent requests");
+    assert_eq!(
+        texts[1..],
+        other_refs[..],
+        "the other prompts, served together"
+    );
+    let log = std::fs::read_to_string(dir.join("worker-overlap.log")).unwrap_or_default();
+    assert!(
+        log.contains("passes in flight across steps"),
+        "no two passes were ever in flight at once: {log}"
+    );
+    let mut sse = SseReader::post(&format!("{api}/v1/completions"), &request(true));
+    for _ in 0..3 {
+        sse.next_event().expect("a first event");
+    }
+    drop(sse);
+    wait_for(
+        Duration::from_secs(30),
+        "the worker's key/value blocks back after the requests ended",
+        || kv_blocks_used(api).filter(|u| !u.is_empty() && u.iter().all(|&b| b == 0)),
+    );
+}
+
 /// A worker that reports wrong tokens (a `dev-hooks` build's
 /// `CAIRN_DEBUG_CORRUPT_TOKENS`) is caught by a spot check on the
 /// coordinator's own engine before any wrong token goes out, evicted

@@ -4,7 +4,10 @@
 use super::kv_pool::SeqKv;
 use super::shard::BatchItem;
 use super::synthetic::SyntheticModel;
-use super::{ModelConfig, ModelError, Shard, ShardInput, ShardOutput, Want};
+use super::{
+    ModelConfig, ModelError, Shard, ShardInput, ShardOutput, ShardStack, StackItem, StackPool,
+    StackSeq, Want,
+};
 use crate::kernels::SampleParams;
 use crate::worker::tests::cpu;
 
@@ -56,6 +59,56 @@ pub(super) fn alone(shard: &Shard, prompt: &[u32], steps: usize) -> (Vec<Vec<f32
         }
         (all, fed)
     })
+}
+
+/// A pass over a stack: its pool and items in, each item's output out.
+pub(super) type StackPass<'f> = dyn FnMut(
+        &ShardStack,
+        &mut StackPool,
+        &mut [StackItem<'_>],
+    ) -> Result<Vec<Result<ShardOutput, ModelError>>, ModelError>
+    + 'f;
+
+/// Every sequence through `stack` in one pass a step (`pass`): `prompts` prefilled together,
+/// then `fed[s][k]` fed to sequence `s` at step `k + 1`, each asking `want(step)`; each
+/// pass's outputs in order. Checks that every block went back to the pools at the end.
+pub(super) fn stack_steps(
+    stack: &ShardStack,
+    prompts: &[Vec<u32>],
+    fed: &[Vec<u32>],
+    want: impl Fn(u32) -> Want,
+    pass: &mut StackPass<'_>,
+) -> Vec<Vec<ShardOutput>> {
+    let mut pool = stack.new_pool(|_| 16 << 20).unwrap();
+    let mut seqs: Vec<StackSeq> = prompts
+        .iter()
+        .map(|_| StackSeq::new(stack.pieces().len(), 64))
+        .collect();
+    let mut all = Vec::new();
+    for step in 0..=fed[0].len() {
+        let inputs: Vec<Vec<u32>> = (0..prompts.len())
+            .map(|s| match step {
+                0 => prompts[s].clone(),
+                _ => vec![fed[s][step - 1]],
+            })
+            .collect();
+        let mut items: Vec<StackItem> = seqs
+            .iter_mut()
+            .zip(&inputs)
+            .map(|(seq, input)| StackItem {
+                seq,
+                input: ShardInput::Tokens(input),
+                want: want(step as u32),
+            })
+            .collect();
+        let outs = pass(stack, &mut pool, &mut items).unwrap();
+        all.push(outs.into_iter().map(Result::unwrap).collect());
+    }
+    for s in &mut seqs {
+        pool.release(s);
+    }
+    assert!(pool.each(|p| p.book().used()).iter().all(|u| *u == 0));
+    all
 }
 
 /// The rows of a batched product sum in another order than one token's matrix-vector

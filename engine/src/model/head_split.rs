@@ -17,6 +17,7 @@
 use std::ops::Range;
 
 use super::shard::{MAX_BATCH_SEQS, Scratch};
+use super::tensor_split::even_runs;
 use super::weights::{Loader, Matrix};
 use super::{ModelConfig, ModelError, Shard, ShardOutput, Want};
 use crate::backend::{Buffer, Device};
@@ -55,20 +56,6 @@ pub(super) struct HeadSplit {
     tokens: Buffer,
 }
 
-/// Cuts `n` rows into `parts` contiguous runs whose lengths differ by at most one.
-fn cuts(n: usize, parts: usize) -> Vec<Range<usize>> {
-    let (base, extra) = (n / parts, n % parts);
-    let mut at = 0;
-    (0..parts)
-        .map(|i| {
-            let len = base + usize::from(i < extra);
-            let r = at..at + len;
-            at += len;
-            r
-        })
-        .collect()
-}
-
 impl HeadSplit {
     /// Loads each lane's rows of the head of `src` (the first lane's are the first rows of
     /// the head its shard holds) and the buffers of a pass of up to [`MAX_BATCH_SEQS`]
@@ -80,7 +67,7 @@ impl HeadSplit {
         if lead.head_weights().is_none() || vocab < lanes.len() {
             return Err(ModelError::WrongInput("no output head to split"));
         }
-        let cuts = cuts(vocab, lanes.len());
+        let cuts = even_runs(vocab, lanes.len());
         let name = if cfg.tied_output {
             "token_embd.weight"
         } else {
@@ -296,16 +283,5 @@ impl HeadSplit {
                 }
             })
             .collect())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cuts;
-
-    #[test]
-    fn cuts_cover_the_vocabulary() {
-        assert_eq!(cuts(10, 3), vec![0..4, 4..7, 7..10]);
-        assert_eq!(cuts(512, 2), vec![0..256, 256..512]);
     }
 }

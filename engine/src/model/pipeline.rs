@@ -52,17 +52,7 @@ pub(super) fn micro_batches(items: usize, pieces: usize) -> usize {
 
 /// `items` contiguous groups of lengths that differ by at most one, the longer first.
 fn groups(items: usize, m: usize) -> Vec<std::ops::Range<usize>> {
-    let m = m.clamp(1, items.max(1));
-    let (base, extra) = (items / m, items % m);
-    let mut at = 0;
-    (0..m)
-        .map(|i| {
-            let len = base + usize::from(i < extra);
-            let r = at..at + len;
-            at += len;
-            r
-        })
-        .collect()
+    super::tensor_split::even_runs(items, m.clamp(1, items.max(1)))
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -169,7 +159,7 @@ mod threads {
     /// purpose (tests) and the device index it reports.
     pub(in crate::model) fn forward(
         pieces: &[Shard],
-        pools: &mut [KvPool],
+        pools: &mut [&mut KvPool],
         seqs: Vec<Vec<&mut SeqKv>>,
         inputs: &[ShardInput<'_>],
         wants: &[Want],

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::batch_tests::{alone, assert_close, config, logits};
+use super::batch_tests::{alone, assert_close, config, logits, stack_steps};
 use super::synthetic::SyntheticModel;
 use super::{ModelError, Shard, ShardInput, ShardOutput, ShardStack, StackItem, StackSeq, Want};
 use crate::backend::Device;
@@ -43,35 +43,9 @@ fn run(
     micro: usize,
     want: impl Fn(u32) -> Want,
 ) -> Vec<Vec<ShardOutput>> {
-    let mut pool = stack.new_pool(|_| 16 << 20).unwrap();
-    let mut seqs: Vec<StackSeq> = prompts.iter().map(|_| StackSeq::new(3, 64)).collect();
-    let mut all = Vec::new();
-    for step in 0..=fed[0].len() {
-        let inputs: Vec<Vec<u32>> = (0..prompts.len())
-            .map(|s| match step {
-                0 => prompts[s].clone(),
-                _ => vec![fed[s][step - 1]],
-            })
-            .collect();
-        let mut items: Vec<StackItem> = seqs
-            .iter_mut()
-            .zip(&inputs)
-            .map(|(seq, input)| StackItem {
-                seq,
-                input: ShardInput::Tokens(input),
-                want: want(step as u32),
-            })
-            .collect();
-        let outs = stack
-            .forward_pipelined(&mut pool, &mut items, micro)
-            .unwrap();
-        all.push(outs.into_iter().map(Result::unwrap).collect());
-    }
-    for s in &mut seqs {
-        pool.release(s);
-    }
-    assert!(pool.pools().iter().all(|p| p.book().used() == 0));
-    all
+    stack_steps(stack, prompts, fed, want, &mut |stack, pool, items| {
+        stack.forward_pipelined(pool, items, micro)
+    })
 }
 
 /// Seven sequences, prefilled together and decoded four steps together, as one micro-batch
@@ -186,6 +160,7 @@ fn a_pipelined_pass_fails_an_item_alone_and_a_device_whole() {
             .iter()
             .map(|p| p.new_pool(8 << 20).unwrap())
             .collect();
+        let mut pools: Vec<&mut super::KvPool> = pools.iter_mut().collect();
         let got = super::pipeline::forward(
             stack.pieces(),
             &mut pools,

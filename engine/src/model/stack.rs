@@ -14,7 +14,7 @@
 //! ([`Split::Tensor`], `tensor_split.rs`): each piece is then one device's part of every
 //! layer, and a pass runs them side by side, summing their partial products twice a layer.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::embed_copies::EmbedCopies;
 use super::head_split::HeadSplit;
@@ -82,9 +82,19 @@ pub struct ShardStack {
     fail: std::sync::Mutex<Option<usize>>,
 }
 
-/// One key/value pool per piece, each on its piece's device.
+/// One key/value pool per piece, each on its piece's device. A clone is another handle to the
+/// same pools: passes over different sequences may run on different threads at once
+/// ([`ShardStack::forward_in_order`]), each holding a piece's pool only while it runs that
+/// piece.
+#[derive(Clone)]
 pub struct StackPool {
-    pools: Vec<KvPool>,
+    pools: Arc<[Mutex<KvPool>]>,
+}
+
+/// A piece's pool, whichever pass held it last (a pass that panicked leaves its blocks as
+/// they were: the pool's own bookkeeping is updated before any kernel runs).
+fn lock(pool: &Mutex<KvPool>) -> MutexGuard<'_, KvPool> {
+    pool.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// One sequence's blocks in every piece's pool.
@@ -367,9 +377,11 @@ impl ShardStack {
         let pools = self
             .pieces
             .iter()
-            .map(|p| p.new_pool(budget(p)))
-            .collect::<Result<_, _>>()?;
-        Ok(StackPool { pools })
+            .map(|p| p.new_pool(budget(p)).map(Mutex::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(StackPool {
+            pools: pools.into(),
+        })
     }
 
     /// Runs every item's rows through the pieces in order ([`Shard::forward_batch`] on
@@ -390,24 +402,51 @@ impl ShardStack {
                     text: "failed on purpose (CAIRN_DEBUG_FAIL_DEVICE)".into(),
                 });
             }
-            return tensor_split::forward_batch(&self.pieces, split, &mut pool.pools, items)
+            let mut guards = pool.lock_all();
+            let mut pools: Vec<&mut KvPool> = guards.iter_mut().map(|g| &mut **g).collect();
+            return tensor_split::forward_batch(&self.pieces, split, &mut pools, items)
                 .await
                 .map_err(|(p, e)| self.device_failed(p, e));
         }
-        let n = items.len();
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let micro = pipeline::micro_batches(n, self.pieces.len());
+            let micro = pipeline::micro_batches(items.len(), self.pieces.len());
             if micro > 1 {
                 return self.forward_pipelined(pool, items, micro);
             }
+        }
+        self.forward_in_order(pool, items).await
+    }
+
+    /// [`Self::forward_batch`] over pieces split by layers, one after the other as one batch,
+    /// holding each piece's pool only while it runs that piece: another pass over other
+    /// sequences (on another thread, with a clone of `pool`) can run the first piece while
+    /// this one runs the second (the stage's passes in flight across steps,
+    /// `native/src/worker/stage_thread/overlap.rs`).
+    // A piece's pool stays locked across its pass's awaits: the futures are driven to the end
+    // on one thread (pollster, on the stage's thread or a pass's own), and the only other
+    // holders are the threads of other passes, which wait for it; a browser runs one pass at
+    // a time.
+    #[allow(clippy::await_holding_lock)]
+    pub async fn forward_in_order(
+        &self,
+        pool: &StackPool,
+        items: &mut [StackItem<'_>],
+    ) -> Result<Vec<Result<ShardOutput, ModelError>>, ModelError> {
+        let n = items.len();
+        if self.tensor.is_some()
+            || items
+                .iter()
+                .any(|it| it.seq.seqs.len() != self.pieces.len())
+        {
+            return Err(ModelError::WrongInput("a sequence not made for this stage"));
         }
         let mut results: Vec<Option<Result<ShardOutput, ModelError>>> =
             (0..n).map(|_| None).collect();
         // Hidden states between pieces, per item.
         let mut carried: Vec<Option<Vec<f32>>> = vec![None; n];
         let last = self.pieces.len() - 1;
-        for (p, (shard, kv)) in self.pieces.iter().zip(pool.pools.iter_mut()).enumerate() {
+        for (p, (shard, kv)) in self.pieces.iter().zip(pool.pools.iter()).enumerate() {
             let live: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
             if live.is_empty() {
                 break;
@@ -443,8 +482,10 @@ impl ShardStack {
                         text: "failed on purpose (CAIRN_DEBUG_FAIL_DEVICE)".into(),
                     });
                 }
+                // Held across this piece's pass only.
+                let mut kv = lock(kv);
                 shard
-                    .forward_batch(kv, &mut batch)
+                    .forward_batch(&mut kv, &mut batch)
                     .await
                     .map_err(|e| self.device_failed(p, e))?
             };
@@ -499,29 +540,29 @@ impl ShardStack {
         });
         #[cfg(not(feature = "dev-hooks"))]
         let fail = None;
-        pipeline::forward(
-            &self.pieces,
-            &mut pool.pools,
-            seqs,
-            &inputs,
-            &wants,
-            micro,
-            fail,
-        )
-        .map_err(|(p, e)| self.device_failed(p, e))
+        let mut guards = pool.lock_all();
+        let mut pools: Vec<&mut KvPool> = guards.iter_mut().map(|g| &mut **g).collect();
+        pipeline::forward(&self.pieces, &mut pools, seqs, &inputs, &wants, micro, fail)
+            .map_err(|(p, e)| self.device_failed(p, e))
     }
 }
 
 impl StackPool {
     /// Takes back every piece's blocks of `seq`.
     pub fn release(&mut self, seq: &mut StackSeq) {
-        for (pool, s) in self.pools.iter_mut().zip(&mut seq.seqs) {
-            pool.release(s);
+        for (pool, s) in self.pools.iter().zip(&mut seq.seqs) {
+            lock(pool).release(s);
         }
     }
 
-    pub fn pools(&self) -> &[KvPool] {
-        &self.pools
+    /// Every piece's pool, held until the guards drop (a pass over all of them at once).
+    fn lock_all(&self) -> Vec<MutexGuard<'_, KvPool>> {
+        self.pools.iter().map(|p| lock(p)).collect()
+    }
+
+    /// `f` of each piece's pool, in piece order.
+    pub fn each<T>(&self, mut f: impl FnMut(&KvPool) -> T) -> Vec<T> {
+        self.pools.iter().map(|p| f(&lock(p))).collect()
     }
 }
 

@@ -63,8 +63,9 @@ impl TensorPart {
 }
 
 /// Cuts `n` into `parts` contiguous runs whose lengths differ by at most one, the longer
-/// ones first.
-fn even_runs(n: usize, parts: usize) -> Vec<Range<usize>> {
+/// ones first (a tensor split's heads and rows, its head's vocabulary rows, a layer split's
+/// micro-batches).
+pub(super) fn even_runs(n: usize, parts: usize) -> Vec<Range<usize>> {
     let (base, extra) = (n / parts, n % parts);
     let mut at = 0;
     (0..parts)
@@ -251,7 +252,7 @@ fn at<E: Into<ModelError>>(p: usize) -> impl Fn(E) -> LaneError {
 pub(super) async fn forward_batch(
     lanes: &[Shard],
     split: &TensorSplit,
-    pools: &mut [KvPool],
+    pools: &mut [&mut KvPool],
     items: &mut [StackItem<'_>],
 ) -> Result<Vec<Result<ShardOutput, ModelError>>, LaneError> {
     let n = lanes.len();
@@ -326,10 +327,10 @@ pub(super) async fn forward_batch(
         let mut kvs = Vec::with_capacity(n);
         for p in 0..n {
             let table_len = lanes[p]
-                .write_pass(&scratch[p], bufs[p], &pools[p], &per_lane[p], &pass)
+                .write_pass(&scratch[p], bufs[p], pools[p], &per_lane[p], &pass)
                 .map_err(at(p))?;
             kvs.push(Kv::Paged {
-                pool: &pools[p],
+                pool: pools[p],
                 batch: bufs[p],
                 table_len,
             });
@@ -572,6 +573,9 @@ mod tests {
         assert_eq!(even_runs(3, 2), vec![0..2, 2..3]);
         assert_eq!(even_runs(8, 4), vec![0..2, 2..4, 4..6, 6..8]);
         assert_eq!(even_runs(5, 3), vec![0..2, 2..4, 4..5]);
+        // A head's vocabulary rows (head_split.rs).
+        assert_eq!(even_runs(10, 3), vec![0..4, 4..7, 7..10]);
+        assert_eq!(even_runs(512, 2), vec![0..256, 256..512]);
         assert_eq!(gcd(32, 256), 32);
     }
 }

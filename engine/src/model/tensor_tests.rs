@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::batch_tests::{alone, argmax, assert_close, config, logits};
+use super::batch_tests::{alone, argmax, assert_close, config, logits, stack_steps};
 use super::synthetic::SyntheticModel;
 use super::tensor_split::plan;
 use super::{
@@ -37,43 +37,23 @@ fn stack_matches(
     expect: &[(Vec<Vec<f32>>, Vec<u32>)],
     what: &str,
 ) {
-    let mut pool = stack.new_pool(|_| 16 << 20).unwrap();
-    let mut seqs: Vec<StackSeq> = prompts
-        .iter()
-        .map(|_| StackSeq::new(stack.pieces().len(), 64))
-        .collect();
-    let steps = expect[0].1.len();
-    pollster::block_on(async {
-        for step in 0..=steps {
-            let inputs: Vec<Vec<u32>> = (0..prompts.len())
-                .map(|s| match step {
-                    0 => prompts[s].clone(),
-                    _ => vec![expect[s].1[step - 1]],
-                })
-                .collect();
-            let mut items: Vec<StackItem> = seqs
-                .iter_mut()
-                .zip(&inputs)
-                .map(|(seq, input)| StackItem {
-                    seq,
-                    input: ShardInput::Tokens(input),
-                    want: Want::Logits,
-                })
-                .collect();
-            let outs = stack.forward_batch(&mut pool, &mut items).await.unwrap();
-            for (s, out) in outs.into_iter().enumerate() {
-                assert_close(
-                    &format!("{what}sequence {s} step {step}"),
-                    &logits(out.unwrap()),
-                    &expect[s].0[step],
-                );
-            }
+    let fed: Vec<Vec<u32>> = expect.iter().map(|e| e.1.clone()).collect();
+    let passes = stack_steps(
+        stack,
+        prompts,
+        &fed,
+        |_| Want::Logits,
+        &mut |stack, pool, items| pollster::block_on(stack.forward_batch(pool, items)),
+    );
+    for (step, outs) in passes.into_iter().enumerate() {
+        for (s, out) in outs.into_iter().enumerate() {
+            assert_close(
+                &format!("{what}sequence {s} step {step}"),
+                &logits(out),
+                &expect[s].0[step],
+            );
         }
-    });
-    for s in &mut seqs {
-        pool.release(s);
     }
-    assert!(pool.pools().iter().all(|p| p.book().used() == 0));
 }
 
 /// The SmolLM2-135M shape (3 layers): 3 key/value heads of 3 query heads each, Q4_1 matrices.

@@ -111,15 +111,62 @@ pub(super) fn fixed_bytes(model: &ModelCost, role: Role) -> u128 {
     bytes
 }
 
-/// Memory of a stage of `layers` layers.
-pub(super) fn stage_memory(model: &ModelCost, role: Role, layers: usize) -> u128 {
-    layers as u128 * per_layer_bytes(model) + fixed_bytes(model, role)
+/// The devices a tensor split of `device`'s worker spreads over (2 where it did not say).
+pub(super) fn tensor_devices(device: &DeviceProfile) -> u32 {
+    device.tensor.map_or(2, |t| t.devices.max(2))
 }
 
-/// The most layers `device` can hold in `role`, capped at the model's layers.
-pub(super) fn max_layers(device: &DeviceProfile, model: &ModelCost, role: Role) -> usize {
+/// What a stage split `split` holds beside [`fixed_bytes`] and its layers, over `devices`
+/// devices ([`tensor_devices`]). By layers nothing: each device holds its own layers, and the
+/// hidden states handed between its pieces go through the host. By tensors every device but
+/// the first holds its own copy of the embedding (first stage: each embeds the tokens itself),
+/// its share of the output head's rows with the final norm (last stage: the first device's
+/// share is in the head it holds anyway) and its own working buffers. For the 8B over two
+/// GPUs that is about 0.45 GB a GPU (session 19), which a placement that fits by layers may
+/// not have.
+pub(super) fn split_extra_bytes(
+    model: &ModelCost,
+    role: Role,
+    split: StageSplit,
+    devices: u32,
+) -> u128 {
+    if split == StageSplit::Layers || devices < 2 {
+        return 0;
+    }
+    let others = u128::from(devices - 1);
+    let mut bytes = others * u128::from(model.scratch_bytes);
+    if role.is_first() {
+        bytes += others * u128::from(model.first_extra_bytes);
+    }
+    if role.is_last() {
+        bytes += others * u128::from(model.last_extra_bytes) / u128::from(devices);
+    }
+    bytes
+}
+
+/// Memory of a stage of `layers` layers split `split` over `devices` devices.
+pub(super) fn stage_memory(
+    model: &ModelCost,
+    role: Role,
+    layers: usize,
+    split: StageSplit,
+    devices: u32,
+) -> u128 {
+    layers as u128 * per_layer_bytes(model)
+        + fixed_bytes(model, role)
+        + split_extra_bytes(model, role, split, devices)
+}
+
+/// The most layers `device` can hold in `role` split `split`, capped at the model's layers.
+pub(super) fn max_layers(
+    device: &DeviceProfile,
+    model: &ModelCost,
+    role: Role,
+    split: StageSplit,
+) -> usize {
     let memory = u128::from(device.memory_bytes);
-    let fixed = fixed_bytes(model, role);
+    let fixed =
+        fixed_bytes(model, role) + split_extra_bytes(model, role, split, tensor_devices(device));
     if memory < fixed {
         return 0;
     }

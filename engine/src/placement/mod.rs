@@ -107,6 +107,12 @@ pub struct SplitTiming {
     pub prefill_s_per_layer_token: f64,
     pub call_overhead_s: f64,
     pub head_s: f64,
+    /// The devices a tensor split spreads over (0: not said, as from a worker before this
+    /// field, taken as 2). Each but the first also holds a copy of the embedding (first
+    /// stage), a share of the output head (last stage) and its own working buffers, which
+    /// the solver counts against the worker's memory when it weighs this split.
+    #[serde(default)]
+    pub devices: u32,
 }
 
 /// The sizes of one model, as far as placement cares.

@@ -73,8 +73,8 @@ impl Value {
 pub(super) struct Candidate<'a> {
     device: &'a DeviceProfile,
     ways: Vec<Way>,
-    /// Per role of [`ROLES`]: the most layers the device holds in that role (the same
-    /// whichever way it splits them).
+    /// Per role of [`ROLES`]: the most layers the device holds in that role, whichever
+    /// way it splits them.
     max_layers: [usize; 3],
     /// The per-token cost of holding the whole model alone, if it can, and the way.
     only: Option<(f64, StageSplit)>,
@@ -88,14 +88,20 @@ struct Way {
     /// Per role of [`ROLES`]: the per-token cost that does not depend on the number of
     /// layers (overhead, round trip, transfer).
     fixed_s: [f64; 3],
+    /// Per role of [`ROLES`]: the most layers the device holds in that role this way (a
+    /// tensor split holds more beside its layers: [`cost::split_extra_bytes`]).
+    max_layers: [usize; 3],
 }
 
 impl Candidate<'_> {
-    /// The cheaper way to run `n` layers in role `r` (an index of [`ROLES`]): its cost and
-    /// its index in `ways`.
+    /// The cheaper way to run `n` layers in role `r` (an index of [`ROLES`]) among those
+    /// whose memory holds them: its cost and its index in `ways`.
     fn cost(&self, r: usize, n: usize) -> (f64, usize) {
         let mut best = (f64::INFINITY, 0);
         for (w, way) in self.ways.iter().enumerate() {
+            if n > way.max_layers[r] {
+                continue;
+            }
             let cost = way.fixed_s[r] + n as f64 * way.layer_s;
             if cost < best.0 {
                 best = (cost, w);
@@ -113,7 +119,7 @@ pub(super) fn candidates<'a>(
     devices
         .iter()
         .filter(|device| !cost::avoided(device) && Some(device.id.as_str()) != without)
-        .filter(|device| cost::max_layers(device, model, Role::Middle) >= 1)
+        .filter(|device| cost::max_layers(device, model, Role::Middle, StageSplit::Layers) >= 1)
         .map(|device| {
             let ways: Vec<Way> = cost::splits(device)
                 .iter()
@@ -127,26 +133,29 @@ pub(super) fn candidates<'a>(
                         split,
                         layer_s: cost::decode_layer_s(&timed),
                         fixed_s: ROLES.map(|(role, _)| fixed(role)),
+                        max_layers: ROLES
+                            .map(|(role, _)| cost::max_layers(device, model, role, split)),
                     })
                 })
                 .collect();
-            let only = (cost::max_layers(device, model, Role::Only) >= model.n_layers)
-                .then(|| {
-                    cost::splits(device)
-                        .iter()
-                        .filter_map(|&split| {
-                            let timed = cost::split_as(device, split)?;
-                            let s = cost::decode_compute_s(&timed, Role::Only, model.n_layers)
-                                + cost::decode_link_s(&timed, model, Role::Only);
-                            Some((s, split))
-                        })
-                        .min_by(|a, b| a.0.total_cmp(&b.0))
+            let only = cost::splits(device)
+                .iter()
+                .filter(|&&split| {
+                    cost::max_layers(device, model, Role::Only, split) >= model.n_layers
                 })
-                .flatten();
+                .filter_map(|&split| {
+                    let timed = cost::split_as(device, split)?;
+                    let s = cost::decode_compute_s(&timed, Role::Only, model.n_layers)
+                        + cost::decode_link_s(&timed, model, Role::Only);
+                    Some((s, split))
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            let max_layers: [usize; 3] =
+                std::array::from_fn(|r| ways.iter().map(|w| w.max_layers[r]).max().unwrap_or(0));
             Candidate {
                 device,
                 ways,
-                max_layers: ROLES.map(|(role, _)| cost::max_layers(device, model, role)),
+                max_layers,
                 only,
             }
         })
@@ -373,7 +382,7 @@ fn check_inputs(devices: &[DeviceProfile], model: &ModelCost) -> Result<(), Plac
 fn does_not_fit(devices: &[DeviceProfile], model: &ModelCost) -> PlacementError {
     let usable: Vec<&DeviceProfile> = devices.iter().filter(|d| !cost::avoided(d)).collect();
     let per_layer = cost::per_layer_bytes(model);
-    let needed = cost::stage_memory(model, Role::Only, model.n_layers);
+    let needed = cost::stage_memory(model, Role::Only, model.n_layers, StageSplit::Layers, 1);
     let available: u128 = usable.iter().map(|d| u128::from(d.memory_bytes)).sum();
     let mut reason = if available < needed {
         format!("{} bytes short", needed - available)
@@ -387,7 +396,7 @@ fn does_not_fit(devices: &[DeviceProfile], model: &ModelCost) -> PlacementError 
     };
     let too_small = usable
         .iter()
-        .filter(|d| cost::max_layers(d, model, Role::Middle) == 0)
+        .filter(|d| cost::max_layers(d, model, Role::Middle, StageSplit::Layers) == 0)
         .count();
     if too_small > 0 {
         reason += &format!("; {too_small} of the devices cannot hold even one layer");
@@ -479,6 +488,7 @@ pub fn evaluate(
                 "stage {k}: device {id:?} is marked do-not-use (slowdown infinite)"
             ));
         }
+        let devices = cost::tensor_devices(device);
         let Some(device) = cost::split_as(device, stage.split) else {
             return bad(format!(
                 "stage {k} on {id:?} asks for a {} split, which that worker does not offer",
@@ -486,7 +496,7 @@ pub fn evaluate(
             ));
         };
         next = end;
-        on.push(device);
+        on.push((device, devices));
     }
     if next < layers {
         return bad(format!(
@@ -498,14 +508,15 @@ pub fn evaluate(
     let mut predictions = Vec::with_capacity(count);
     let (mut s_per_token, mut prefill_s, mut batch_cycle_s) = (0.0, 0.0, 0.0);
     let concurrency = model.concurrency.max(1);
-    for (k, (stage, device)) in stages.iter().zip(on).enumerate() {
+    for (k, (stage, (device, devices))) in stages.iter().zip(on).enumerate() {
         let role = Role::of(k, count);
         let n = stage.layers();
-        let memory = cost::stage_memory(model, role, n);
+        let memory = cost::stage_memory(model, role, n, stage.split, devices);
         if memory > u128::from(device.memory_bytes) {
+            let extra = cost::split_extra_bytes(model, role, stage.split, devices);
             return bad(format!(
                 "stage {k} on {:?} needs {memory} bytes ({n} layers of {} bytes + {} for \
-                 scratch{}), the device has {}",
+                 scratch{}{}), the device has {}",
                 stage.device,
                 cost::per_layer_bytes(model),
                 cost::fixed_bytes(model, role),
@@ -514,6 +525,21 @@ pub fn evaluate(
                     Role::First => " and embedding",
                     Role::Last => " and head",
                     Role::Middle => "",
+                },
+                if extra > 0 {
+                    format!(
+                        " + {extra} the tensor split over {devices} devices holds on the \
+                         others (their scratch{}; split by layers it needs {})",
+                        match role {
+                            Role::Only => ", embedding copies and head shares",
+                            Role::First => " and embedding copies",
+                            Role::Last => " and head shares",
+                            Role::Middle => "",
+                        },
+                        memory - extra
+                    )
+                } else {
+                    String::new()
                 },
                 device.memory_bytes
             ));

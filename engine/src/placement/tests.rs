@@ -786,6 +786,7 @@ fn a_worker_splits_its_stage_the_way_that_predicts_the_faster_token() {
         prefill_s_per_layer_token: 0.6e-5,
         call_overhead_s: 5e-4,
         head_s: 0.0,
+        devices: 2,
     });
     let alone = |stages: &[Stage]| stages.iter().map(|s| s.split).collect::<Vec<_>>();
     // 32 layers: by layers 1e-4 + 32 x 1e-4 = 3.3 ms, by tensors 0.5 + 32 x 0.06 = 2.42 ms.
@@ -800,15 +801,21 @@ fn a_worker_splits_its_stage_the_way_that_predicts_the_faster_token() {
     let placed = place(std::slice::from_ref(&gpus), &short).unwrap();
     assert_eq!(alone(&placed), [StageSplit::Layers]);
     // Inside a placement of several stages: the GPUs' worker holds what its memory allows
-    // and splits it by tensors; the other device has no choice.
+    // and splits it by tensors; the other device has no choice. By tensors it holds 18
+    // layers (2,900 - 350 for the first stage's scratch and embedding - 350 for their copies
+    // on the second GPU, over 120 a layer), by layers 21; the other device's layers cost
+    // 0.15 ms, so 18 at 0.06 and 14 there beat 21 at 0.1 and 11 there.
     let mut small = gpus.clone();
     small.memory_bytes = 2_900;
-    let other = device("other", 1 << 20, 1e-3);
+    small.link_rtt_s = 2e-4;
+    let mut other = device("other", 1 << 20, 0.15e-3);
+    other.link_rtt_s = 2e-4;
     let devices = [small, other];
     let (placed, s_per_token) = place_with_cost(&devices, &long).unwrap();
     assert_eq!(placed.len(), 2, "{placed:?}");
     for stage in &placed {
         let want = if stage.device == "gpus" {
+            assert_eq!(stage.layers(), 18, "{placed:?}");
             StageSplit::Tensor
         } else {
             StageSplit::Layers
@@ -839,6 +846,73 @@ fn a_worker_splits_its_stage_the_way_that_predicts_the_faster_token() {
         refused[0].reason.contains("tensor.decode_s_per_layer"),
         "{refused:?}"
     );
+}
+
+/// A tensor split holds more than its layers on every device but the first: its own scratch,
+/// a copy of the embedding (first stage) and a share of the head (last stage). A worker whose
+/// memory holds the model by layers but not those extras gets the layer split although the
+/// tensor split predicts the faster token; a manual tensor placement there is refused, saying
+/// what the split adds (the preview's reason); with room for them the tensor split wins again.
+#[test]
+fn a_tensor_split_counts_its_copies_on_every_device() {
+    let mut gpus = device("gpus", 1 << 20, 1e-4);
+    gpus.tensor = Some(SplitTiming {
+        decode_s_per_layer: 0.6e-4,
+        prefill_s_per_layer_token: 0.6e-5,
+        call_overhead_s: 5e-4,
+        head_s: 0.0,
+        devices: 2,
+    });
+    // 32 layers alone: 32 x 120 + 50 scratch + 300 embedding + 400 head = 4,590 bytes by
+    // layers; by tensors over two the second device adds 50 + 300 + 400 / 2 = 550.
+    let long = model(32);
+    let by = |memory: u64, devices: u32| {
+        let mut d = gpus.clone();
+        d.memory_bytes = memory;
+        if let Some(t) = &mut d.tensor {
+            t.devices = devices;
+        }
+        d
+    };
+    let splits = |d: &DeviceProfile| {
+        place(std::slice::from_ref(d), &long)
+            .unwrap()
+            .iter()
+            .map(|s| s.split)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(splits(&by(5_140, 2)), [StageSplit::Tensor]);
+    let tight = by(5_139, 2);
+    assert_eq!(splits(&tight), [StageSplit::Layers]);
+    let p = evaluate(
+        std::slice::from_ref(&tight),
+        &long,
+        &[Stage::new("gpus", 0, 32)],
+        1,
+    )
+    .unwrap();
+    assert_eq!(p.stages[0].memory_bytes, 4_590);
+    let asked = [Stage {
+        split: StageSplit::Tensor,
+        ..Stage::new("gpus", 0, 32)
+    }];
+    match evaluate(std::slice::from_ref(&tight), &long, &asked, 1) {
+        Err(PlacementError::BadStages(m)) => {
+            assert!(m.contains("needs 5140 bytes"), "{m}");
+            assert!(m.contains("550 the tensor split over 2 devices"), "{m}");
+            assert!(m.contains("split by layers it needs 4590"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let roomy = by(5_140, 2);
+    let p = evaluate(std::slice::from_ref(&roomy), &long, &asked, 1).unwrap();
+    assert_eq!(p.stages[0].memory_bytes, 5_140);
+    // Over four devices: three more of each, and a quarter of the head on each of them.
+    assert_eq!(splits(&by(5_140, 4)), [StageSplit::Layers]);
+    assert_eq!(splits(&by(4_590 + 3 * 350 + 300, 4)), [StageSplit::Tensor]);
+    // A worker that did not say how many (0): taken as two.
+    assert_eq!(splits(&by(5_140, 0)), [StageSplit::Tensor]);
+    assert_eq!(splits(&by(5_139, 0)), [StageSplit::Layers]);
 }
 
 /// Where cuts tie on one token's latency (identical devices: the stages' times always sum to

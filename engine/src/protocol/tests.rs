@@ -523,6 +523,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     prefill_s_per_layer_token: c,
                     call_overhead_s: d,
                     head_s: a,
+                    devices: (d * 8.0) as u32,
                 }),
             })
         }),

@@ -83,6 +83,7 @@ async fn measure(target: Target<'_>, cfg: &ModelConfig) -> Result<SplitTiming, M
         prefill_s_per_layer_token,
         call_overhead_s,
         head_s,
+        devices: 0,
     })
 }
 
@@ -109,7 +110,10 @@ pub async fn calibrate_devices(
     let tensor = match split {
         Split::Layers => None,
         Split::Tensor | Split::Auto => match measure(Target::Tensor(devices), cfg).await {
-            Ok(t) => Some(t),
+            Ok(t) => Some(SplitTiming {
+                devices: u32::try_from(devices.len()).unwrap_or(u32::MAX),
+                ..t
+            }),
             Err(ModelError::TensorSplit(why)) => {
                 tracing::info!(%why, "calibration: the model does not split by tensors here");
                 None

@@ -16,6 +16,8 @@
 mod calibrate;
 mod capabilities;
 mod host;
+#[cfg(test)]
+mod overlap_tests;
 mod stage;
 #[cfg(test)]
 pub(crate) mod tests;

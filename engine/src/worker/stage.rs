@@ -28,7 +28,8 @@ pub struct StageServer {
     devices: Vec<(Arc<Device>, u64)>,
     /// How a stage over several devices spreads its layers over them.
     split: Split,
-    shard: Option<ShardStack>,
+    /// Shared with the threads of passes in flight ([`Self::begin_forwards`]).
+    shard: Option<Shared<ShardStack>>,
     route: Route,
     caches: HashMap<u64, Entry>,
     /// Made on the first step after a shard is installed.
@@ -55,7 +56,32 @@ pub struct StageServer {
     failed_device: Option<usize>,
     /// Prompts part-way through their prefill: each round runs the next chunk of each.
     partial: Vec<Ready>,
+    /// Passes running on threads of their own ([`Self::begin_forwards`]), oldest first.
+    #[cfg(not(target_arch = "wasm32"))]
+    flights: Vec<Flight>,
+    /// Requests ended while a pass of theirs was in flight: their blocks go back when it
+    /// ends.
+    ended: std::collections::HashSet<u64>,
+    /// Passes in flight across steps where the stage is split by layers
+    /// (`CAIRN_STAGE_OVERLAP=on`, [`Self::set_overlap`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    overlap: bool,
 }
+
+/// A round whose pass runs on a thread of its own: its requests, and where the round comes
+/// back with the pass's outputs and seconds.
+#[cfg(not(target_arch = "wasm32"))]
+struct Flight {
+    requests: Vec<u64>,
+    result: std::sync::mpsc::Receiver<(Round, PassResult, f64)>,
+}
+
+/// The stage's shard, shared with the threads of passes in flight; a browser has no threads
+/// (and its devices are not `Send`).
+#[cfg(not(target_arch = "wasm32"))]
+type Shared<T> = Arc<T>;
+#[cfg(target_arch = "wasm32")]
+type Shared<T> = std::rc::Rc<T>;
 
 /// Rows of one prompt run in one round: a longer prompt goes on in the next rounds, so the
 /// steps of other requests that arrive meanwhile join them instead of waiting for it all.
@@ -286,6 +312,11 @@ impl StageServer {
             last_kernel_ms: 0.0,
             failed_device: None,
             partial: Vec::new(),
+            #[cfg(not(target_arch = "wasm32"))]
+            flights: Vec::new(),
+            ended: std::collections::HashSet::new(),
+            #[cfg(not(target_arch = "wasm32"))]
+            overlap: overlap_wanted(),
         }
     }
 
@@ -335,10 +366,8 @@ impl StageServer {
 
     /// Installs a loaded stack (layers over several devices); the old one's caches go with it.
     pub fn set_stack(&mut self, stack: ShardStack) {
-        self.partial.clear();
-        self.caches.clear();
-        self.pool = None;
-        self.shard = Some(stack);
+        self.clear_requests();
+        self.shard = Some(Shared::new(stack));
     }
 
     /// Bounds the key/value pool to `bytes` (from the next shard or cleared pool on); by
@@ -364,6 +393,7 @@ impl StageServer {
 
     /// Drops every request's cache, keeping the shard.
     pub fn clear_requests(&mut self) {
+        self.drop_flights();
         self.partial.clear();
         self.caches.clear();
         self.pool = None;
@@ -371,6 +401,7 @@ impl StageServer {
 
     /// Drops the shard and every cache (frees device memory).
     pub fn clear(&mut self) {
+        self.drop_flights();
         self.partial.clear();
         self.caches.clear();
         self.pool = None;
@@ -533,6 +564,9 @@ impl StageServer {
     /// Drops `request`'s blocks (back to the pool at once).
     fn end(&mut self, request: u64) {
         self.partial.retain(|p| p.step.request != request);
+        if self.in_flight(request) {
+            self.ended.insert(request);
+        }
         if let Some(mut e) = self.caches.remove(&request)
             && let Some(pool) = self.pool.as_mut()
         {
@@ -580,9 +614,61 @@ impl StageServer {
         outs
     }
 
+    /// Whether a pass holding `request` is in flight ([`Self::begin_forwards`]).
+    pub fn in_flight(&self, request: u64) -> bool {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.flights.iter().any(|f| f.requests.contains(&request))
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = request;
+            false
+        }
+    }
+
+    /// Requests holding blocks here, those of passes in flight included.
+    pub fn requests_held(&self) -> usize {
+        #[cfg(not(target_arch = "wasm32"))]
+        let flying: usize = self.flights.iter().map(|f| f.requests.len()).sum();
+        #[cfg(target_arch = "wasm32")]
+        let flying = 0;
+        self.caches.len() + flying
+    }
+
+    /// Waits for every pass in flight and drops what it did (the requests' caches go too).
+    fn drop_flights(&mut self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        for f in self.flights.drain(..) {
+            let _ = f.result.recv();
+        }
+        self.ended.clear();
+    }
+
     /// One batched pass over steps of distinct requests, with the prompts part-way through
     /// their prefill when `partials`.
     async fn run_round(&mut self, msgs: Vec<Message>, partials: bool) -> Vec<Outgoing> {
+        let (mut outs, round) = self.start_round(msgs, partials);
+        let Some(mut round) = round else {
+            return outs;
+        };
+        let (Some(shard), Some(pool)) = (self.shard.as_ref(), self.pool.as_mut()) else {
+            return outs;
+        };
+        let t0 = Instant::now();
+        let result = run_pass(shard, pool, &mut round, false).await;
+        let took = t0.elapsed().as_secs_f64();
+        outs.extend(self.end_round(round, result, took));
+        outs
+    }
+
+    /// A round's steps checked, and each one's entry taken out of `caches` for its pass; the
+    /// replies to steps that cannot run.
+    fn start_round(
+        &mut self,
+        msgs: Vec<Message>,
+        partials: bool,
+    ) -> (Vec<Outgoing>, Option<Round>) {
         let mut outs = Vec::new();
         let mut ready = Vec::with_capacity(msgs.len());
         for m in msgs {
@@ -601,30 +687,14 @@ impl StageServer {
             });
             ready.splice(0..0, carried);
         }
-        if ready.is_empty() {
-            return outs;
+        if ready.is_empty() || self.shard.is_none() || self.pool.is_none() {
+            return (outs, None);
         }
-        let (Some(shard), Some(pool)) = (self.shard.as_ref(), self.pool.as_mut()) else {
-            return outs;
-        };
-        let dim = shard.config().dim;
-        let chunk_rows = PREFILL_CHUNK.max(shard.max_batch());
-        // This round's rows of each step: the next chunk of a long prompt, else all of it.
-        let chunk = |r: &Ready| {
-            let total = r.rows(dim);
-            r.done..total.min(r.done + chunk_rows)
-        };
-        let want = |r: &Ready| {
-            let last_chunk = chunk(r).end == r.rows(dim);
-            match (shard.is_last(), last_chunk) {
-                (true, true) => Want::Sample(r.step.sample.unwrap_or_default()),
-                // An earlier chunk only fills the caches; the head's one row is cheap.
-                (true, false) => Want::Logits,
-                (false, _) => Want::Hidden,
-            }
-        };
+        let (dim, chunk_rows) = self.shard.as_ref().map_or((1, PREFILL_CHUNK), |shard| {
+            (shard.config().dim, PREFILL_CHUNK.max(shard.max_batch()))
+        });
         // Each request's entry leaves the map for the pass (the items borrow them).
-        let mut entries: Vec<(u64, Entry)> = ready
+        let entries: Vec<(u64, Entry)> = ready
             .iter()
             .filter_map(|r| {
                 self.caches
@@ -632,27 +702,26 @@ impl StageServer {
                     .map(|e| (r.step.request, e))
             })
             .collect();
-        let t0 = Instant::now();
-        let result = {
-            let mut items: Vec<StackItem> = ready
-                .iter()
-                .zip(entries.iter_mut())
-                .map(|(r, (_, e))| StackItem {
-                    seq: &mut e.kv,
-                    input: match &r.input {
-                        Input::Tokens(t) => ShardInput::Tokens(&t[chunk(r)]),
-                        Input::Hidden(h) => {
-                            let rows = chunk(r);
-                            ShardInput::Hidden(&h[rows.start * dim..rows.end * dim])
-                        }
-                    },
-                    want: want(r),
-                })
-                .collect();
-            shard.forward_batch(pool, &mut items).await
+        let round = Round {
+            ready,
+            entries,
+            dim,
+            chunk_rows,
         };
-        let took = t0.elapsed().as_secs_f64();
-        let rows: usize = ready.iter().map(|r| chunk(r).len()).sum();
+        (outs, Some(round))
+    }
+
+    /// A round after its pass: its entries back in `caches` (or their blocks back in the pool
+    /// where the request ended meanwhile or failed), and its outputs.
+    fn end_round(&mut self, round: Round, result: PassResult, took: f64) -> Vec<Outgoing> {
+        let Round {
+            ready,
+            entries,
+            dim,
+            chunk_rows,
+        } = round;
+        let mut outs = Vec::new();
+        let rows: usize = ready.iter().map(|r| r.chunk(dim, chunk_rows).len()).sum();
         self.window_calls += 1;
         self.window_busy_s += took;
         self.window_tokens += rows as u64;
@@ -662,6 +731,9 @@ impl StageServer {
         self.passes_total += 1;
         self.seqs_total += ready.len() as u64;
         self.last_kernel_ms = took * 1e3;
+        let Some(pool) = self.pool.as_mut() else {
+            return outs;
+        };
         let results = match result {
             Ok(r) => r,
             Err(e) => {
@@ -669,8 +741,9 @@ impl StageServer {
                     self.failed_device = Some(*index);
                 }
                 // The device failed the pass: every request in it starts over.
-                for (_, mut e) in entries {
+                for (request, mut e) in entries {
                     pool.release(&mut e.kv);
+                    self.ended.remove(&request);
                 }
                 let text = e.to_string();
                 outs.extend(ready.into_iter().map(|r| {
@@ -686,6 +759,12 @@ impl StageServer {
         };
         let mut routed = Vec::with_capacity(ready.len());
         for ((r, (request, mut entry)), result) in ready.into_iter().zip(entries).zip(results) {
+            if self.ended.remove(&request) {
+                // Ended while its pass ran (overlapped passes): its blocks go back, and
+                // its output nowhere.
+                pool.release(&mut entry.kv);
+                continue;
+            }
             match result {
                 Ok(out) => {
                     self.caches.insert(request, entry);
@@ -842,7 +921,7 @@ impl StageServer {
                     ),
                 );
             }
-            if self.caches.len() >= MAX_REQUESTS {
+            if self.requests_held() >= MAX_REQUESTS {
                 return fail(
                     error_code::OVERLOADED,
                     format!("{MAX_REQUESTS} requests already hold a KV cache here"),
@@ -901,18 +980,22 @@ impl StageServer {
             forward_ms: (self.window_calls > 0)
                 .then(|| self.window_busy_s * 1e3 / self.window_calls as f64),
             forwards: self.window_calls,
-            requests: self.caches.len().try_into().unwrap_or(u32::MAX),
+            requests: self.requests_held().try_into().unwrap_or(u32::MAX),
             mean_batch: (self.window_calls > 0)
                 .then(|| (self.window_seqs as f64 / self.window_calls as f64) as f32),
             // Every piece holds the same sequences; the tightest pool is what binds.
             kv: self
                 .pool
                 .as_ref()
-                .and_then(|p| p.pools().iter().min_by_key(|k| k.book().budget()))
-                .map(|k| KvReport {
-                    blocks_used: k.book().used() as u32,
-                    blocks_allocated: k.book().allocated() as u32,
-                    blocks_budget: k.book().budget() as u32,
+                .and_then(|p| {
+                    p.each(|k| (k.book().budget(), k.book().used(), k.book().allocated()))
+                        .into_iter()
+                        .min_by_key(|b| b.0)
+                })
+                .map(|(budget, used, allocated)| KvReport {
+                    blocks_used: used as u32,
+                    blocks_allocated: allocated as u32,
+                    blocks_budget: budget as u32,
                     block_positions: crate::model::KV_BLOCK as u32,
                 }),
             layers: self.layers().map(|(start, end)| LayerRange {
@@ -931,6 +1014,153 @@ impl StageServer {
         self.window_start = Instant::now();
         t
     }
+}
+
+/// Passes in flight across steps. A stage split by layers over several devices runs one pass
+/// at a time through [`StageServer::step_forwards`]: while its second device runs a pass's
+/// later layers the first waits for the next step's tokens, which only that pass gives. Here
+/// a pass runs on a thread of its own, holding each piece's pool only while it runs that
+/// piece ([`ShardStack::forward_in_order`]), and the caller starts the next pass over other
+/// requests as soon as it has their steps: with the requests in as many groups as pieces,
+/// each group's pass is on a different piece, as the stages of a chain of processes keep
+/// different requests' passes in flight (session 17: 1,020 tok/s against 849 one pass at a
+/// time, 16 at once over two H200s). Each pass is the same pass of the same sequences as
+/// [`StageServer::step_forwards`] would run, so outputs do not change.
+#[cfg(not(target_arch = "wasm32"))]
+impl StageServer {
+    /// How many passes the stage keeps in flight at once: its pieces, for a stack split by
+    /// layers over several devices with `CAIRN_STAGE_OVERLAP=on`; else 1 (the caller runs
+    /// [`Self::step_forwards`]). Off by default until measured on several GPUs: on this
+    /// 2-core machine, loaded by other work, two cpu devices lost with it (session 20).
+    pub fn overlap(&self) -> usize {
+        let pieces = self
+            .shard
+            .as_ref()
+            .filter(|s| s.split() == Split::Layers)
+            .map_or(1, |s| s.pieces().len());
+        if pieces > 1 && self.overlap {
+            pieces
+        } else {
+            1
+        }
+    }
+
+    /// Whether a stage split by layers keeps passes in flight across steps (the default:
+    /// `CAIRN_STAGE_OVERLAP=on`).
+    pub fn set_overlap(&mut self, on: bool) {
+        self.overlap = on;
+    }
+
+    pub fn passes_in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// Requests in the passes in flight.
+    pub fn requests_in_flight(&self) -> usize {
+        self.flights.iter().map(|f| f.requests.len()).sum()
+    }
+
+    /// Starts the pass of `msgs` (steps of distinct requests, none in flight: the caller
+    /// holds back a step of a request in flight until its pass ends) and of the prompts
+    /// part-way through their prefill, on a thread of its own; `done` is called on that
+    /// thread when the pass is over ([`Self::finish_passes`] then ends it). Returns the
+    /// replies to steps that cannot run.
+    pub fn begin_forwards(
+        &mut self,
+        msgs: Vec<Message>,
+        done: impl FnOnce() + Send + 'static,
+    ) -> Vec<Outgoing> {
+        let (mut outs, round) = self.start_round(msgs, true);
+        let Some(round) = round else {
+            return outs;
+        };
+        let (Some(shard), Some(mut pool)) = (self.shard.clone(), self.pool.clone()) else {
+            return outs;
+        };
+        let requests: Vec<u64> = round.entries.iter().map(|e| e.0).collect();
+        let (give, take) = std::sync::mpsc::channel::<Round>();
+        let (back, result) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("cairn-pass".into())
+            .spawn(move || {
+                let Ok(mut round) = take.recv() else {
+                    return;
+                };
+                let t0 = Instant::now();
+                let got = pollster::block_on(run_pass(&shard, &mut pool, &mut round, true));
+                let _ = back.send((round, got, t0.elapsed().as_secs_f64()));
+                done();
+            });
+        // The round goes to the thread only once it runs: without one, it runs here.
+        let round = match spawned {
+            Ok(_) => match give.send(round) {
+                Ok(()) => {
+                    self.flights.push(Flight { requests, result });
+                    return outs;
+                }
+                Err(std::sync::mpsc::SendError(round)) => round,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread for a pass; running it on the stage's");
+                round
+            }
+        };
+        outs.extend(self.run_now(round));
+        outs
+    }
+
+    fn run_now(&mut self, mut round: Round) -> Vec<Outgoing> {
+        let (Some(shard), Some(pool)) = (self.shard.clone(), self.pool.as_mut()) else {
+            return Vec::new();
+        };
+        let t0 = Instant::now();
+        let result = pollster::block_on(run_pass(&shard, pool, &mut round, true));
+        self.end_round(round, result, t0.elapsed().as_secs_f64())
+    }
+
+    /// Ends the passes in flight that are over, oldest first, and returns their outputs;
+    /// `wait`: when none is over yet, waits for the oldest.
+    pub fn finish_passes(&mut self, wait: bool) -> Vec<Outgoing> {
+        use std::sync::mpsc::TryRecvError;
+        let mut over = Vec::new();
+        let mut k = 0;
+        while k < self.flights.len() {
+            match self.flights[k].result.try_recv() {
+                Ok(r) => {
+                    self.flights.remove(k);
+                    over.push(r);
+                }
+                Err(TryRecvError::Empty) => k += 1,
+                // Its thread panicked: the requests' caches went with it; the coordinator
+                // hears nothing and restarts them when their time runs out.
+                Err(TryRecvError::Disconnected) => {
+                    let f = self.flights.remove(k);
+                    tracing::warn!(requests = ?f.requests, "a pass's thread stopped");
+                    for r in f.requests {
+                        self.ended.remove(&r);
+                    }
+                }
+            }
+        }
+        if wait && over.is_empty() && !self.flights.is_empty() {
+            let f = self.flights.remove(0);
+            if let Ok(r) = f.result.recv() {
+                over.push(r);
+            }
+        }
+        let mut outs = Vec::new();
+        for (round, result, took) in over {
+            outs.extend(self.end_round(round, result, took));
+        }
+        outs
+    }
+}
+
+/// Whether a stage split by layers keeps passes in flight across steps
+/// (`CAIRN_STAGE_OVERLAP=on`: yes).
+#[cfg(not(target_arch = "wasm32"))]
+fn overlap_wanted() -> bool {
+    std::env::var("CAIRN_STAGE_OVERLAP").as_deref() == Ok("on")
 }
 
 /// The step a `Forward` asks for, without its layers and input.
@@ -960,5 +1190,64 @@ impl Ready {
             Input::Tokens(t) => t.len(),
             Input::Hidden(h) => h.len() / dim.max(1),
         }
+    }
+
+    /// This round's rows of the step: the next chunk of a long prompt, else all of it.
+    fn chunk(&self, dim: usize, chunk_rows: usize) -> std::ops::Range<usize> {
+        let total = self.rows(dim);
+        self.done..total.min(self.done + chunk_rows)
+    }
+}
+
+/// One round between its start and its end: its steps, and each one's entry (out of
+/// `caches` while the pass runs).
+struct Round {
+    ready: Vec<Ready>,
+    entries: Vec<(u64, Entry)>,
+    dim: usize,
+    chunk_rows: usize,
+}
+
+type PassResult = Result<Vec<Result<ShardOutput, ModelError>>, ModelError>;
+
+/// The pass of `round` through `shard`: each step's chunk, asking the last stage's sample for
+/// a step's last chunk. `in_order`: the pieces one after the other, each piece's pool held
+/// only while it runs ([`ShardStack::forward_in_order`], for passes in flight at once).
+async fn run_pass(
+    shard: &ShardStack,
+    pool: &mut StackPool,
+    round: &mut Round,
+    in_order: bool,
+) -> PassResult {
+    let (dim, chunk_rows) = (round.dim, round.chunk_rows);
+    let want = |r: &Ready| {
+        let last_chunk = r.chunk(dim, chunk_rows).end == r.rows(dim);
+        match (shard.is_last(), last_chunk) {
+            (true, true) => Want::Sample(r.step.sample.unwrap_or_default()),
+            // An earlier chunk only fills the caches; the head's one row is cheap.
+            (true, false) => Want::Logits,
+            (false, _) => Want::Hidden,
+        }
+    };
+    let mut items: Vec<StackItem> = round
+        .ready
+        .iter()
+        .zip(round.entries.iter_mut())
+        .map(|(r, (_, e))| StackItem {
+            seq: &mut e.kv,
+            input: match &r.input {
+                Input::Tokens(t) => ShardInput::Tokens(&t[r.chunk(dim, chunk_rows)]),
+                Input::Hidden(h) => {
+                    let rows = r.chunk(dim, chunk_rows);
+                    ShardInput::Hidden(&h[rows.start * dim..rows.end * dim])
+                }
+            },
+            want: want(r),
+        })
+        .collect();
+    if in_order {
+        shard.forward_in_order(pool, &mut items).await
+    } else {
+        shard.forward_batch(pool, &mut items).await
     }
 }

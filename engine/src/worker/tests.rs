@@ -26,7 +26,7 @@ pub(crate) fn cpu() -> Arc<Device> {
     )
 }
 
-fn small_config() -> ModelConfig {
+pub(super) fn small_config() -> ModelConfig {
     let mut cfg = ModelConfig::synthetic("135m").expect("135m shape");
     cfg.n_layers = 4;
     cfg.vocab_size = 512;
@@ -278,7 +278,7 @@ fn a_worker_over_two_devices_calibrates_each_split_it_may_run() {
 }
 
 /// Greedy tokens of the whole model on one shard: what every chain must give.
-async fn whole_model_tokens(
+pub(super) async fn whole_model_tokens(
     model: &SyntheticModel,
     dev: &Arc<Device>,
     prompt: &[u32],

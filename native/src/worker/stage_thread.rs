@@ -16,6 +16,8 @@ use super::corrupt::CorruptTokens;
 use super::lose_pass::LosePass;
 use crate::link::{LinkSender, LinkStats};
 
+mod overlap;
+
 pub enum Job {
     /// A message from the coordinator.
     Coordinator(Message),
@@ -33,6 +35,8 @@ pub enum Job {
         reply: oneshot::Sender<Result<Message, String>>,
     },
     Telemetry(oneshot::Sender<Result<Telemetry, String>>),
+    /// A pass in flight is over (`overlap.rs`).
+    PassDone,
 }
 
 /// A link to another worker, as the stage thread sends on it.
@@ -151,6 +155,8 @@ struct Context {
     failed: mpsc::UnboundedSender<usize>,
     /// Tests, `dev-hooks` builds: reports wrong tokens.
     corrupt: CorruptTokens,
+    /// Whether the log has said that passes are in flight at once (`overlap.rs`, once).
+    overlap_told: std::cell::Cell<bool>,
 }
 
 impl StageThread {
@@ -179,6 +185,7 @@ impl StageThread {
             last_pass_end: std::cell::Cell::new(None),
             failed,
             corrupt: CorruptTokens::from_env(),
+            overlap_told: std::cell::Cell::new(false),
         };
         std::thread::Builder::new()
             .name("cairn-stage".into())
@@ -203,6 +210,17 @@ impl StageThread {
                         break;
                     };
                     let job = match step_of(&server, job) {
+                        // Several requests over a stage split by layers: passes in flight
+                        // across steps (one request keeps the path below).
+                        Taken::Step(m)
+                            if server.overlap() > 1
+                                && (server.requests_held() > 1 || !rx.is_empty()) =>
+                        {
+                            if cx.serve_overlapped(&mut server, &mut slot, &mut rx, m) {
+                                continue;
+                            }
+                            break;
+                        }
                         Taken::Step(m) => {
                             // Continuous batching: every step already waiting (other
                             // requests' next tokens) joins this pass; what arrives
@@ -229,24 +247,7 @@ impl StageThread {
                         Taken::Dropped => continue,
                         Taken::Other(job) => job,
                     };
-                    match job {
-                        Job::Coordinator(m) | Job::Local(m) | Job::Peer(_, m, _) => {
-                            cx.serve(&mut server, m)
-                        }
-                        Job::Install { src, plan, reply } => {
-                            let answer = match slot.reuse(&mut server, &plan) {
-                                Some(loaded) => loaded,
-                                None => {
-                                    pollster::block_on(slot.load(&mut server, plan, src.as_ref()))
-                                }
-                            };
-                            drop(src);
-                            let _ = reply.send(Ok(answer));
-                        }
-                        Job::Telemetry(reply) => {
-                            let _ = reply.send(Ok(server.telemetry()));
-                        }
-                    }
+                    cx.other(&mut server, &mut slot, job);
                 }
             })?;
         Ok(StageThread { jobs })
@@ -310,17 +311,29 @@ fn step_of(server: &StageServer, job: Job) -> Taken {
 }
 
 impl Context {
-    fn serve(&self, server: &mut StageServer, m: Message) {
-        if let Some(out) = pollster::block_on(server.handle(m)) {
-            self.dispatch(out);
+    /// A job that is not a step of the stage's.
+    fn other(&self, server: &mut StageServer, slot: &mut ShardSlot, job: Job) {
+        match job {
+            Job::Coordinator(m) | Job::Local(m) | Job::Peer(_, m, _) => self.serve(server, m),
+            Job::Install { src, plan, reply } => {
+                let answer = match slot.reuse(server, &plan) {
+                    Some(loaded) => loaded,
+                    None => pollster::block_on(slot.load(server, plan, src.as_ref())),
+                };
+                drop(src);
+                let _ = reply.send(Ok(answer));
+            }
+            Job::Telemetry(reply) => {
+                let _ = reply.send(Ok(server.telemetry()));
+            }
+            // A pass already ended (its outputs are taken as soon as they are there).
+            Job::PassDone => {}
         }
     }
 
-    /// Runs one batched pass and sends its outputs on; false when a device of the stage
-    /// failed it: the worker is told, and the pass's requests are left to the coordinator,
-    /// which recovers them when this worker leaves (their error replies would only make it
-    /// retry here first).
-    fn serve_batch(&self, server: &mut StageServer, steps: Vec<Message>) -> bool {
+    /// Counts a pass; `dev-hooks` builds fail a device at the pass `CAIRN_DEBUG_FAIL_DEVICE`
+    /// names.
+    fn count_pass(&self, server: &StageServer) {
         self.passes.set(self.passes.get() + 1);
         #[cfg(feature = "dev-hooks")]
         if let Some((index, at)) = self.fail_device
@@ -333,6 +346,22 @@ impl Context {
             );
             server.fail_device(index);
         }
+        #[cfg(not(feature = "dev-hooks"))]
+        let _ = server;
+    }
+
+    fn serve(&self, server: &mut StageServer, m: Message) {
+        if let Some(out) = pollster::block_on(server.handle(m)) {
+            self.dispatch(out);
+        }
+    }
+
+    /// Runs one batched pass and sends its outputs on; false when a device of the stage
+    /// failed it: the worker is told, and the pass's requests are left to the coordinator,
+    /// which recovers them when this worker leaves (their error replies would only make it
+    /// retry here first).
+    fn serve_batch(&self, server: &mut StageServer, steps: Vec<Message>) -> bool {
+        self.count_pass(server);
         let start = std::time::Instant::now();
         let seqs = steps.len();
         let outs = pollster::block_on(server.step_forwards(steps));

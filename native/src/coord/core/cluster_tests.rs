@@ -1247,6 +1247,7 @@ fn a_worker_is_told_to_split_by_tensors_where_that_is_predicted_faster() {
         prefill_s_per_layer_token: 0.5e-4,
         call_overhead_s: 2e-4,
         head_s: 1e-3,
+        devices: 2,
     };
     h.say(
         "gpus",
