@@ -203,7 +203,7 @@ fn check_tiles(isas: &[Isa], rng: &mut Rng) -> Result<usize, String> {
                     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
                 }
             }
-            let tokens = 3;
+            let tokens = 7;
             let mut x: Vec<f32> = (0..tokens * cols).map(|_| rng.unit()).collect();
             x[cols..2 * cols].iter_mut().for_each(|v| *v *= 20.0);
             x[2 * cols..2 * cols + layout.block()].fill(0.0);
