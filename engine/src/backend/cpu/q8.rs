@@ -222,6 +222,8 @@ fn round_block(x: &[f32], q: &mut [i8], id: f32) {
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[path = "q8_simd128.rs"]
 mod simd128;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub(crate) use simd128::check as check_simd128;
 
 /// AVX2 forms of `amax`, `round_block` and the outlier test: the scalar loops were a tenth
 /// of a prompt's time once its products ran over tiles (a `roundf` call per element). The

@@ -72,3 +72,50 @@ pub(super) fn round(x: &[f32], q: &mut [i8], id: f32) {
         *q = (v * id).round().clamp(-127.0, 127.0) as i8;
     }
 }
+
+/// Compares [`amax`] and [`round`] with the scalar loops on `x` (any length) and on ties,
+/// NaN, infinities and values past the clamp, bit for bit (`checkCpuKernels`); returns how
+/// many results it compared.
+pub(crate) fn check(x: &[f32]) -> Result<usize, String> {
+    let mut v: Vec<f32> = x.to_vec();
+    v.extend([
+        0.5,
+        -0.5,
+        1.5,
+        -2.5,
+        126.5,
+        -126.5,
+        0.499_999_97,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e9,
+        -3e8,
+        -0.0,
+    ]);
+    let mut compared = 0;
+    for len in [v.len(), 32, 35] {
+        let x = &v[..len.min(v.len())];
+        let want = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let got = amax(x);
+        compared += 1;
+        if got.to_bits() != want.to_bits() {
+            return Err(format!("simd128 amax over {len}: {got}, the scalar loop {want}"));
+        }
+        for id in [1.0, 3.7, 1e-3] {
+            let mut got = vec![0i8; x.len()];
+            round(x, &mut got, id);
+            for (i, (&g, v)) in got.iter().zip(x).enumerate() {
+                let want = (v * id).round().clamp(-127.0, 127.0) as i8;
+                compared += 1;
+                if g != want {
+                    return Err(format!(
+                        "simd128 rounding of {v} times {id} (element {i}): {g}, the scalar \
+                         loop {want}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(compared)
+}
