@@ -1,6 +1,8 @@
 //! Prefill over unpacked weight tiles in wasm SIMD (the browser's CPU fallback): the tiles of
 //! `tile.rs` (16 rows, each 32-bit lane four consecutive quants of one row, so one v128 holds
-//! four elements of four rows), run against one token at a time while they sit in L1.
+//! four elements of four rows), run against two tokens per pass while they sit in L1 (each
+//! piece's words, steps and offsets loaded once for both, [`PASS`]). Full Q4_0 and Q4_1
+//! tiles are unpacked here too (`fill`), four rows at a time.
 //!
 //! Per 32-element block and token the one-token and four-token kernels (`simd128.rs`) pay for
 //! the unpacking of the weight block (once per four tokens), a horizontal sum of the block's
@@ -26,7 +28,8 @@ use std::arch::wasm32::*;
 use std::ops::Range;
 
 use super::TileFn;
-use super::tile::{Acts, TILE, Tile};
+use super::scalar::f16_at;
+use super::tile::{Acts, Format, TILE, Tile};
 use crate::quant::GgmlType;
 
 /// The tile kernel for `ty`, where it has one.
@@ -83,6 +86,12 @@ fn splat4(x: &[i8], at: usize) -> v128 {
 /// Tokens per pass over the tile: each piece's quants (or widened pairs), steps and offsets
 /// are loaded once for this many tokens. Integer products and the float steps per token are
 /// the one-token pass's, so the results keep its bits.
+///
+/// Two, not four: four tokens' accumulators (16 vectors) and a piece's words do not fit the
+/// 16 vector registers V8 has on x86-64, and the spills cost more than the shared loads save
+/// (single-thread package under Node, process CPU time per 128-token prompt: 162 tok/s with
+/// two, 138 with four, 105 with one; the threaded package in Chromium at load 7 could not
+/// tell two from four).
 const PASS: usize = 2;
 
 /// The tile (pieces of `G` words of four quants) against `tokens` of `x`, [`PASS`] tokens per
@@ -269,4 +278,78 @@ fn block_wide<const G: usize, const N: usize>(
         }
     }
     s
+}
+
+/// Unpacks a full tile of a Q4_0 or Q4_1 matrix (`Tile::fill`'s result, bit for bit) four
+/// rows at a time: each row's 16 bytes of nibbles split into low and high halves (its words
+/// 0..4 and 4..8) and four rows' words transposed into the tile's row-interleaved order, where
+/// the portable fill moves one word at a time (5% of a prompt's time in the single-thread
+/// package, docs/performance.md session 20). `None` where the portable fill runs instead
+/// (other formats, a partial tile).
+pub(super) fn fill(
+    t: &mut Tile,
+    f: Format,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+) -> Option<()> {
+    // Where the nibbles start in a block, and the offset per step where the block has no
+    // stored minimum.
+    let (at, offset) = match f.ty {
+        GgmlType::Q4_0 => (2, Some(-8.0)),
+        GgmlType::Q4_1 => (4, None),
+        _ => return None,
+    };
+    if rows.len() != TILE || f.sub != 32 || !row_bytes.is_multiple_of(f.bytes) {
+        return None;
+    }
+    let w = w.get(rows.start * row_bytes..rows.end * row_bytes)?;
+    let nb = row_bytes / f.bytes;
+    let (q, dw, mw) = t.prepare(f, row_bytes, TILE);
+    assert!(q.len() == nb * 8 * TILE && dw.len() == nb * TILE && mw.len() == nb * TILE);
+    let low4 = u8x16_splat(0x0f);
+    for r0 in (0..TILE).step_by(4) {
+        for b in 0..nb {
+            let mut lo = [low4; 4];
+            let mut hi = [low4; 4];
+            for i in 0..4 {
+                let block = &w[(r0 + i) * row_bytes + b * f.bytes..][..f.bytes];
+                let nibbles = &block[at..at + 16];
+                // SAFETY: 16 readable bytes (sliced above), no alignment requirement.
+                let v = unsafe { v128_load(nibbles.as_ptr().cast()) };
+                lo[i] = v128_and(v, low4);
+                hi[i] = u8x16_shr(v, 4);
+                let d = f16_at(block, 0);
+                dw[b * TILE + r0 + i] = d;
+                mw[b * TILE + r0 + i] = match offset {
+                    Some(o) => o * d,
+                    None => f16_at(block, 2),
+                };
+            }
+            for (half, words) in [transpose(lo), transpose(hi)].into_iter().enumerate() {
+                for (j, v) in words.into_iter().enumerate() {
+                    let dst = &mut q[(b * 8 + 4 * half + j) * TILE + r0..][..4];
+                    // SAFETY: 16 writable bytes (four u32, sliced above), no alignment
+                    // requirement.
+                    unsafe { v128_store(dst.as_mut_ptr().cast(), v) };
+                }
+            }
+        }
+    }
+    Some(())
+}
+
+/// Four vectors of four u32 (one row's words each) as four vectors of one word of each row.
+#[inline(always)]
+fn transpose(r: [v128; 4]) -> [v128; 4] {
+    let a = i32x4_shuffle::<0, 4, 1, 5>(r[0], r[1]);
+    let b = i32x4_shuffle::<2, 6, 3, 7>(r[0], r[1]);
+    let c = i32x4_shuffle::<0, 4, 1, 5>(r[2], r[3]);
+    let d = i32x4_shuffle::<2, 6, 3, 7>(r[2], r[3]);
+    [
+        i32x4_shuffle::<0, 1, 4, 5>(a, c),
+        i32x4_shuffle::<2, 3, 6, 7>(a, c),
+        i32x4_shuffle::<0, 1, 4, 5>(b, d),
+        i32x4_shuffle::<2, 3, 6, 7>(b, d),
+    ]
 }
