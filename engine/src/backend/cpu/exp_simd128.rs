@@ -27,10 +27,7 @@ fn store(x: &mut [f32], v: v128) {
 /// infinity); NaN stays NaN.
 #[inline(always)]
 pub(crate) fn exp(x: v128) -> v128 {
-    let x = f32x4_max(
-        f32x4_min(x, f32x4_splat(88.0)),
-        f32x4_splat(-87.336_55),
-    );
+    let x = f32x4_max(f32x4_min(x, f32x4_splat(88.0)), f32x4_splat(-87.336_55));
     let n = f32x4_nearest(f32x4_mul(x, f32x4_splat(std::f32::consts::LOG2_E)));
     let r = f32x4_sub(
         f32x4_sub(x, f32x4_mul(n, f32x4_splat(0.693_359_4))),
@@ -51,10 +48,7 @@ pub(crate) fn exp(x: v128) -> v128 {
         f32x4_splat(1.0),
     );
     // 2^n built in the exponent field; a NaN lane converts to 0 (2^0), and `y` is NaN.
-    let two_n = i32x4_shl(
-        i32x4_add(i32x4_trunc_sat_f32x4(n), i32x4_splat(127)),
-        23,
-    );
+    let two_n = i32x4_shl(i32x4_add(i32x4_trunc_sat_f32x4(n), i32x4_splat(127)), 23);
     f32x4_mul(y, two_n)
 }
 

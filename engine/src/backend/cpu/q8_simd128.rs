@@ -100,7 +100,9 @@ pub(crate) fn check(x: &[f32]) -> Result<usize, String> {
         let got = amax(x);
         compared += 1;
         if got.to_bits() != want.to_bits() {
-            return Err(format!("simd128 amax over {len}: {got}, the scalar loop {want}"));
+            return Err(format!(
+                "simd128 amax over {len}: {got}, the scalar loop {want}"
+            ));
         }
         for id in [1.0, 3.7, 1e-3] {
             let mut got = vec![0i8; x.len()];

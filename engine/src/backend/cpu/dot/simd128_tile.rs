@@ -116,7 +116,10 @@ fn tokens<const G: usize, const SUM: usize>(
         widen(t, nb * G, wide);
         xw.resize(PASS * cols, 0);
         let widen_x = |xw: &mut [i16], k: usize, tk: usize| {
-            for (w, &q) in xw[k * cols..][..cols].iter_mut().zip(&x.qs[tk * cols..][..cols]) {
+            for (w, &q) in xw[k * cols..][..cols]
+                .iter_mut()
+                .zip(&x.qs[tk * cols..][..cols])
+            {
                 *w = i16::from(q);
             }
         };
