@@ -1,7 +1,8 @@
 //! Prefill over unpacked weight tiles in wasm SIMD (the browser's CPU fallback): the tiles of
 //! `tile.rs` (16 rows, each 32-bit lane four consecutive quants of one row, so one v128 holds
-//! four elements of four rows), run against two tokens per pass while they sit in L1 (each
-//! piece's words, steps and offsets loaded once for both, [`PASS`]). Full Q4_0 and Q4_1
+//! four elements of four rows), run against several tokens per pass while they sit in L1 (each
+//! piece's words, steps and offsets loaded once for them: four in the threaded package, two
+//! in the single-thread one, [`PASS`]). Full Q4_0 and Q4_1
 //! tiles are unpacked here too (`fill`), four rows at a time.
 //!
 //! Per 32-element block and token the one-token and four-token kernels (`simd128.rs`) pay for
@@ -85,13 +86,17 @@ fn splat4(x: &[i8], at: usize) -> v128 {
 
 /// Tokens per pass over the tile: each piece's quants (or widened pairs), steps and offsets
 /// are loaded once for this many tokens. Integer products and the float steps per token are
-/// the one-token pass's, so the results keep its bits.
+/// the one-token pass's, so the results keep its bits (and the packages stay bit-identical).
 ///
-/// Two, not four: four tokens' accumulators (16 vectors) and a piece's words do not fit the
-/// 16 vector registers V8 has on x86-64, and the spills cost more than the shared loads save
-/// (single-thread package under Node, process CPU time per 128-token prompt: 162 tok/s with
-/// two, 138 with four, 105 with one; the threaded package in Chromium at load 7 could not
-/// tell two from four).
+/// Four with relaxed SIMD (a piece's four words, one broadcast and the tokens' i16 sums), two
+/// in the single-thread package, whose widened pairs take twice the registers: there four
+/// tokens spill V8's 16 vector registers on x86-64. Measured: the threaded package on one
+/// thread in Chromium at load 1.3-1.7, 128-token prefill 274 / 278 tok/s with four against 224
+/// / 223 with two; the single-thread package under Node, process CPU time, 162 with two, 138
+/// with four, 105 with one (docs/performance.md, session 20).
+#[cfg(target_feature = "relaxed-simd")]
+const PASS: usize = 4;
+#[cfg(not(target_feature = "relaxed-simd"))]
 const PASS: usize = 2;
 
 /// The tile (pieces of `G` words of four quants) against `tokens` of `x`, [`PASS`] tokens per
