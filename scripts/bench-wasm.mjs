@@ -45,12 +45,25 @@ if (!isMainThread) {
   await main();
 }
 
-// Tokens the long prompt has beyond the short one: the package counts them where it can
-// (`Model.countTokens`); older packages lack it, and this prompt pair gives 48 with the
-// default model's tokenizer.
-function PREFILL_EXTRA_TOKENS(model, long, short) {
-  if (typeof model.countTokens === "function") return model.countTokens(long) - model.countTokens(short);
-  return Number(process.env.PREFILL_EXTRA || 48);
+// `prompt` followed by words until the package's tokenizer counts `target` more tokens
+// (PREFILL, 128 by default; " stone" is one token of the default model's, and a few tries
+// correct for any merge), and that count. Older packages lack `countTokens`: 24 numbers, whose
+// count PREFILL_EXTRA gives (48 with the default model's tokenizer).
+function longPrompt(model, prompt, target) {
+  if (typeof model.countTokens !== "function") {
+    const long = Array.from({ length: 24 }, (_, i) => `${i + 1},`).join(" ");
+    return [long, Number(process.env.PREFILL_EXTRA || 48)];
+  }
+  const base = model.countTokens(prompt);
+  let words = target;
+  let long = prompt;
+  for (let i = 0; i < 8; i++) {
+    long = prompt + " stone".repeat(Math.max(words, 1));
+    const extra = model.countTokens(long) - base;
+    if (extra === target) break;
+    words += target - extra;
+  }
+  return [long, model.countTokens(long) - base];
 }
 
 async function main() {
@@ -106,8 +119,7 @@ async function main() {
   console.log(`wasm decode median (${tn}): ${decode[Math.floor(decode.length / 2)].toFixed(2)} tok/s`);
   // Prefill: a longer prompt's first token against the short one's; the difference is the
   // extra prompt tokens' prefill (the count from the package's tokenizer, where it has one).
-  const long = Array.from({ length: 24 }, (_, i) => `${i + 1},`).join(" ");
-  const extra = PREFILL_EXTRA_TOKENS(model, long, prompt);
+  const [long, extra] = longPrompt(model, prompt, Number(process.env.PREFILL || 128));
   const prefill = [];
   for (let r = 0; r <= rounds; r++) {
     t = performance.now();

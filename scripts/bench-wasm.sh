@@ -10,11 +10,13 @@
 #
 #   scripts/bench-wasm.sh [MODEL]
 #
-# Each wasm run reports decode (the difference of two generations) and prefill (a 24-number
-# prompt's first token against the short prompt's: 81 more tokens); the native runs prefill
-# 48 tokens.
+# Each wasm run reports decode (the difference of two generations) and prefill (a long
+# prompt's first token against the short prompt's: PREFILL more tokens, 128 by default, as
+# scripts/bench-cpu.sh prefills); the native runs prefill PREFILL tokens too, so the two
+# sides' prefill figures are over prompts of one length (before session 20: 81 wasm against
+# 48 native).
 #
-# Environment: TOKENS (16 generated per round), ROUNDS (3), PASSES (1: the whole set again,
+# Environment: TOKENS (16 generated per round), ROUNDS (3), PREFILL (128 prompt tokens), PASSES (1: the whole set again,
 # so the variants alternate), CAIRN_BIN (a cairn; default target/release/cairn, built if
 # missing), PKG (the package folder; default the newest target/release/build/cairn-*/out/pkg),
 # BASELINE_PKG (another package folder, e.g. main's, run first in every pass: its single-thread
@@ -32,6 +34,7 @@ cache="${XDG_CACHE_HOME:-$HOME/.cache}"
 model="${1:-${CAIRN_MODEL:-$cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf}}"
 tokens="${TOKENS:-16}"
 rounds="${ROUNDS:-3}"
+prefill="${PREFILL:-128}"
 cairn="${CAIRN_BIN:-target/release/cairn}"
 if [ ! -x "$cairn" ]; then
     cargo build --release -p cairn -j"${CARGO_BUILD_JOBS:-2}" 2>&1 | tail -1
@@ -82,7 +85,7 @@ engine="${WASM_ENGINE:-$([ -n "$browser" ] && echo chromium || echo node)}"
 # us; the package's default where not given).
 wasm() {
     if [ "$engine" = node ]; then
-        node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" \
+        PREFILL="$prefill" node scripts/bench-wasm.mjs "$pkg" "http://127.0.0.1:$port/model.gguf" "$tokens" \
             "$rounds" "$2"
         return
     fi
@@ -90,7 +93,7 @@ wasm() {
     "$browser" --headless=new --no-sandbox --no-first-run --disable-background-networking \
         --disable-component-update --disable-sync --user-data-dir="$serve/profile" \
         --enable-logging=stderr --v=0 \
-        "http://127.0.0.1:$port/bench-wasm.html?pkg=/pkg/$1&threads=$2&tokens=$tokens&rounds=$rounds&spin=${3:--1}&probe=${WASM_PROBE:-0}" \
+        "http://127.0.0.1:$port/bench-wasm.html?pkg=/pkg/$1&threads=$2&tokens=$tokens&rounds=$rounds&spin=${3:--1}&probe=${WASM_PROBE:-0}&prefill=$prefill" \
         >/dev/null 2>"$log" &
     local chromium=$!
     for _ in $(seq 900); do
@@ -133,7 +136,7 @@ for pass in $(seq "${PASSES:-1}"); do
     fi
     for threads in 1 2; do
         echo "== pass $pass: native cpu backend, $threads thread(s)"
-        "$cairn" bench --model "$model" --backend cpu --cpu-threads "$threads" --prompt-tokens 48 \
+        "$cairn" bench --model "$model" --backend cpu --cpu-threads "$threads" --prompt-tokens "$prefill" \
             --gen-tokens "$tokens" --runs "$rounds" 2>/dev/null | grep -E '^  (prefill|decode) '
     done
 done

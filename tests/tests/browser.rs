@@ -1268,11 +1268,17 @@ async fn check_cpu_kernels(page: &mut Page, module: &str, isa: &str) -> String {
     let compared = count(&head, " comparisons");
     assert!(compared >= 21, "too few kernels compared: {check}");
     // wasm has prefill tiles since session 19 (dot/simd128_tile.rs): every tiled format on a
-    // partial and a full tile, three tokens each.
+    // partial and a full tile, seven tokens each since session 20 (two per pass and a rest).
     let tiles = count("comparisons, ", " of them");
     assert!(
-        tiles >= 9 * 29 * 3,
+        tiles >= 9 * 29 * 7,
         "too few tile results compared: {check}"
+    );
+    // And since session 20 the activations' rounding and the SIMD `exp` (q8_simd128.rs,
+    // exp_simd128.rs): about 1,270 results beside the dot products' 110.
+    assert!(
+        compared >= tiles + 1_200,
+        "the rounding and exp checks did not run: {check}"
     );
     check
 }

@@ -98,6 +98,11 @@ impl<'a> OpSpec<'a> for SiluMul<'a> {
     fn cpu(&self) -> backend::Result<()> {
         let (g, u, mut o) = (rd(self.gate)?, rd(self.up)?, wr(self.out)?);
         let n = self.n as usize;
+        // The browser's CPU fallback: four lanes at a time (`exp_simd128`), where `exp` is a
+        // libm call per element.
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        crate::backend::cpu::exp_simd128::silu_mul(&f(&g)[..n], &f(&u)[..n], &mut fm(&mut o)[..n]);
+        #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
         silu_mul(&f(&g)[..n], &f(&u)[..n], &mut fm(&mut o)[..n]);
         Ok(())
     }

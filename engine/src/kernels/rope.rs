@@ -19,6 +19,44 @@ pub fn rope(
     factors: Option<&[f32]>,
 ) {
     let half = rope_dim / 2;
+    // The browser's CPU fallback: each pair's frequency once per call and each token's
+    // angles once for all its heads, from the same expressions (so the same bits); a `powf`
+    // and a `sin_cos` per element were 9% of a prompt's time there (docs/performance.md,
+    // session 20). Natively this loop is left as it was.
+    #[cfg(target_arch = "wasm32")]
+    {
+        let freq: Vec<f32> = (0..half)
+            .map(|i| freq_base.powf(-2.0 * i as f32 / rope_dim as f32))
+            .collect();
+        let mut angles = vec![(0f32, 0f32); half];
+        for (t, tok) in x.chunks_exact_mut(heads * head_dim).enumerate() {
+            let pos = match positions {
+                Some(p) => p[t] as f32,
+                None => (pos0 as usize + t) as f32,
+            };
+            for (i, (sc, &f)) in angles.iter_mut().zip(&freq).enumerate() {
+                let mut theta = pos * f;
+                if let Some(fs) = factors {
+                    theta /= fs[i];
+                }
+                *sc = theta.sin_cos();
+            }
+            for head in tok.chunks_exact_mut(head_dim) {
+                for (i, &(s, c)) in angles.iter().enumerate() {
+                    let (a, b) = if neox {
+                        (i, i + half)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x0 * s + x1 * c;
+                }
+            }
+        }
+        return;
+    }
+    #[allow(unreachable_code)]
     for (t, tok) in x.chunks_exact_mut(heads * head_dim).enumerate() {
         let pos = match positions {
             Some(p) => p[t] as f32,

@@ -146,11 +146,19 @@ fn attend(
                         *x = crate::kernels::attention::cap_score(*x * scale, softcap);
                         max = max.max(*x);
                     }
-                    let mut sum = 0.0;
-                    for x in s.iter_mut() {
-                        *x = (*x - max).exp();
-                        sum += *x;
-                    }
+                    // In wasm SIMD, four at a time (`exp_simd128`): a libm call per score
+                    // there.
+                    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+                    let sum = super::exp_simd128::exp_minus(s, max);
+                    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+                    let sum = {
+                        let mut sum = 0.0;
+                        for x in s.iter_mut() {
+                            *x = (*x - max).exp();
+                            sum += *x;
+                        }
+                        sum
+                    };
                     let inv = 1.0 / sum;
                     for x in s.iter_mut() {
                         *x *= inv;

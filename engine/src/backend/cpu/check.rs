@@ -147,6 +147,13 @@ pub fn check_kernels() -> Result<KernelCheck, String> {
     }
     let tiles = check_tiles(&isas, &mut rng)?;
     comparisons += tiles;
+    // The browser's other SIMD helpers: the activations' rounding (bit for bit) and `exp`.
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        let x: Vec<f32> = (0..203).map(|_| rng.unit() * 20.0).collect();
+        comparisons += super::q8::check_simd128(&x)?;
+        comparisons += super::exp_simd128::check(&x)?;
+    }
     for &isa in &isas {
         let v = VecF32::new(isa);
         for n in [1, 3, 4, 7, 8, 15, 16, 17, 64, 100] {
@@ -203,7 +210,7 @@ fn check_tiles(isas: &[Isa], rng: &mut Rng) -> Result<usize, String> {
                     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
                 }
             }
-            let tokens = 3;
+            let tokens = 7;
             let mut x: Vec<f32> = (0..tokens * cols).map(|_| rng.unit()).collect();
             x[cols..2 * cols].iter_mut().for_each(|v| *v *= 20.0);
             x[2 * cols..2 * cols + layout.block()].fill(0.0);

@@ -7,8 +7,8 @@
 //! with the one-token kernel's bits. Prefill (more than
 //! `DECODE_TOKENS`) takes 16 weight rows per task, unpacks them once into a tile whose
 //! vectors hold four elements of each of the 16 rows (`dot/tile.rs`), and runs every token
-//! of the prompt against it while it sits in L1, eight tokens per pass on AVX-512 (one per
-//! pass in wasm SIMD, `dot/simd128_tile.rs`). Where an instruction set has no tile kernel
+//! of the prompt against it while it sits in L1, eight tokens per pass on AVX-512 (four or two
+//! per pass in wasm SIMD, `dot/simd128_tile.rs`). Where an instruction set has no tile kernel
 //! (NEON, the scalar reference; Q8_0 in wasm) prefill splits the tokens into blocks instead
 //! and walks the weights a tile of rows at a time, four tokens per weight block where a
 //! four-token kernel exists.

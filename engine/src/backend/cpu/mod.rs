@@ -11,6 +11,8 @@ use crate::kernels::{Op, OpSpec, with_op};
 mod attention;
 mod check;
 mod dot;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub(crate) mod exp_simd128;
 mod linear;
 mod q8;
 // wasm32 has the team only where it is built with shared memory (the browser's threaded

@@ -196,6 +196,9 @@ fn amax(x: &[f32]) -> f32 {
         // SAFETY: the features `simd` is compiled for were detected just above.
         return unsafe { simd::amax(x) };
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    return simd128::amax(x);
+    #[allow(unreachable_code)]
     x.iter().fold(0f32, |a, v| a.max(v.abs()))
 }
 
@@ -208,10 +211,19 @@ fn round_block(x: &[f32], q: &mut [i8], id: f32) {
         // SAFETY: as in `amax`.
         return unsafe { simd::round(x, q, id) };
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    return simd128::round(x, q, id);
+    #[allow(unreachable_code)]
     for (q, v) in q.iter_mut().zip(x) {
         *q = (v * id).round().clamp(-127.0, 127.0) as i8;
     }
 }
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[path = "q8_simd128.rs"]
+mod simd128;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub(crate) use simd128::check as check_simd128;
 
 /// AVX2 forms of `amax`, `round_block` and the outlier test: the scalar loops were a tenth
 /// of a prompt's time once its products ran over tiles (a `roundf` call per element). The

@@ -273,6 +273,10 @@ impl Isa {
         if self == Isa::Avx512 && avx512::fill(t, f, w, row_bytes, rows.clone()).is_some() {
             return;
         }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        if self == Isa::Simd128 && simd128_tile::fill(t, f, w, row_bytes, rows.clone()).is_some() {
+            return;
+        }
         t.fill(f, w, row_bytes, rows)
     }
 }

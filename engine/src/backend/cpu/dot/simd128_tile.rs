@@ -1,6 +1,9 @@
 //! Prefill over unpacked weight tiles in wasm SIMD (the browser's CPU fallback): the tiles of
 //! `tile.rs` (16 rows, each 32-bit lane four consecutive quants of one row, so one v128 holds
-//! four elements of four rows), run against one token at a time while they sit in L1.
+//! four elements of four rows), run against several tokens per pass while they sit in L1 (each
+//! piece's words, steps and offsets loaded once for them: four in the threaded package, two
+//! in the single-thread one, [`PASS`]). Full Q4_0 and Q4_1
+//! tiles are unpacked here too (`fill`), four rows at a time.
 //!
 //! Per 32-element block and token the one-token and four-token kernels (`simd128.rs`) pay for
 //! the unpacking of the weight block (once per four tokens), a horizontal sum of the block's
@@ -26,7 +29,8 @@ use std::arch::wasm32::*;
 use std::ops::Range;
 
 use super::TileFn;
-use super::tile::{Acts, TILE, Tile};
+use super::scalar::f16_at;
+use super::tile::{Acts, Format, TILE, Tile};
 use crate::quant::GgmlType;
 
 /// The tile kernel for `ty`, where it has one.
@@ -80,8 +84,24 @@ fn splat4(x: &[i8], at: usize) -> v128 {
     unsafe { v128_load32_splat(x.as_ptr().cast()) }
 }
 
-/// The tile (pieces of `G` words of four quants) against `tokens` of `x`. `SUM`: words whose
-/// products are summed in i16 before widening.
+/// Tokens per pass over the tile: each piece's quants (or widened pairs), steps and offsets
+/// are loaded once for this many tokens. Integer products and the float steps per token are
+/// the one-token pass's, so the results keep its bits (and the packages stay bit-identical).
+///
+/// Four with relaxed SIMD (a piece's four words, one broadcast and the tokens' i16 sums), two
+/// in the single-thread package, whose widened pairs take twice the registers: there four
+/// tokens spill V8's 16 vector registers on x86-64. Measured: the threaded package on one
+/// thread in Chromium at load 1.3-1.7, 128-token prefill 274 / 278 tok/s with four against 224
+/// / 223 with two; the single-thread package under Node, process CPU time, 162 with two, 138
+/// with four, 105 with one (docs/performance.md, session 20).
+#[cfg(target_feature = "relaxed-simd")]
+const PASS: usize = 4;
+#[cfg(not(target_feature = "relaxed-simd"))]
+const PASS: usize = 2;
+
+/// The tile (pieces of `G` words of four quants) against `tokens` of `x`, [`PASS`] tokens per
+/// pass and the rest one at a time. `SUM`: words whose products are summed in i16 before
+/// widening.
 fn tokens<const G: usize, const SUM: usize>(
     t: &Tile,
     x: &Acts<'_>,
@@ -94,74 +114,124 @@ fn tokens<const G: usize, const SUM: usize>(
     assert!(t.q.len() >= nb * G * TILE && t.dw.len() >= nb * TILE && t.mw.len() >= nb * TILE);
     assert!(x.qs.len() >= tokens.end * cols && x.d.len() >= tokens.end * nb);
     assert!(x.s.len() >= tokens.end * nb && out.len() >= tokens.len());
+    let (first, n) = (tokens.start, tokens.len());
+    let passes = n / PASS;
     #[cfg(not(target_feature = "relaxed-simd"))]
     WIDE.with_borrow_mut(|(wide, xw)| {
         widen(t, nb * G, wide);
-        xw.resize(cols, 0);
-        for (k, tk) in tokens.clone().enumerate() {
-            for (w, &q) in xw.iter_mut().zip(&x.qs[tk * cols..][..cols]) {
+        xw.resize(PASS * cols, 0);
+        let widen_x = |xw: &mut [i16], k: usize, tk: usize| {
+            for (w, &q) in xw[k * cols..][..cols]
+                .iter_mut()
+                .zip(&x.qs[tk * cols..][..cols])
+            {
                 *w = i16::from(q);
             }
-            token::<G>(t, x, tk, &mut out[k], |b| block_wide::<G>(wide, xw, b));
+        };
+        for p in 0..passes {
+            let tk = first + p * PASS;
+            for k in 0..PASS {
+                widen_x(xw, k, tk + k);
+            }
+            let xs: [&[i16]; PASS] = std::array::from_fn(|k| &xw[k * cols..][..cols]);
+            pass::<G, PASS>(t, x, tk, &mut out[p * PASS..], |b| {
+                block_wide::<G, PASS>(wide, xs, b)
+            });
+        }
+        for k in passes * PASS..n {
+            widen_x(xw, 0, first + k);
+            let xs = [&xw[..cols]];
+            pass::<G, 1>(t, x, first + k, &mut out[k..], |b| {
+                block_wide::<G, 1>(wide, xs, b)
+            });
         }
     });
     #[cfg(target_feature = "relaxed-simd")]
-    for (k, tk) in tokens.enumerate() {
-        let xq = &x.qs[tk * cols..][..cols];
-        token::<G>(t, x, tk, &mut out[k], |b| {
-            block_relaxed::<G, SUM>(&t.q[b * G * TILE..][..G * TILE], &xq[b * len..][..len])
-        });
+    {
+        let row = |tk: usize| &x.qs[tk * cols..][..cols];
+        for p in 0..passes {
+            let tk = first + p * PASS;
+            let xs: [&[i8]; PASS] = std::array::from_fn(|k| row(tk + k));
+            pass::<G, PASS>(t, x, tk, &mut out[p * PASS..], |b| {
+                let qb = &t.q[b * G * TILE..][..G * TILE];
+                block_relaxed::<G, SUM, PASS>(qb, xs.map(|x| &x[b * len..][..len]))
+            });
+        }
+        for k in passes * PASS..n {
+            let xs = [row(first + k)];
+            pass::<G, 1>(t, x, first + k, &mut out[k..], |b| {
+                let qb = &t.q[b * G * TILE..][..G * TILE];
+                block_relaxed::<G, SUM, 1>(qb, xs.map(|x| &x[b * len..][..len]))
+            });
+        }
     }
 }
 
-/// One token's 16 results: `sums(b)` gives piece `b`'s exact integer products (rows
-/// `4v..4v + 4` in vector `v`), scaled here by the rows' steps and the token's, plus the
-/// rows' offsets times the token's block sum.
+/// Tokens `tk..tk + N`'s 16 results each: `sums(b)` gives piece `b`'s exact integer
+/// products per token (rows `4v..4v + 4` in vector `v`), scaled here by the rows' steps and
+/// the token's, plus the rows' offsets times the token's block sum.
 #[inline(always)]
-fn token<const G: usize>(
+fn pass<const G: usize, const N: usize>(
     t: &Tile,
     x: &Acts<'_>,
     tk: usize,
-    out: &mut [f32; TILE],
-    sums: impl Fn(usize) -> [v128; 4],
+    out: &mut [[f32; TILE]],
+    sums: impl Fn(usize) -> [[v128; 4]; N],
 ) {
     let nb = t.blocks;
-    let (xd, xs) = (&x.d[tk * nb..][..nb], &x.s[tk * nb..][..nb]);
+    let xd: [&[f32]; N] = std::array::from_fn(|k| &x.d[(tk + k) * nb..][..nb]);
+    let xs: [&[f32]; N] = std::array::from_fn(|k| &x.s[(tk + k) * nb..][..nb]);
     let (dw, mw) = (&t.dw[..nb * TILE], &t.mw[..nb * TILE]);
-    let mut acc = [f32x4_splat(0.0); 4];
-    for (b, (&d, &sum)) in xd.iter().zip(xs).enumerate() {
+    let mut acc = [[f32x4_splat(0.0); 4]; N];
+    for b in 0..nb {
         let s = sums(b);
-        let (dx, sx) = (f32x4_splat(d), f32x4_splat(sum));
-        for (v, acc) in acc.iter_mut().enumerate() {
-            let step = f32x4_mul(load_f32(&dw[b * TILE + 4 * v..]), dx);
-            let offset = f32x4_mul(load_f32(&mw[b * TILE + 4 * v..]), sx);
-            let p = f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s[v])), offset);
-            *acc = f32x4_add(*acc, p);
+        let dx: [v128; N] = std::array::from_fn(|k| f32x4_splat(xd[k][b]));
+        let sx: [v128; N] = std::array::from_fn(|k| f32x4_splat(xs[k][b]));
+        for v in 0..4 {
+            let (dwv, mwv) = (
+                load_f32(&dw[b * TILE + 4 * v..]),
+                load_f32(&mw[b * TILE + 4 * v..]),
+            );
+            for k in 0..N {
+                let step = f32x4_mul(dwv, dx[k]);
+                let offset = f32x4_mul(mwv, sx[k]);
+                let p = f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s[k][v])), offset);
+                acc[k][v] = f32x4_add(acc[k][v], p);
+            }
         }
     }
-    for (v, acc) in acc.into_iter().enumerate() {
-        store_f32(&mut out[4 * v..], acc);
+    for (out, acc) in out[..N].iter_mut().zip(acc) {
+        for (v, acc) in acc.into_iter().enumerate() {
+            store_f32(&mut out[4 * v..], acc);
+        }
     }
 }
 
-/// Piece `qb` (its `G` words for the 16 rows) against the token's `xb`, with relaxed SIMD.
+/// Piece `qb` (its `G` words for the 16 rows) against `N` tokens' `xb`, with relaxed SIMD.
 #[cfg(target_feature = "relaxed-simd")]
 #[inline(always)]
-fn block_relaxed<const G: usize, const SUM: usize>(qb: &[u32], xb: &[i8]) -> [v128; 4] {
-    let mut s = [i32x4_splat(0); 4];
+fn block_relaxed<const G: usize, const SUM: usize, const N: usize>(
+    qb: &[u32],
+    xb: [&[i8]; N],
+) -> [[v128; 4]; N] {
+    let mut s = [[i32x4_splat(0); 4]; N];
     for g0 in (0..G).step_by(SUM) {
-        let mut h = [i16x8_splat(0); 4];
+        let mut h = [[i16x8_splat(0); 4]; N];
         for g in g0..g0 + SUM {
-            let xw = splat4(xb, 4 * g);
-            for (v, h) in h.iter_mut().enumerate() {
-                // Each i16 lane two products of one row: at most 2·63·127, and `SUM` of
-                // them stay within i16 (`tile`).
-                let p = i16x8_relaxed_dot_i8x16_i7x16(xw, words(qb, g * TILE + 4 * v));
-                *h = i16x8_add(*h, p);
+            let w: [v128; 4] = std::array::from_fn(|v| words(qb, g * TILE + 4 * v));
+            for (h, xb) in h.iter_mut().zip(xb) {
+                let xw = splat4(xb, 4 * g);
+                for (h, &w) in h.iter_mut().zip(&w) {
+                    // Each i16 lane two products of one row: at most 2·63·127, and `SUM` of
+                    // them stay within i16 (`tile`).
+                    *h = i16x8_add(*h, i16x8_relaxed_dot_i8x16_i7x16(xw, w));
+                }
             }
         }
         for (s, h) in s.iter_mut().zip(h) {
-            *s = i32x4_add(*s, i32x4_extadd_pairwise_i16x8(h));
+            for (s, h) in s.iter_mut().zip(h) {
+                *s = i32x4_add(*s, i32x4_extadd_pairwise_i16x8(h));
+            }
         }
     }
     s
@@ -186,25 +256,108 @@ fn widen(t: &Tile, words: usize, wide: &mut Vec<v128>) {
     }
 }
 
-/// Piece `b` of the widened tile against the token's widened activations, plain simd128.
+/// Piece `b` of the widened tile against `N` tokens' widened activations, plain simd128.
 #[cfg(not(target_feature = "relaxed-simd"))]
 #[inline(always)]
-fn block_wide<const G: usize>(wide: &[v128], xw: &[i16], b: usize) -> [v128; 4] {
+fn block_wide<const G: usize, const N: usize>(
+    wide: &[v128],
+    xw: [&[i16]; N],
+    b: usize,
+) -> [[v128; 4]; N] {
     let wb = &wide[b * G * 8..][..G * 8];
-    let xb = &xw[b * 4 * G..][..4 * G];
-    let mut s = [i32x4_splat(0); 4];
+    let xb: [&[i16]; N] = xw.map(|x| &x[b * 4 * G..][..4 * G]);
+    let mut s = [[i32x4_splat(0); 4]; N];
     for g in 0..G {
-        let pair = |at: usize| {
-            let p = &xb[at..at + 2];
-            // SAFETY: 4 readable bytes (two i16, sliced above), no alignment requirement.
-            unsafe { v128_load32_splat(p.as_ptr().cast()) }
-        };
-        let (x01, x23) = (pair(4 * g), pair(4 * g + 2));
-        for (v, s) in s.iter_mut().enumerate() {
-            let w = &wb[(g * 4 + v) * 2..][..2];
-            let p = i32x4_add(i32x4_dot_i16x8(w[0], x01), i32x4_dot_i16x8(w[1], x23));
-            *s = i32x4_add(*s, p);
+        let w = &wb[g * 8..][..8];
+        for (s, xb) in s.iter_mut().zip(xb) {
+            let pair = |at: usize| {
+                let p = &xb[at..at + 2];
+                // SAFETY: 4 readable bytes (two i16, sliced above), no alignment requirement.
+                unsafe { v128_load32_splat(p.as_ptr().cast()) }
+            };
+            let (x01, x23) = (pair(4 * g), pair(4 * g + 2));
+            for (v, s) in s.iter_mut().enumerate() {
+                let p = i32x4_add(
+                    i32x4_dot_i16x8(w[2 * v], x01),
+                    i32x4_dot_i16x8(w[2 * v + 1], x23),
+                );
+                *s = i32x4_add(*s, p);
+            }
         }
     }
     s
+}
+
+/// Unpacks a full tile of a Q4_0 or Q4_1 matrix (`Tile::fill`'s result, bit for bit) four
+/// rows at a time: each row's 16 bytes of nibbles split into low and high halves (its words
+/// 0..4 and 4..8) and four rows' words transposed into the tile's row-interleaved order, where
+/// the portable fill moves one word at a time (5% of a prompt's time in the single-thread
+/// package, docs/performance.md session 20). `None` where the portable fill runs instead
+/// (other formats, a partial tile).
+pub(super) fn fill(
+    t: &mut Tile,
+    f: Format,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+) -> Option<()> {
+    // Where the nibbles start in a block, and the offset per step where the block has no
+    // stored minimum.
+    let (at, offset) = match f.ty {
+        GgmlType::Q4_0 => (2, Some(-8.0)),
+        GgmlType::Q4_1 => (4, None),
+        _ => return None,
+    };
+    if rows.len() != TILE || f.sub != 32 || !row_bytes.is_multiple_of(f.bytes) {
+        return None;
+    }
+    let w = w.get(rows.start * row_bytes..rows.end * row_bytes)?;
+    let nb = row_bytes / f.bytes;
+    let (q, dw, mw) = t.prepare(f, row_bytes, TILE);
+    assert!(q.len() == nb * 8 * TILE && dw.len() == nb * TILE && mw.len() == nb * TILE);
+    let low4 = u8x16_splat(0x0f);
+    for r0 in (0..TILE).step_by(4) {
+        for b in 0..nb {
+            let mut lo = [low4; 4];
+            let mut hi = [low4; 4];
+            for i in 0..4 {
+                let block = &w[(r0 + i) * row_bytes + b * f.bytes..][..f.bytes];
+                let nibbles = &block[at..at + 16];
+                // SAFETY: 16 readable bytes (sliced above), no alignment requirement.
+                let v = unsafe { v128_load(nibbles.as_ptr().cast()) };
+                lo[i] = v128_and(v, low4);
+                hi[i] = u8x16_shr(v, 4);
+                let d = f16_at(block, 0);
+                dw[b * TILE + r0 + i] = d;
+                mw[b * TILE + r0 + i] = match offset {
+                    Some(o) => o * d,
+                    None => f16_at(block, 2),
+                };
+            }
+            for (half, words) in [transpose(lo), transpose(hi)].into_iter().enumerate() {
+                for (j, v) in words.into_iter().enumerate() {
+                    let dst = &mut q[(b * 8 + 4 * half + j) * TILE + r0..][..4];
+                    // SAFETY: 16 writable bytes (four u32, sliced above), no alignment
+                    // requirement.
+                    unsafe { v128_store(dst.as_mut_ptr().cast(), v) };
+                }
+            }
+        }
+    }
+    Some(())
+}
+
+/// Four vectors of four u32 (one row's words each) as four vectors of one word of each row.
+#[inline(always)]
+fn transpose(r: [v128; 4]) -> [v128; 4] {
+    let a = i32x4_shuffle::<0, 4, 1, 5>(r[0], r[1]);
+    let b = i32x4_shuffle::<2, 6, 3, 7>(r[0], r[1]);
+    let c = i32x4_shuffle::<0, 4, 1, 5>(r[2], r[3]);
+    let d = i32x4_shuffle::<2, 6, 3, 7>(r[2], r[3]);
+    [
+        i32x4_shuffle::<0, 1, 4, 5>(a, c),
+        i32x4_shuffle::<2, 3, 6, 7>(a, c),
+        i32x4_shuffle::<0, 1, 4, 5>(b, d),
+        i32x4_shuffle::<2, 3, 6, 7>(b, d),
+    ]
 }
