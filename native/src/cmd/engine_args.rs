@@ -3,7 +3,7 @@
 
 use cairn_engine::options::{
     CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, WgpuAttention, WgpuFuse,
-    WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions, WgpuPrefill,
+    WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions, WgpuPrefill, WgpuPromptAttention,
 };
 use clap::builder::BoolishValueParser;
 
@@ -58,6 +58,12 @@ pub struct EngineArgs {
     /// software rasterizers).
     #[arg(long, env = "CAIRN_WGPU_ATTENTION", value_enum, default_value_t = WgpuAttentionArg::Auto)]
     pub wgpu_attention: WgpuAttentionArg,
+    /// wgpu and vulkan: prompt attention (`tiles`: 16 query tokens of a head a workgroup, each
+    /// tile of keys and values loaded once for them, heads up to 128 wide, where the device
+    /// has 32 KiB of workgroup memory; `single`: one workgroup per head and token; `auto`:
+    /// tiles on GPUs, single on software rasterizers).
+    #[arg(long, env = "CAIRN_WGPU_PROMPT_ATTENTION", value_enum, default_value_t = WgpuPromptAttentionArg::Auto)]
+    pub wgpu_prompt_attention: WgpuPromptAttentionArg,
     /// wgpu and vulkan: queue each decode step before reading the previous step's token
     /// (false: wait for every token before encoding the next step).
     #[arg(long, env = "CAIRN_WGPU_PIPELINE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
@@ -161,6 +167,14 @@ pub enum WgpuAttentionArg {
     Auto,
 }
 
+/// `WgpuPromptAttention` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuPromptAttentionArg {
+    Tiles,
+    Single,
+    Auto,
+}
+
 /// `CudaFuse` for the command line; `0` and `1`, the variable's old values, still work.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FuseArg {
@@ -219,6 +233,11 @@ impl EngineArgs {
                     WgpuAttentionArg::Split => WgpuAttention::Split,
                     WgpuAttentionArg::Single => WgpuAttention::Single,
                     WgpuAttentionArg::Auto => WgpuAttention::ByAdapter,
+                },
+                prompt_attention: match self.wgpu_prompt_attention {
+                    WgpuPromptAttentionArg::Tiles => WgpuPromptAttention::Tiles,
+                    WgpuPromptAttentionArg::Single => WgpuPromptAttention::Single,
+                    WgpuPromptAttentionArg::Auto => WgpuPromptAttention::ByAdapter,
                 },
                 serial_decode: !self.wgpu_pipeline,
                 shader_checks: self.wgpu_shader_checks,
