@@ -99,6 +99,9 @@ pub struct WgpuOptions {
     pub attention_kernel: WgpuAttentionKernel,
     /// The fewest keys a piece of the grouped kernel gets (`None`: its default, 32).
     pub attention_piece: Option<u32>,
+    /// Prompt attention (more query tokens than decode's) through workgroup-memory tiles of 16
+    /// queries, or one workgroup per (head, token).
+    pub prompt_attention: WgpuPromptAttention,
     /// Generation waits for each decode step's token before queueing the next step (the
     /// order before session 18). Off by default: step n+1, whose input is the token step n
     /// sampled into a device buffer, is queued before step n's token is read back, so the
@@ -190,6 +193,40 @@ pub enum WgpuAttentionKernel {
     /// not a multiple of 4 keep `Heads`.
     Grouped,
 }
+
+/// How the `wgpu` and `vulkan` backends run prompt attention (`Attention` and
+/// `PagedAttention` of more query tokens than decode attention takes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WgpuPromptAttention {
+    /// One workgroup per (head, token) walks every key of its token (`attention.wgsl`,
+    /// `paged_attention.wgsl`).
+    Single,
+    /// A workgroup per (head, 16 consecutive query tokens of a sequence) loads each tile of
+    /// 32 keys, then of their values, into workgroup memory once for all 16
+    /// (`attention_tiled.wgsl`, `paged_attention_tiled.wgsl`); head sizes up to 128, on
+    /// devices with 32 KiB of workgroup memory (others keep `Single`).
+    Tiles,
+    /// `Tiles` on GPUs, `Single` on software rasterizers.
+    #[default]
+    ByAdapter,
+}
+
+impl WgpuPromptAttention {
+    /// `Single` or `Tiles` on a device that is a software rasterizer or not, with
+    /// `workgroup_bytes` of workgroup memory (the tiles need [`PROMPT_TILE_BYTES`]).
+    pub fn resolve(self, software: bool, workgroup_bytes: u32) -> WgpuPromptAttention {
+        match self {
+            _ if workgroup_bytes < PROMPT_TILE_BYTES => WgpuPromptAttention::Single,
+            WgpuPromptAttention::ByAdapter if software => WgpuPromptAttention::Single,
+            WgpuPromptAttention::ByAdapter => WgpuPromptAttention::Tiles,
+            other => other,
+        }
+    }
+}
+
+/// Workgroup memory the prompt attention tiles use (`attention_tile.wgsl`: 16 queries and 32
+/// keys of up to 128 elements, their scores and weights), rounded up to what devices offer.
+pub const PROMPT_TILE_BYTES: u32 = 32 << 10;
 
 /// The `wgpu` and `vulkan` backends' kernels for prompt-sized products (more tokens than the
 /// matrix-vector kernels take; `backend/wgpu/plan.rs`, `prefill`).
@@ -552,6 +589,15 @@ mod tests {
         );
         assert_eq!(WgpuPrefill::Tiles.resolve(false, true), WgpuPrefill::Tiles);
         assert!(WgpuPrefill::Coop64K64.coop() && !WgpuPrefill::Gemm.coop());
+        let tiles = WgpuPromptAttention::Tiles;
+        assert_eq!(WgpuPromptAttention::ByAdapter.resolve(false, 49152), tiles);
+        assert_eq!(
+            WgpuPromptAttention::ByAdapter.resolve(true, 49152),
+            WgpuPromptAttention::Single
+        );
+        assert_eq!(tiles.resolve(true, 32768), tiles);
+        // WebGPU's default 16 KiB cannot hold the tiles, forced or not.
+        assert_eq!(tiles.resolve(false, 16384), WgpuPromptAttention::Single);
         assert_eq!(WgpuFuse::ByAdapter.resolve(false), (true, true));
         assert_eq!(WgpuFuse::ByAdapter.resolve(true), (false, false));
         assert_eq!(WgpuFuse::NoNorms.resolve(true), (true, false));

@@ -277,6 +277,8 @@ kernels! {
     PAGED_ATTENTION_SPLIT,
     ATTENTION_GROUPED,
     PAGED_ATTENTION_GROUPED,
+    ATTENTION_TILED,
+    PAGED_ATTENTION_TILED,
     ]
     MATMUL = "matmul", false;
     LINEAR_MATVEC = "linear_matvec", true;
@@ -305,6 +307,30 @@ kernels! {
     ARGMAX = "argmax", false;
     SAMPLE = "sample", false;
 }
+
+/// A kernel without weights whose body (`file`) calls functions of a shared core
+/// (`prelude`), which goes before it.
+macro_rules! with_core {
+    ($ident:ident = $file:literal over $core:literal) => {
+        pub const $ident: Kernel = Kernel {
+            name: $file,
+            wgsl: include_str!(concat!("../", $file, ".wgsl")),
+            formatted: false,
+            prelude: include_str!(concat!("../", $core, ".wgsl")),
+            chunked: false,
+            subgroups: false,
+            int8: false,
+            vec4: false,
+            wide: false,
+            gemm: None,
+            coop: None,
+        };
+    };
+}
+
+// Prompt attention through workgroup-memory tiles, over a cache and through block tables.
+with_core!(ATTENTION_TILED = "attention_tiled" over "attention_tile");
+with_core!(PAGED_ATTENTION_TILED = "paged_attention_tiled" over "attention_tile");
 
 /// Weight formats, by GGML type name.
 pub const FORMATS: &[(&str, &str)] = &[

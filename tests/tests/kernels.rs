@@ -1723,36 +1723,16 @@ fn check_attention_on(
 /// The wgpu and vulkan devices, opened with decode attention cut by keys whatever the
 /// context (`--wgpu-attention split`).
 fn split_attention_devices() -> Vec<Device> {
-    let mut found = cairn_engine::device::discover_blocking_with(options());
-    found.options_mut().wgpu.attention = cairn_engine::options::WgpuAttention::Split;
-    found
-        .devices
-        .iter()
-        .filter(|i| {
-            matches!(i.backend, BackendKind::Wgpu | BackendKind::Vulkan)
-                && i.support != cairn_engine::Support::Unsupported
-                && i.api != "gl"
-        })
-        .map(|i| pollster::block_on(found.open_info(i.clone())).expect("open device"))
-        .collect()
+    wgsl_devices_with(|o| o.wgpu.attention = cairn_engine::options::WgpuAttention::Split)
 }
 
 /// [`split_attention_devices`] with the grouped first pass (`--wgpu-attention-kernel
 /// grouped`): a workgroup per key/value head scores all the query heads sharing it.
 fn grouped_attention_devices() -> Vec<Device> {
-    let mut found = cairn_engine::device::discover_blocking_with(options());
-    found.options_mut().wgpu.attention = cairn_engine::options::WgpuAttention::Split;
-    found.options_mut().wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Grouped;
-    found
-        .devices
-        .iter()
-        .filter(|i| {
-            matches!(i.backend, BackendKind::Wgpu | BackendKind::Vulkan)
-                && i.support != cairn_engine::Support::Unsupported
-                && i.api != "gl"
-        })
-        .map(|i| pollster::block_on(found.open_info(i.clone())).expect("open device"))
-        .collect()
+    wgsl_devices_with(|o| {
+        o.wgpu.attention = cairn_engine::options::WgpuAttention::Split;
+        o.wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Grouped;
+    })
 }
 
 /// The grouped first pass (`attention_grouped.wgsl`, forced on every wgpu and vulkan device)
@@ -1785,6 +1765,189 @@ fn grouped_decode_attention_matches_the_reference() {
             (tokens, pos0),
             (window, softcap),
             |_| 1e-5,
+        );
+    }
+}
+
+/// The wgpu and vulkan devices, opened with the options `set` changes.
+fn wgsl_devices_with(set: impl Fn(&mut cairn_engine::EngineOptions)) -> Vec<Device> {
+    let mut found = cairn_engine::device::discover_blocking_with(options());
+    set(found.options_mut());
+    found
+        .devices
+        .iter()
+        .filter(|i| {
+            matches!(i.backend, BackendKind::Wgpu | BackendKind::Vulkan)
+                && i.support != cairn_engine::Support::Unsupported
+                && i.api != "gl"
+        })
+        .map(|i| pollster::block_on(found.open_info(i.clone())).expect("open device"))
+        .collect()
+}
+
+/// Prompt attention on tiles of 16 queries (`--wgpu-prompt-attention tiles`, forced on every
+/// wgpu and vulkan device) against the reference, 1e-5 of the largest output as the
+/// one-workgroup kernels (the tiles reorder f32 sums only): dense over a cache at head sizes
+/// 40, 64 and 128 (a partial last tile of queries, keys before the prompt, windows that
+/// start past the first tiles of keys, a soft cap), and paged, a batch of three prompts'
+/// chunks whose runs start and end inside blocks of 16 tokens, lone tokens between them, and
+/// skipped tokens (a table too short, a block outside the pool) in and after a run.
+#[test]
+fn prompt_attention_on_tiles_matches_the_reference() {
+    use cairn_engine::options::WgpuPromptAttention;
+    let devs = wgsl_devices_with(|o| o.wgpu.prompt_attention = WgpuPromptAttention::Tiles);
+    let mut rng = StdRng::seed_from_u64(27);
+    let (heads, kv_heads) = (6usize, 2usize);
+    for (head_dim, tokens, pos0, window, softcap) in [
+        (40usize, 40usize, 0usize, 0usize, 0f32),
+        (64, 100, 37, 0, 0.0),
+        (128, 33, 300, 70, 0.0),
+        (64, 17, 5, 5, 2.0),
+    ] {
+        check_attention_on(
+            &devs,
+            &mut rng,
+            (heads, kv_heads, head_dim),
+            (tokens, pos0),
+            (window, softcap),
+            |_| 1e-5,
+        );
+        for d in &devs {
+            let ran = d.kernels_in_last_run().unwrap_or_default();
+            assert_eq!(ran, ["attention_tiled"], "{}", d.info().id);
+        }
+    }
+
+    // Paged: blocks of 5, shuffled in the pool; spare blocks NaN.
+    let (head_dim, block) = (64usize, 5usize);
+    let kv_dim = kv_heads * head_dim;
+    let lens = [40usize, 70, 25];
+    let n_blocks: Vec<usize> = lens.iter().map(|l| l.div_ceil(block)).collect();
+    let pool_blocks = n_blocks.iter().sum::<usize>() + 2;
+    let mut order: Vec<u32> = (0..pool_blocks as u32).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    let mut table: Vec<u32> = Vec::new();
+    let mut starts = Vec::new();
+    let mut next = order.iter();
+    for &nb in &n_blocks {
+        starts.push(table.len() as u32);
+        table.extend(next.by_ref().take(nb));
+    }
+    let mut kp = vec![f32::NAN; pool_blocks * block * kv_dim];
+    let mut vp = kp.clone();
+    for (s, &len) in lens.iter().enumerate() {
+        for j in 0..len {
+            let slot = table[starts[s] as usize + j / block] as usize * block + j % block;
+            kp[slot * kv_dim..][..kv_dim].copy_from_slice(&rand_vec(&mut rng, kv_dim, 1.0));
+            vp[slot * kv_dim..][..kv_dim].copy_from_slice(&rand_vec(&mut rng, kv_dim, 1.0));
+        }
+    }
+    // (table start, keys) a token: sequence 0's prompt from key 1 to 21 (tokens 0-20: a run
+    // across the first block of 16), a lone token of sequence 2, sequence 1's chunk of keys
+    // 51-70 (a run from token 22 into the next block), sequence 2's keys 10-23, then a token
+    // whose table is too short and a run whose later keys pass the table's end.
+    let mut rows: Vec<[u32; 2]> = Vec::new();
+    rows.extend((1..=21).map(|n| [starts[0], n]));
+    rows.push([starts[2], 23]);
+    rows.extend((51..=70).map(|n| [starts[1], n]));
+    rows.extend((10..=23).map(|n| [starts[2], n]));
+    let good = rows.len();
+    rows.push([table.len() as u32 - 1, (block + 1) as u32]);
+    // Sequence 2 holds 25 keys in the last 5 entries of the table: 26 and on do not fit.
+    rows.extend((24..=27).map(|n| [starts[2], n]));
+    let tokens = rows.len();
+    let flat: Vec<u32> = rows.iter().flatten().copied().collect();
+    let q = rand_vec(&mut rng, tokens * heads * head_dim, 1.0);
+    let row = heads * head_dim;
+    let params = |tokens: usize| PagedAttentionParams {
+        heads: heads as u32,
+        kv_heads: kv_heads as u32,
+        head_dim: head_dim as u32,
+        tokens: tokens as u32,
+        block: block as u32,
+        pool_blocks: pool_blocks as u32,
+        table_len: table.len() as u32,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        window: 0,
+        softcap: 0.0,
+        _pad0: 0,
+        _pad1: 0,
+    };
+    // The reference refuses bad tokens: the good ones alone, then 24 and 25 keys (still in
+    // the table), with 7 where the kernels skip a token.
+    let mut want = vec![0f32; good * row];
+    k::paged::paged_attention(
+        &q[..good * row],
+        &kp,
+        &vp,
+        &flat[..2 * good],
+        &table,
+        &mut want,
+        &params(good),
+    )
+    .unwrap();
+    let fits = 2;
+    let mut tail = vec![0f32; fits * row];
+    let tail_q = &q[(good + 1) * row..][..fits * row];
+    k::paged::paged_attention(
+        tail_q,
+        &kp,
+        &vp,
+        &flat[2 * (good + 1)..][..2 * fits],
+        &table,
+        &mut tail,
+        &params(fits),
+    )
+    .unwrap();
+    want.extend(std::iter::repeat_n(7.0f32, row));
+    want.extend(tail);
+    want.extend(std::iter::repeat_n(
+        7.0f32,
+        (tokens - good - 1 - fits) * row,
+    ));
+    for d in &devs {
+        let (bq, bk, bv) = (
+            upload_f32(d, "q", &q),
+            upload_f32(d, "k_pool", &kp),
+            upload_f32(d, "v_pool", &vp),
+        );
+        let br = d.upload("rows", bytemuck::cast_slice(&flat)).unwrap();
+        let bt = d.upload("table", bytemuck::cast_slice(&table)).unwrap();
+        let bo = upload_f32(d, "out", &vec![7.0f32; tokens * row]);
+        let p = params(tokens);
+        d.run(&[Op::PagedAttention(PagedAttention {
+            q: &bq,
+            k_pool: &bk,
+            v_pool: &bv,
+            rows: &br,
+            table: &bt,
+            out: &bo,
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            head_dim: p.head_dim,
+            tokens: p.tokens,
+            block: p.block,
+            pool_blocks: p.pool_blocks,
+            table_len: p.table_len,
+            scale: p.scale,
+            window: p.window,
+            softcap: p.softcap,
+        })])
+        .unwrap();
+        assert_eq!(
+            d.kernels_in_last_run().unwrap_or_default(),
+            ["paged_attention_tiled"],
+            "{}",
+            d.info().id
+        );
+        assert_close(
+            "paged attention on tiles",
+            d,
+            &read(d, &bo, tokens * row),
+            &want,
+            1e-5,
         );
     }
 }

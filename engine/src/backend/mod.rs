@@ -651,6 +651,16 @@ impl Device {
         }
     }
 
+    /// The kernels the latest `run` dispatched, in order, on the `wgpu` and `vulkan` backends
+    /// (fused ones by the fused kernel's name); `None` elsewhere. For tests that check which
+    /// variant ran.
+    pub fn kernels_in_last_run(&self) -> Option<Vec<&'static str>> {
+        match &self.inner {
+            Inner::Wgpu(b) => Some(b.kernels_in_last_run()),
+            _ => None,
+        }
+    }
+
     /// Buffer copies of the latest `run` where the backend counts them apart from its launches
     /// (`wgpu` and `vulkan`, whose copies end a compute pass); `None` elsewhere.
     pub fn copies_in_last_run(&self) -> Option<usize> {

@@ -4,7 +4,7 @@
 use cairn_engine::options::{
     CudaFuse, CudaOptions, DevHooks, EngineOptions, VulkanOptions, VulkanZeroInit, WgpuAttention,
     WgpuAttentionKernel, WgpuFuse, WgpuLimits, WgpuMatvec, WgpuMatvecShape, WgpuOptions,
-    WgpuPrefill,
+    WgpuPrefill, WgpuPromptAttention,
 };
 use clap::builder::BoolishValueParser;
 
@@ -67,6 +67,12 @@ pub struct EngineArgs {
     /// (default 32).
     #[arg(long, env = "CAIRN_WGPU_ATTENTION_PIECE", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub wgpu_attention_piece: Option<u32>,
+    /// wgpu and vulkan: prompt attention (`tiles`: 16 query tokens of a head a workgroup, each
+    /// tile of keys and values loaded once for them, heads up to 128 wide, where the device
+    /// has 32 KiB of workgroup memory; `single`: one workgroup per head and token; `auto`:
+    /// tiles on GPUs, single on software rasterizers).
+    #[arg(long, env = "CAIRN_WGPU_PROMPT_ATTENTION", value_enum, default_value_t = WgpuPromptAttentionArg::Auto)]
+    pub wgpu_prompt_attention: WgpuPromptAttentionArg,
     /// wgpu and vulkan: queue each decode step before reading the previous step's token
     /// (false: wait for every token before encoding the next step).
     #[arg(long, env = "CAIRN_WGPU_PIPELINE", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
@@ -193,6 +199,14 @@ pub enum VulkanZeroInitArg {
     Off,
 }
 
+/// `WgpuPromptAttention` for the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuPromptAttentionArg {
+    Tiles,
+    Single,
+    Auto,
+}
+
 /// `CudaFuse` for the command line; `0` and `1`, the variable's old values, still work.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FuseArg {
@@ -257,6 +271,11 @@ impl EngineArgs {
                     WgpuAttentionKernelArg::Grouped => WgpuAttentionKernel::Grouped,
                 },
                 attention_piece: self.wgpu_attention_piece,
+                prompt_attention: match self.wgpu_prompt_attention {
+                    WgpuPromptAttentionArg::Tiles => WgpuPromptAttention::Tiles,
+                    WgpuPromptAttentionArg::Single => WgpuPromptAttention::Single,
+                    WgpuPromptAttentionArg::Auto => WgpuPromptAttention::ByAdapter,
+                },
                 serial_decode: !self.wgpu_pipeline,
                 shader_checks: self.wgpu_shader_checks,
             },

@@ -25,7 +25,9 @@ use std::sync::{Arc, Mutex};
 use super::{Accounting, BackendError, Buffer, Result, Storage};
 use crate::device::DeviceInfo;
 use crate::kernels::Op;
-use crate::options::{WgpuAttention, WgpuAttentionKernel, WgpuMatvec, WgpuOptions, WgpuPrefill};
+use crate::options::{
+    WgpuAttention, WgpuAttentionKernel, WgpuMatvec, WgpuOptions, WgpuPrefill, WgpuPromptAttention,
+};
 use plan::{Matvec, Step, Wide};
 
 const PARAM_SLOT: u64 = 256;
@@ -117,6 +119,8 @@ pub struct WgpuBackend {
     matvec: Matvec,
     /// The prompt-sized products' kernel (resolved for the device).
     prefill: WgpuPrefill,
+    /// Prompt attention on tiles of 16 queries, or a workgroup per (head, token).
+    prompt_attention: WgpuPromptAttention,
     /// Q4_0, Q4_1 and Q8_0 weights are repacked at upload (`repack.rs`)...
     repack: bool,
     /// ...and these buffers (by id) hold them so.
@@ -146,6 +150,9 @@ pub struct WgpuBackend {
     profile: Option<profile::Profile>,
     /// Dispatches and buffer copies of the latest `run`.
     last_dispatches: AtomicUsize,
+    /// The kernels of the latest `run`'s dispatches, in order (for tests that check which
+    /// variant ran).
+    last_kernels: Mutex<Vec<&'static str>>,
     last_copies: AtomicUsize,
     /// Errors wgpu reports asynchronously (validation, out of memory, device loss), surfaced
     /// by the next call instead of aborting the process.
@@ -212,6 +219,7 @@ impl WgpuBackend {
             fuse_norms: true,
             matvec: Matvec::Rows,
             prefill: WgpuPrefill::Registers,
+            prompt_attention: WgpuPromptAttention::Single,
             repack: false,
             repacked: Mutex::new(HashSet::new()),
             int8_scratch: Mutex::new(None),
@@ -225,6 +233,7 @@ impl WgpuBackend {
             #[cfg(not(target_arch = "wasm32"))]
             profile: None,
             last_dispatches: AtomicUsize::new(0),
+            last_kernels: Mutex::new(Vec::new()),
             last_copies: AtomicUsize::new(0),
             errors,
             lost,
@@ -294,7 +303,10 @@ impl WgpuBackend {
                     .unwrap_or(split_attention::GROUPED_MIN_PIECE),
             },
         };
-        tracing::info!(id = %info.id, attention = ?self.attention, pass = ?self.attention_pass, "decode attention");
+        self.prompt_attention = opts.prompt_attention.resolve(
+            info.is_software(),
+            self.device.limits().max_compute_workgroup_storage_size,
+        );
         self.pipelined_decode = AtomicBool::new(!opts.serial_decode);
         self.shader_checks = opts.shader_checks;
         #[cfg(not(target_arch = "wasm32"))]
@@ -309,7 +321,7 @@ impl WgpuBackend {
                 tracing::warn!(id = %info.id, "CAIRN_WGPU_PROFILE: this device has no timestamp queries; not profiled");
             }
         }
-        tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, prefill = ?self.prefill, attention = ?self.attention, shader_checks = self.shader_checks, "wgpu kernels");
+        tracing::debug!(id = %info.id, matvec = ?self.matvec, repack = self.repack, prefill = ?self.prefill, attention = ?self.attention, attention_pass = ?self.attention_pass, prompt_attention = ?self.prompt_attention, shader_checks = self.shader_checks, "wgpu kernels");
         self
     }
 
@@ -370,6 +382,14 @@ impl WgpuBackend {
     /// Dispatches of the latest `run`, fused ones counted once.
     pub(crate) fn dispatches_in_last_run(&self) -> usize {
         self.last_dispatches.load(Ordering::Relaxed)
+    }
+
+    /// The kernels the latest `run` dispatched, in order.
+    pub(crate) fn kernels_in_last_run(&self) -> Vec<&'static str> {
+        self.last_kernels
+            .lock()
+            .map(|k| k.clone())
+            .unwrap_or_default()
     }
 
     /// Buffer copies of the latest `run`.
@@ -745,14 +765,17 @@ impl WgpuBackend {
                 attention_pass: self.attention_pass,
             },
         )?;
-        let mut steps: Vec<Step<'_>> = if self.prefill == WgpuPrefill::Registers {
-            steps
-        } else {
-            steps
-                .into_iter()
-                .map(|s| plan::prefill(s, self.prefill))
-                .collect()
-        };
+        let mut steps: Vec<Step<'_>> = steps
+            .into_iter()
+            .map(|s| {
+                let s = plan::prompt_attention(s, self.prompt_attention);
+                if self.prefill == WgpuPrefill::Registers {
+                    s
+                } else {
+                    plan::prefill(s, self.prefill)
+                }
+            })
+            .collect();
         if self.repack {
             let repacked = self
                 .repacked
@@ -769,6 +792,13 @@ impl WgpuBackend {
             .store(n_dispatch as usize, Ordering::Relaxed);
         self.last_copies
             .store(steps.len() - n_dispatch as usize, Ordering::Relaxed);
+        if let Ok(mut names) = self.last_kernels.lock() {
+            names.clear();
+            names.extend(steps.iter().filter_map(|s| match s {
+                Step::Dispatch { kernel, .. } => Some(kernel.name),
+                Step::Copy { .. } => None,
+            }));
+        }
         let slot = PARAM_SLOT.max(u64::from(self.limits.min_uniform_buffer_offset_alignment));
         let params_buf = self.param_buffer((n_dispatch.max(1)) * slot)?;
         let mut param_bytes = vec![0u8; (n_dispatch.max(1) * slot) as usize];

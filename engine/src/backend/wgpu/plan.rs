@@ -8,7 +8,7 @@ use crate::kernels::{
     Add, AddBias, Argmax, Attention, BufferCopy, Embed, GeluMul, KvStore, Linear, MatMul, Op,
     OpSpec, PagedAttention, RmsNorm, Rope, Sample, ScaleCap, SiluMul, Softmax, with_op,
 };
-use crate::options::WgpuPrefill;
+use crate::options::{WgpuPrefill, WgpuPromptAttention};
 
 /// One GPU command of a submission.
 pub(crate) enum Step<'a> {
@@ -347,6 +347,48 @@ pub(crate) fn coop_for(_rows: u32, _tokens: u32) -> Kernel {
 /// multiprocessor of a large GPU (132 on an H100).
 pub(crate) const GEMM_MIN_GROUPS: u32 = 128;
 
+/// Query tokens a prompt attention tile takes (`attention_tile.wgsl`'s BQ), and the largest
+/// head it holds (MAX_HD).
+const PROMPT_TILE_TOKENS: u32 = 16;
+const PROMPT_TILE_HEAD_DIM: u32 = 128;
+
+/// `step` with a prompt attention (more query tokens than decode attention's) on the tiles
+/// where `choice` (`WgpuOptions::prompt_attention`, resolved for the device) is `Tiles` and
+/// heads are at most 128 wide: `attention_tiled` a workgroup per 16 tokens of a head,
+/// `paged_attention_tiled` on the same grid as `paged_attention` (its workgroups find their
+/// runs). Any other step as it is.
+pub(crate) fn prompt_attention(step: Step<'_>, choice: WgpuPromptAttention) -> Step<'_> {
+    match step {
+        Step::Dispatch {
+            kernel,
+            format,
+            buffers,
+            params,
+            groups,
+        } if choice == WgpuPromptAttention::Tiles
+            && (kernel == shaders::ATTENTION || kernel == shaders::PAGED_ATTENTION)
+            // Both kernels' parameters start heads, kv_heads, head_dim, tokens.
+            && params[2] <= PROMPT_TILE_HEAD_DIM
+            && params[3] > super::split_attention::DECODE_TOKENS =>
+        {
+            let (kernel, groups) = if kernel == shaders::ATTENTION {
+                let blocks = params[3].div_ceil(PROMPT_TILE_TOKENS);
+                (shaders::ATTENTION_TILED, [groups[0], blocks, 1])
+            } else {
+                (shaders::PAGED_ATTENTION_TILED, groups)
+            };
+            Step::Dispatch {
+                kernel,
+                format,
+                buffers,
+                params,
+                groups,
+            }
+        }
+        other => other,
+    }
+}
+
 /// `step` with a prompt-sized product (`linear_matmat`) on the kernel `choice` names
 /// (`WgpuOptions::prefill`, resolved for the device: `Coop` only where it was opened with
 /// cooperative matrices): `linear_matmat_tiled` and `linear_gemm_coop` where its rows are a
@@ -551,6 +593,7 @@ impl<'a> WgpuOp<'a> for Attention<'a> {
         shaders::ATTENTION_SPLIT,
         shaders::ATTENTION_GROUPED,
         shaders::ATTENTION_MERGE,
+        shaders::ATTENTION_TILED,
     ];
 
     fn step(&self, _: u32) -> Result<Step<'a>> {
@@ -575,7 +618,7 @@ impl<'a> WgpuOp<'a> for KvStore<'a> {
 }
 
 impl<'a> WgpuOp<'a> for PagedAttention<'a> {
-    const KERNELS: &'static [Kernel] = &[shaders::PAGED_ATTENTION];
+    const KERNELS: &'static [Kernel] = &[shaders::PAGED_ATTENTION, shaders::PAGED_ATTENTION_TILED];
 
     fn step(&self, max_dim: u32) -> Result<Step<'a>> {
         if self.heads > max_dim || self.tokens > max_dim {
