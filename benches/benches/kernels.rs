@@ -149,8 +149,8 @@ impl Tier {
 /// `CAIRN_WGPU_MATVEC` (rows, stream, subgroup, int8; else auto) picks the wgpu and vulkan
 /// matrix-vector kernels, as `cairn`'s `--wgpu-matvec` does; `CAIRN_WGPU_ATTENTION` (split,
 /// single; else auto) their decode attention, as `--wgpu-attention` does, and
-/// `CAIRN_WGPU_ATTENTION_KERNEL` (grouped; else heads) and `CAIRN_WGPU_ATTENTION_PIECE` its
-/// split's first pass; `CAIRN_VULKAN_ZERO_INIT` (native, off; else polyfill) the vulkan
+/// `CAIRN_WGPU_ATTENTION_KERNEL` (heads; else grouped) and `CAIRN_WGPU_ATTENTION_PIECE` its
+/// split's first pass; `CAIRN_VULKAN_ZERO_INIT` (polyfill, off; else native, the default) the vulkan
 /// backend's zeroing of workgroup memory.
 fn options() -> EngineOptions {
     let mut o = EngineOptions::default();
@@ -159,16 +159,16 @@ fn options() -> EngineOptions {
         Ok("single") => WgpuAttention::Single,
         _ => WgpuAttention::ByAdapter,
     };
-    if std::env::var("CAIRN_WGPU_ATTENTION_KERNEL").as_deref() == Ok("grouped") {
-        o.wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Grouped;
+    if std::env::var("CAIRN_WGPU_ATTENTION_KERNEL").as_deref() == Ok("heads") {
+        o.wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Heads;
     }
     o.wgpu.attention_piece = std::env::var("CAIRN_WGPU_ATTENTION_PIECE")
         .ok()
         .and_then(|v| v.parse().ok());
     o.vulkan.zero_init = match std::env::var("CAIRN_VULKAN_ZERO_INIT").as_deref() {
-        Ok("native") => cairn_engine::options::VulkanZeroInit::Native,
+        Ok("polyfill") => cairn_engine::options::VulkanZeroInit::Polyfill,
         Ok("off") => cairn_engine::options::VulkanZeroInit::Off,
-        _ => cairn_engine::options::VulkanZeroInit::Polyfill,
+        _ => cairn_engine::options::VulkanZeroInit::Native,
     };
     o.wgpu.matvec = match std::env::var("CAIRN_WGPU_MATVEC").as_deref() {
         Ok("rows") => WgpuMatvec::Rows,

@@ -186,11 +186,12 @@ impl WgpuAttention {
 pub enum WgpuAttentionKernel {
     /// One workgroup per (query head, token, piece) (`attention_split.wgsl`): under
     /// grouped-query attention each key and value row is read once per query head.
-    #[default]
     Heads,
     /// One workgroup per (key/value head, token, piece) scoring up to 4 query heads that
     /// share it against each row loaded once (`attention_grouped.wgsl`); head sizes that are
-    /// not a multiple of 4 keep `Heads`.
+    /// not a multiple of 4 keep `Heads`. The default since session 20 (H200: 8B decode 1.03x
+    /// `Heads` at 512 keys, 1.20x at 2,048; 135M 1.11x).
+    #[default]
     Grouped,
 }
 
@@ -484,11 +485,14 @@ pub struct VulkanOptions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum VulkanZeroInit {
     /// Invocation 0 of every workgroup stores zeros over all of the kernel's workgroup arrays,
-    /// then a barrier (naga's polyfill; what the backend always did).
-    #[default]
+    /// then a barrier (naga's polyfill; what the backend did until session 20).
     Polyfill,
     /// The driver zeroes them (`VK_KHR_zero_initialize_workgroup_memory`, core in Vulkan
-    /// 1.3), as wgpu's own pipelines do where the device has it; the polyfill elsewhere.
+    /// 1.3), as wgpu's own pipelines do where the device has it; the polyfill elsewhere. The
+    /// default: besides what it saves at run time, lavapipe compiles the polyfill's stores over
+    /// large arrays for minutes (the prompt attention tiles' 28 KiB: over 4 minutes cold,
+    /// against under a second with the driver's zeroing).
+    #[default]
     Native,
     /// Not zeroed: every kernel writes its workgroup memory before reading it.
     Off,

@@ -60,13 +60,13 @@ fn options() -> cairn_engine::EngineOptions {
     };
     // The grouped first pass of split attention, and the vulkan backend's workgroup-memory
     // zeroing, as `cairn`'s variables pin them (to run the whole suite under each).
-    if std::env::var("CAIRN_WGPU_ATTENTION_KERNEL").as_deref() == Ok("grouped") {
-        o.wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Grouped;
+    if std::env::var("CAIRN_WGPU_ATTENTION_KERNEL").as_deref() == Ok("heads") {
+        o.wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Heads;
     }
     o.vulkan.zero_init = match std::env::var("CAIRN_VULKAN_ZERO_INIT").as_deref() {
-        Ok("native") => cairn_engine::options::VulkanZeroInit::Native,
+        Ok("polyfill") => cairn_engine::options::VulkanZeroInit::Polyfill,
         Ok("off") => cairn_engine::options::VulkanZeroInit::Off,
-        _ => cairn_engine::options::VulkanZeroInit::Polyfill,
+        _ => cairn_engine::options::VulkanZeroInit::Native,
     };
     o.vulkan.fixed_params = std::env::var("CAIRN_VULKAN_FIXED_PARAMS").as_deref() == Ok("1");
     // The norms are folded on software rasterizers too, to test that kernel here.
@@ -1721,9 +1721,13 @@ fn check_attention_on(
 }
 
 /// The wgpu and vulkan devices, opened with decode attention cut by keys whatever the
-/// context (`--wgpu-attention split`).
+/// context (`--wgpu-attention split`), on the per-head first pass (`--wgpu-attention-kernel
+/// heads`).
 fn split_attention_devices() -> Vec<Device> {
-    wgsl_devices_with(|o| o.wgpu.attention = cairn_engine::options::WgpuAttention::Split)
+    wgsl_devices_with(|o| {
+        o.wgpu.attention = cairn_engine::options::WgpuAttention::Split;
+        o.wgpu.attention_kernel = cairn_engine::options::WgpuAttentionKernel::Heads;
+    })
 }
 
 /// [`split_attention_devices`] with the grouped first pass (`--wgpu-attention-kernel

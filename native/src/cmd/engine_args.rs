@@ -60,8 +60,9 @@ pub struct EngineArgs {
     #[arg(long, env = "CAIRN_WGPU_ATTENTION", value_enum, default_value_t = WgpuAttentionArg::Auto)]
     pub wgpu_attention: WgpuAttentionArg,
     /// wgpu and vulkan: the split decode attention's first pass (`heads`: a workgroup per
-    /// query head; `grouped`: a workgroup per key/value head for the query heads sharing it).
-    #[arg(long, env = "CAIRN_WGPU_ATTENTION_KERNEL", value_enum, default_value_t = WgpuAttentionKernelArg::Heads)]
+    /// query head; `grouped`, the default: a workgroup per key/value head for the query heads
+    /// sharing it).
+    #[arg(long, env = "CAIRN_WGPU_ATTENTION_KERNEL", value_enum, default_value_t = WgpuAttentionKernelArg::Grouped)]
     pub wgpu_attention_kernel: WgpuAttentionKernelArg,
     /// wgpu and vulkan: the fewest keys a piece of the grouped attention kernel gets
     /// (default 32).
@@ -110,8 +111,9 @@ pub struct EngineArgs {
     #[arg(long, env = "CAIRN_VULKAN_PUSH_CONSTANTS", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub vulkan_push_constants: bool,
     /// vulkan: how the kernels' workgroup memory is zeroed (`polyfill`: by invocation 0 of
-    /// each workgroup; `native`: by the driver, as wgpu's pipelines do; `off`).
-    #[arg(long, env = "CAIRN_VULKAN_ZERO_INIT", value_enum, default_value_t = VulkanZeroInitArg::Polyfill)]
+    /// each workgroup; `native`: by the driver, as wgpu's pipelines do, where it can, else the
+    /// polyfill; `off`).
+    #[arg(long, env = "CAIRN_VULKAN_ZERO_INIT", value_enum, default_value_t = VulkanZeroInitArg::Native)]
     pub vulkan_zero_init: VulkanZeroInitArg,
     /// vulkan: kernel parameters at a fixed offset in each dispatch's bind group, as wgpu
     /// binds them (false: a dynamic offset, one bind group per set of buffers).
@@ -438,8 +440,11 @@ mod tests {
             parse(&["--wgpu-attention", "single"]).wgpu.attention,
             WgpuAttention::Single
         );
-        assert_eq!(parse(&[]).wgpu.attention_kernel, WgpuAttentionKernel::Heads);
-        assert_eq!(parse(&[]).vulkan.zero_init, VulkanZeroInit::Polyfill);
+        assert_eq!(
+            parse(&[]).wgpu.attention_kernel,
+            WgpuAttentionKernel::Grouped
+        );
+        assert_eq!(parse(&[]).vulkan.zero_init, VulkanZeroInit::Native);
         assert_eq!(
             parse(&["--vulkan-zero-init", "native"]).vulkan.zero_init,
             VulkanZeroInit::Native
@@ -462,10 +467,10 @@ mod tests {
             Some(16)
         );
         assert_eq!(
-            parse(&["--wgpu-attention-kernel", "grouped"])
+            parse(&["--wgpu-attention-kernel", "heads"])
                 .wgpu
                 .attention_kernel,
-            WgpuAttentionKernel::Grouped
+            WgpuAttentionKernel::Heads
         );
         assert_eq!(
             o.cuda,

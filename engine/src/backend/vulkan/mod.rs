@@ -150,15 +150,15 @@ fn open_backend(
     if push_constants {
         tracing::warn!("vulkan push constants on: known to give wrong results");
     }
+    // The driver zeroes workgroup memory where it can, as wgpu's own pipelines let it;
     // naga's polyfill (invocation 0 stores zeros over every workgroup array, then a barrier)
-    // is what this backend always did; wgpu's own pipelines let the driver do it where the
-    // device can (docs/vulkan.md, "Against wgpu's own pipelines").
+    // elsewhere (docs/vulkan.md, "Against wgpu's own pipelines").
     use naga::back::spv::ZeroInitializeWorkgroupMemoryMode as Zero;
     let zero_init = match opts.zero_init {
         VulkanZeroInit::Polyfill => Zero::Polyfill,
         VulkanZeroInit::Native if props.zero_init_workgroup => Zero::Native,
         VulkanZeroInit::Native => {
-            tracing::warn!(id = %info.id, "the driver does not zero workgroup memory itself; the polyfill does");
+            tracing::debug!(id = %info.id, "the driver does not zero workgroup memory itself; the polyfill does");
             Zero::Polyfill
         }
         VulkanZeroInit::Off => Zero::None,
