@@ -308,29 +308,19 @@ kernels! {
     SAMPLE = "sample", false;
 }
 
-/// A kernel without weights whose body (`file`) calls functions of a shared core
-/// (`prelude`), which goes before it.
-macro_rules! with_core {
-    ($ident:ident = $file:literal over $core:literal) => {
-        pub const $ident: Kernel = Kernel {
-            name: $file,
-            wgsl: include_str!(concat!("../", $file, ".wgsl")),
-            formatted: false,
-            prelude: include_str!(concat!("../", $core, ".wgsl")),
-            chunked: false,
-            subgroups: false,
-            int8: false,
-            vec4: false,
-            wide: false,
-            gemm: None,
-            coop: None,
-        };
-    };
-}
-
-// Prompt attention through workgroup-memory tiles, over a cache and through block tables.
-with_core!(ATTENTION_TILED = "attention_tiled" over "attention_tile");
-with_core!(PAGED_ATTENTION_TILED = "paged_attention_tiled" over "attention_tile");
+/// Prompt attention through workgroup-memory tiles (`attention_tiled.wgsl`, and
+/// `paged_attention_tiled.wgsl` over a block table), over the tile loop they share,
+/// `attention_tile.wgsl`.
+pub const ATTENTION_TILED: Kernel = attention_walk(
+    "attention_tiled",
+    include_str!("../attention_tiled.wgsl"),
+    include_str!("../attention_tile.wgsl"),
+);
+pub const PAGED_ATTENTION_TILED: Kernel = attention_walk(
+    "paged_attention_tiled",
+    include_str!("../paged_attention_tiled.wgsl"),
+    include_str!("../attention_tile.wgsl"),
+);
 
 /// Weight formats, by GGML type name.
 pub const FORMATS: &[(&str, &str)] = &[

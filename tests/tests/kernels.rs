@@ -1254,6 +1254,45 @@ struct PagedSeq {
     queries: Vec<usize>,
 }
 
+/// One `PagedAttention` of `p.tokens` tokens on `d` over the pools and the rows and table
+/// given, its output buffer filled with 7 first (where skipped tokens keep it); the output.
+fn run_paged_attention(
+    d: &Device,
+    q: &[f32],
+    (k_pool, v_pool): (&[f32], &[f32]),
+    (rows, table): (&[u32], &[u32]),
+    p: &PagedAttentionParams,
+) -> Result<Vec<f32>, cairn_engine::backend::BackendError> {
+    let (bq, bk, bv) = (
+        upload_f32(d, "q", q),
+        upload_f32(d, "k_pool", k_pool),
+        upload_f32(d, "v_pool", v_pool),
+    );
+    let br = d.upload("rows", bytemuck::cast_slice(rows)).unwrap();
+    let bt = d.upload("table", bytemuck::cast_slice(table)).unwrap();
+    let n = p.tokens as usize * (p.heads * p.head_dim) as usize;
+    let bo = upload_f32(d, "out", &vec![7.0f32; n]);
+    d.run(&[Op::PagedAttention(PagedAttention {
+        q: &bq,
+        k_pool: &bk,
+        v_pool: &bv,
+        rows: &br,
+        table: &bt,
+        out: &bo,
+        heads: p.heads,
+        kv_heads: p.kv_heads,
+        head_dim: p.head_dim,
+        tokens: p.tokens,
+        block: p.block,
+        pool_blocks: p.pool_blocks,
+        table_len: p.table_len,
+        scale: p.scale,
+        window: p.window,
+        softcap: p.softcap,
+    })])
+    .map(|()| read(d, &bo, n))
+}
+
 /// Several sequences of different lengths in one pool, their blocks shuffled, each token
 /// through its own table slice; tokens whose table is too short or names a block outside the
 /// pool are skipped by GPU kernels (their output rows keep what was there) and refused by the
@@ -1385,34 +1424,7 @@ fn paged_attention_over_shuffled_blocks_of_several_sequences() {
         assert_eq!((gi, bi), (n_good, bad_rows.len()));
         for d in devices().iter().chain(&split).chain(&grouped) {
             let run = |q: &[f32], rows: &[u32], tokens: usize| {
-                let (bq, bk, bv) = (
-                    upload_f32(d, "q", q),
-                    upload_f32(d, "k_pool", &kp),
-                    upload_f32(d, "v_pool", &vp),
-                );
-                let br = d.upload("rows", bytemuck::cast_slice(rows)).unwrap();
-                let bt = d.upload("table", bytemuck::cast_slice(&table)).unwrap();
-                let bo = upload_f32(d, "out", &vec![7.0f32; tokens * row]);
-                let p = params(tokens);
-                d.run(&[Op::PagedAttention(PagedAttention {
-                    q: &bq,
-                    k_pool: &bk,
-                    v_pool: &bv,
-                    rows: &br,
-                    table: &bt,
-                    out: &bo,
-                    heads: p.heads,
-                    kv_heads: p.kv_heads,
-                    head_dim: p.head_dim,
-                    tokens: p.tokens,
-                    block: p.block,
-                    pool_blocks: p.pool_blocks,
-                    table_len: p.table_len,
-                    scale: p.scale,
-                    window: p.window,
-                    softcap: p.softcap,
-                })])
-                .map(|()| read(d, &bo, tokens * row))
+                run_paged_attention(d, q, (&kp, &vp), (rows, &table), &params(tokens))
             };
             // Online softmax rescales partial sums: 1e-5 relative, as dense attention.
             let got = run(&q[..n_good * row], &good, n_good).unwrap();
@@ -1912,47 +1924,14 @@ fn prompt_attention_on_tiles_matches_the_reference() {
         (tokens - good - 1 - fits) * row,
     ));
     for d in &devs {
-        let (bq, bk, bv) = (
-            upload_f32(d, "q", &q),
-            upload_f32(d, "k_pool", &kp),
-            upload_f32(d, "v_pool", &vp),
-        );
-        let br = d.upload("rows", bytemuck::cast_slice(&flat)).unwrap();
-        let bt = d.upload("table", bytemuck::cast_slice(&table)).unwrap();
-        let bo = upload_f32(d, "out", &vec![7.0f32; tokens * row]);
-        let p = params(tokens);
-        d.run(&[Op::PagedAttention(PagedAttention {
-            q: &bq,
-            k_pool: &bk,
-            v_pool: &bv,
-            rows: &br,
-            table: &bt,
-            out: &bo,
-            heads: p.heads,
-            kv_heads: p.kv_heads,
-            head_dim: p.head_dim,
-            tokens: p.tokens,
-            block: p.block,
-            pool_blocks: p.pool_blocks,
-            table_len: p.table_len,
-            scale: p.scale,
-            window: p.window,
-            softcap: p.softcap,
-        })])
-        .unwrap();
+        let got = run_paged_attention(d, &q, (&kp, &vp), (&flat, &table), &params(tokens)).unwrap();
         assert_eq!(
             d.kernels_in_last_run().unwrap_or_default(),
             ["paged_attention_tiled"],
             "{}",
             d.info().id
         );
-        assert_close(
-            "paged attention on tiles",
-            d,
-            &read(d, &bo, tokens * row),
-            &want,
-            1e-5,
-        );
+        assert_close("paged attention on tiles", d, &got, &want, 1e-5);
     }
 }
 
