@@ -2035,7 +2035,10 @@ fn a_worker_returning_wrong_tokens_is_caught_evicted_and_the_request_recovers() 
         },
     );
     let (status, body) = post_json(&format!("{api}/v1/completions"), &request(false));
-    assert_eq!(status, 200, "{body}");
+    // On a failure, what the coordinator thought of its workers then (the
+    // peers' online flags, the evicted list) says which one went missing.
+    let cluster_then = || get_json(&format!("{api}/api/cluster")).unwrap_or_default();
+    assert_eq!(status, 200, "{body}\ncluster: {}", cluster_then());
     assert_eq!(
         body["cairn"]["tokens"],
         json!(ref_tokens),

@@ -3,7 +3,7 @@
 //! and is renewed before it runs out, so a leaked link stops working within
 //! a token's lifetime, and the operator can end it sooner by revoking it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -227,8 +227,11 @@ struct SessionsInner {
     decided: HashMap<String, bool>,
     /// The token and address of each evicted worker: a peer that comes
     /// back with both is the same process (or its neighbour with its
-    /// token) under a new peer id.
-    evicted: std::collections::HashSet<(String, Option<IpAddr>)>,
+    /// token) under a new peer id. With each, the peers that held both
+    /// beside it when it was evicted: honest workers on the same host (or
+    /// behind the same NAT) with the join URL's token, which keep their
+    /// place when their links come up again.
+    evicted: HashMap<(String, Option<IpAddr>), HashSet<PeerId>>,
 }
 
 /// A peer's way in.
@@ -273,19 +276,30 @@ impl Sessions {
             .peers
             .iter()
             .any(|(p, s)| p != peer && s.token_id == session.token_id);
+        let beside: HashSet<PeerId> = inner
+            .peers
+            .iter()
+            .filter(|(p, s)| *p != peer && **s == session)
+            .map(|(p, _)| p.clone())
+            .collect();
         inner
             .evicted
-            .insert((session.token_id.clone(), session.addr));
+            .entry((session.token_id.clone(), session.addr))
+            .or_default()
+            .extend(beside);
         Some((session, alone))
     }
 
-    /// Whether `peer` came with the token of an evicted worker from its address.
+    /// Whether `peer` came with the token of an evicted worker from its
+    /// address, and was not in the room beside it when it was evicted.
     pub fn barred(&self, peer: &PeerId) -> bool {
         let inner = self.lock();
-        inner
-            .peers
-            .get(peer)
-            .is_some_and(|s| inner.evicted.contains(&(s.token_id.clone(), s.addr)))
+        inner.peers.get(peer).is_some_and(|s| {
+            inner
+                .evicted
+                .get(&(s.token_id.clone(), s.addr))
+                .is_some_and(|beside| !beside.contains(peer))
+        })
     }
 
     /// What the operator decided on `peer`'s token before, if anything.
@@ -389,6 +403,8 @@ mod tests {
         let peer = |p: &str| PeerId(p.into());
         s.joined(peer("bad"), way_in("shared", [10, 0, 0, 9]));
         s.joined(peer("honest"), way_in("shared", [10, 0, 0, 2]));
+        // An honest worker on the same host with the same token.
+        s.joined(peer("neighbour"), way_in("shared", [10, 0, 0, 9]));
         s.joined(peer("own"), way_in("single", [10, 0, 0, 3]));
         let (session, alone) = s.evict(&peer("bad")).expect("a session");
         assert_eq!(session.token_id, "shared");
@@ -398,6 +414,11 @@ mod tests {
         s.joined(peer("bad-again"), way_in("shared", [10, 0, 0, 9]));
         assert!(s.barred(&peer("bad-again")));
         assert!(!s.barred(&peer("honest")));
+        // The neighbour was in the room beside it: its link coming up again
+        // (same peer id) does not bar it. A later twin of it is barred.
+        assert!(!s.barred(&peer("neighbour")));
+        s.joined(peer("neighbour-twin"), way_in("shared", [10, 0, 0, 9]));
+        assert!(s.barred(&peer("neighbour-twin")));
         s.joined(peer("new"), way_in("other", [10, 0, 0, 9]));
         assert!(!s.barred(&peer("new")), "another token from that address");
         // A token only the evicted worker holds is its alone (so revocable).
