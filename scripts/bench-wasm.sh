@@ -23,7 +23,8 @@
 # package on 1 thread and its threaded one on 2), WASM_SPINS (spin budgets in us, e.g. "0
 # 500": the threaded package on 2 threads once more with each; 0 is the waits before
 # session 19), WASM_PROBE (1: each threaded run on 2 threads first times the team's
-# hand-offs with spin budgets of 0, 20, 100 and 500 us), WASM_THREADS
+# hand-offs with spin budgets of 0, 20, 100 and 500 us), WASM_SINGLE (0: leave the
+# single-thread package out), NATIVE (0: leave the native runs out), WASM_THREADS
 # (the threaded package's runs: default "1 2"), WASM_ENGINE (chromium, the default where it
 # is installed, or node: scripts/bench-wasm.mjs, single-thread package only), CHROMIUM (the
 # browser binary). Needs python3 (it serves the files over HTTP).
@@ -118,8 +119,10 @@ for pass in $(seq "${PASSES:-1}"); do
             wasm ../base/threads/cairn_web.js 2
         fi
     fi
-    echo "== pass $pass: wasm, single-thread package (simd128), 1 thread"
-    wasm cairn_web.js 1
+    if [ "${WASM_SINGLE:-1}" != 0 ]; then
+        echo "== pass $pass: wasm, single-thread package (simd128), 1 thread"
+        wasm cairn_web.js 1
+    fi
     if [ -f "$pkg/threads/cairn_web_bg.wasm" ] && [ "$engine" = chromium ]; then
         for threads in ${WASM_THREADS:-1 2}; do
             echo "== pass $pass: wasm, threaded package (simd128+relaxed), $threads thread(s)"
@@ -134,7 +137,7 @@ for pass in $(seq "${PASSES:-1}"); do
     else
         echo "== no threaded package run (none in $pkg, or not in Chromium)"
     fi
-    for threads in 1 2; do
+    for threads in $([ "${NATIVE:-1}" != 0 ] && echo 1 2); do
         echo "== pass $pass: native cpu backend, $threads thread(s)"
         "$cairn" bench --model "$model" --backend cpu --cpu-threads "$threads" --prompt-tokens "$prefill" \
             --gen-tokens "$tokens" --runs "$rounds" 2>/dev/null | grep -E '^  (prefill|decode) '

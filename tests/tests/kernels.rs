@@ -2389,3 +2389,92 @@ fn linear_prefill_kernels_match_the_reference() {
         assert!(ran > 0, "no device ran the prompt-product kernels");
     }
 }
+
+/// Products in a row from the same activations (Q, K and V; gate and up) may share one int8
+/// rounding of them (the cpu backend does), but only while those activations are unchanged:
+/// one run where the second product's input was rewritten in between, by a product on f32
+/// weights (which takes the reference path, quantizing nothing) and by an `Add`, must give
+/// what the same products give in runs of their own. On every device. Tolerance: 1e-5 (the
+/// same kernels on the same inputs; a stale rounding is off by the whole change, here about
+/// as large as the outputs).
+#[test]
+fn products_in_a_row_share_rounded_activations_only_while_unchanged() {
+    let mut rng = StdRng::seed_from_u64(91);
+    let (rows, cols, tokens) = (48, 64, 5);
+    let wf = rand_vec(&mut rng, rows * cols, 1.0);
+    let wq: Vec<u8> = wf
+        .chunks(cols)
+        .flat_map(|r| quantize_row(GgmlType::Q4_1, r))
+        .collect();
+    let square = rand_vec(&mut rng, cols * cols, 0.5);
+    let x0 = rand_vec(&mut rng, tokens * cols, 1.0);
+    let z = rand_vec(&mut rng, tokens * cols, 1.0);
+    for d in devices() {
+        let w = upload_weights(&d, "w", &wq, GgmlType::Q4_1, cols);
+        let sq = upload_weights(
+            &d,
+            "square",
+            bytemuck::cast_slice(&square),
+            GgmlType::F32,
+            cols,
+        );
+        let (x, bz) = (upload_f32(&d, "x", &x0), upload_f32(&d, "z", &z));
+        let out = |n: &str| d.alloc(n, (tokens * rows * 4) as u64).expect("alloc");
+        let (y1, y2, y3) = (out("y1"), out("y2"), out("y3"));
+        fn product<'a>(
+            (w, wtype): (&'a Buffer, GgmlType),
+            x: &'a Buffer,
+            y: &'a Buffer,
+            [rows, cols, tokens]: [usize; 3],
+        ) -> Op<'a> {
+            Op::Linear(Linear {
+                w,
+                wtype,
+                x,
+                y,
+                rows: rows as u32,
+                cols: cols as u32,
+                tokens: tokens as u32,
+            })
+        }
+        let lin = |w, wtype, x, y, rows| product((w, wtype), x, y, [rows, cols, tokens]);
+        let add = Op::Add(Add {
+            a: &x,
+            b: &bz,
+            out: &x,
+            n: (tokens * cols) as u32,
+        });
+        let ops = [
+            lin(&w, GgmlType::Q4_1, &x, &y1, rows),
+            lin(&sq, GgmlType::F32, &bz, &x, cols),
+            lin(&w, GgmlType::Q4_1, &x, &y2, rows),
+            add,
+            lin(&w, GgmlType::Q4_1, &x, &y3, rows),
+        ];
+        d.run(&ops).expect("one run");
+        let got = [&y1, &y2, &y3].map(|y| read(&d, y, tokens * rows));
+        // The same ops again, each in a run of its own, from the same start.
+        d.write(&x, 0, bytemuck::cast_slice(&x0)).expect("reset x");
+        let mut want = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            d.run(std::slice::from_ref(op)).expect("alone");
+            if matches!(i, 0 | 2 | 4) {
+                let y = [&y1, &y2, &y3][i / 2];
+                want.push(read(&d, y, tokens * rows));
+            }
+        }
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close(&format!("product {} of the run", k + 1), &d, g, w, 1e-5);
+        }
+        // And the change was large enough to catch a stale rounding.
+        let moved = want[0]
+            .iter()
+            .zip(&want[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            moved > 0.1,
+            "the second product's input barely changed ({moved})"
+        );
+    }
+}

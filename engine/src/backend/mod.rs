@@ -208,7 +208,7 @@ enum Pending {
 }
 
 enum Inner {
-    Cpu(cpu::CpuBackend),
+    Cpu(Box<cpu::CpuBackend>),
     Wgpu(Box<wgpu::WgpuBackend>),
     Cuda(Box<cuda::CudaBackend>),
 }
@@ -229,7 +229,7 @@ impl Device {
 
     pub(crate) fn new_cpu_with(info: DeviceInfo, backend: cpu::CpuBackend) -> Device {
         Device {
-            inner: Inner::Cpu(backend),
+            inner: Inner::Cpu(Box::new(backend)),
             info,
             accounting: Default::default(),
         }

@@ -167,7 +167,8 @@ pub fn check_kernels() -> Result<KernelCheck, String> {
                 .iter()
                 .zip(a.iter().zip(&b))
                 .all(|(y, (a, b))| (y - (b + 0.75 * a)).abs() <= 1e-6);
-            comparisons += 2;
+            comparisons +=
+                2 + many_rows(&v, &a, &mut rng).map_err(|e| format!("{}: {e}", isa.name()))?;
             let dot_ok = (got - want).abs() <= 1e-5 * n as f32;
             if !(dot_ok && axpy_ok) {
                 return Err(format!(
@@ -182,6 +183,46 @@ pub fn check_kernels() -> Result<KernelCheck, String> {
         comparisons,
         tiles,
     })
+}
+
+/// The many-row helpers (`dots`, `axpys`) against the one-row ones row by row: 1 to 9 rows
+/// of `q.len()` elements with a gap between rows. Tolerance 1e-5 of the sum of the products'
+/// magnitudes (f32 sums in another order; the wasm helpers give the one-row bits). Returns
+/// how many results it compared.
+fn many_rows(v: &VecF32, q: &[f32], rng: &mut Rng) -> Result<usize, String> {
+    let (d, mut compared) = (q.len(), 0);
+    let close = |g: f32, w: f32, scale: f32| (g - w).abs() <= 1e-5 * scale.max(1.0);
+    for n in 1..=9 {
+        let stride = d + 3;
+        let rows: Vec<f32> = (0..n * stride).map(|_| rng.unit()).collect();
+        let mut got = vec![0.0; n];
+        (v.dots)(q, &rows, stride, &mut got);
+        for (i, &g) in got.iter().enumerate() {
+            let row = &rows[i * stride..][..d];
+            let want = (v.dot)(q, row);
+            let scale: f32 = q.iter().zip(row).map(|(a, b)| (a * b).abs()).sum();
+            if !close(g, want, scale) {
+                return Err(format!(
+                    "dots over {n} rows of {d}: row {i} {g}, one row {want}"
+                ));
+            }
+        }
+        let w: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+        let start: Vec<f32> = (0..d).map(|_| rng.unit()).collect();
+        let (mut got, mut want) = (start.clone(), start);
+        (v.axpys)(&mut got, &w, &rows, stride);
+        for (i, &a) in w.iter().enumerate() {
+            (v.axpy)(&mut want, a, &rows[i * stride..][..d]);
+        }
+        if let Some(e) = (0..d).find(|&e| !close(got[e], want[e], n as f32)) {
+            return Err(format!(
+                "axpys over {n} rows of {d}: element {e} {}, row by row {}",
+                got[e], want[e]
+            ));
+        }
+        compared += n + d;
+    }
+    Ok(compared)
 }
 
 /// Compares every prefill tile kernel of `isas` (`dot/tile.rs`: the unpacked tile against

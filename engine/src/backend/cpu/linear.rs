@@ -15,7 +15,7 @@
 
 use super::dot::tile::{self, Acts, TILE, Tile};
 use super::dot::{Isa, TileFn};
-use super::q8::{Layout, Q8, Q8Row};
+use super::q8::{Layout, Q8, Q8Row, Source};
 use crate::kernels::linear as reference;
 use crate::quant::GgmlType;
 
@@ -37,6 +37,7 @@ const PARALLEL_WORK: usize = 1 << 16;
 pub(crate) fn linear(
     isa: Isa,
     scratch: &mut Q8,
+    source: Option<Source>,
     wtype: GgmlType,
     w: &[u8],
     x: &[f32],
@@ -45,7 +46,16 @@ pub(crate) fn linear(
     cols: usize,
     tokens: usize,
 ) {
-    linear_with(tiles(), isa, scratch, wtype, w, x, y, [rows, cols, tokens]);
+    linear_with(
+        tiles(),
+        isa,
+        (scratch, source),
+        wtype,
+        w,
+        x,
+        y,
+        [rows, cols, tokens],
+    );
 }
 
 /// [`linear`] with the prompts over tiles chosen by the caller (the tests run every mode).
@@ -53,7 +63,7 @@ pub(crate) fn linear(
 pub(super) fn linear_with(
     tiles: Tiles,
     isa: Isa,
-    scratch: &mut Q8,
+    (scratch, source): (&mut Q8, Option<Source>),
     wtype: GgmlType,
     w: &[u8],
     x: &[f32],
@@ -72,7 +82,7 @@ pub(super) fn linear_with(
     if rows == 0 || tokens == 0 {
         return;
     }
-    scratch.quantize(layout, x, cols, tokens);
+    scratch.quantize_from(source, layout, x, cols, tokens);
     let q8: &Q8 = scratch;
     let wrow = |r: usize| &w[r * row_bytes..][..row_bytes];
     let work = rows * cols * tokens;
@@ -293,7 +303,14 @@ impl Tiled<'_> {
                         // SAFETY: task `i` alone writes rows `r0..r1` of each token (inside
                         // `y`, checked above), and `y` is borrowed while the tasks run.
                         let o = unsafe { std::slice::from_raw_parts_mut(out.at(at), r1 - r0) };
-                        o.copy_from_slice(&v[..r1 - r0]);
+                        if let Ok(o) = <&mut [f32; TILE]>::try_from(&mut *o) {
+                            // A whole tile's 64 bytes as a fixed-size copy: the compiler
+                            // moves them in registers, where a copy of a run-time length
+                            // was a call (wasm's `memory.copy` is one into the browser).
+                            *o = *v;
+                        } else {
+                            o.copy_from_slice(&v[..r1 - r0]);
+                        }
                     }
                 });
             });
@@ -342,7 +359,7 @@ fn decode_batch() -> bool {
 }
 
 /// Runs `f(i)` for `i < tasks`, on the team (or the pool) when `work` pays for it.
-fn par_tasks(tasks: usize, work: usize, f: impl Fn(usize) + Sync) {
+pub(super) fn par_tasks(tasks: usize, work: usize, f: impl Fn(usize) + Sync) {
     #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
     if work >= PARALLEL_WORK && tasks > 1 {
         if let Some(team) = super::team::team()

@@ -69,6 +69,49 @@ pub(crate) struct Q8 {
     outliers: Vec<Outlier>,
     /// Where each token's outliers start in `outliers`, and one past the last token's.
     outliers_at: Vec<usize>,
+    /// What the values were quantized from, where the caller named it ([`Q8::quantize_from`]).
+    source: Option<Source>,
+}
+
+/// The activations a [`Q8`] holds, as the cpu backend names them: its run of consecutive
+/// products (`streak`: no other op ran in between, so the buffer is unchanged), the buffer's
+/// address and length, and the shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Source {
+    pub streak: u64,
+    pub addr: usize,
+    pub len: usize,
+    pub cols: usize,
+    pub tokens: usize,
+}
+
+/// Where [`Q8::quantize`]'s parallel tasks write.
+struct Parts {
+    qs: *mut i8,
+    d: *mut f32,
+    sum: *mut f32,
+}
+
+// SAFETY: the tasks that share it write disjoint tokens (`Q8::quantize`).
+unsafe impl Sync for Parts {}
+
+impl Parts {
+    /// Token `t`'s `cols` values and its steps and sums (one per 32 values).
+    ///
+    /// # Safety
+    /// The vectors hold token `t`, and no one else touches its parts while these live.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn token(&self, t: usize, cols: usize) -> (&mut [i8], &mut [f32], &mut [f32]) {
+        let per = cols / QK;
+        // SAFETY: the caller's.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.qs.add(t * cols), cols),
+                std::slice::from_raw_parts_mut(self.d.add(t * per), per),
+                std::slice::from_raw_parts_mut(self.sum.add(t * per), per),
+            )
+        }
+    }
 }
 
 /// One token's quantized activations.
@@ -86,7 +129,37 @@ pub(crate) struct Q8Row<'a> {
 
 impl Q8 {
     /// Quantizes `tokens` rows of `cols` elements (`cols` a multiple of the layout's block).
+    /// [`Q8::quantize`], unless these values already hold `source` in `layout` (a product
+    /// right after another one from the same activations: Q, K and V, gate and up).
+    pub(crate) fn quantize_from(
+        &mut self,
+        source: Option<Source>,
+        layout: Layout,
+        x: &[f32],
+        cols: usize,
+        tokens: usize,
+    ) {
+        if source.is_some() && self.source == source && self.layout == Some(layout) {
+            return;
+        }
+        self.quantize(layout, x, cols, tokens);
+        self.source = source;
+    }
+
+    /// `y` was just written: values quantized from any of it are stale (a product on the
+    /// reference path writes without quantizing).
+    pub(crate) fn written(&mut self, y: &[f32]) {
+        let (start, end) = (y.as_ptr() as usize, y.as_ptr() as usize + 4 * y.len());
+        if self
+            .source
+            .is_some_and(|s| s.addr < end && start < s.addr + 4 * s.len)
+        {
+            self.source = None;
+        }
+    }
+
     pub(crate) fn quantize(&mut self, layout: Layout, x: &[f32], cols: usize, tokens: usize) {
+        self.source = None;
         let block = layout.block();
         debug_assert_eq!(cols % block, 0);
         let blocks = tokens * cols / block;
@@ -108,6 +181,33 @@ impl Q8 {
         self.outliers.clear();
         self.outliers_at.clear();
         self.outliers_at.push(0);
+        if layout == Layout::Blocks32 && tokens > 1 {
+            // No outliers in this layout: every token is independent, so the team takes
+            // them (a serial stretch between the products otherwise: 7% of a wasm prefill).
+            self.outliers_at.resize(tokens + 1, 0);
+            let parts = Parts {
+                qs: self.qs.as_mut_ptr(),
+                d: self.d.as_mut_ptr(),
+                sum: self.sum.as_mut_ptr(),
+            };
+            let parts = &parts;
+            super::linear::par_tasks(tokens, tokens * cols * 8, |t| {
+                // SAFETY: task `t` alone takes token `t`, inside the vectors sized above for
+                // `tokens`, which outlive the tasks.
+                let (qs, d, sum) = unsafe { parts.token(t, cols) };
+                let xt = &x[t * cols..][..cols];
+                for (((xb, qb), d), sum) in xt
+                    .chunks_exact(QK)
+                    .zip(qs.chunks_exact_mut(QK))
+                    .zip(d.iter_mut())
+                    .zip(sum.iter_mut())
+                {
+                    *d = quantize_block(xb, qb, 0, None);
+                    *sum = *d * qb.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+                }
+            });
+            return;
+        }
         let per_token = cols / block;
         for (b, (xb, qb)) in x
             .chunks_exact(block)

@@ -263,6 +263,7 @@ fn linear_tiles_and_threads_agree_with_the_reference() {
             linear(
                 Isa::detect(),
                 &mut scratch,
+                None,
                 ty,
                 &w,
                 &x,
@@ -306,7 +307,18 @@ fn zero_activations_give_zero_and_no_nan() {
         let w = quantized_rows(&mut StdRng::seed_from_u64(23), ty, 4, cols);
         let x = vec![0f32; cols];
         let mut y = vec![f32::NAN; 4];
-        linear(Isa::detect(), &mut scratch, ty, &w, &x, &mut y, 4, cols, 1);
+        linear(
+            Isa::detect(),
+            &mut scratch,
+            None,
+            ty,
+            &w,
+            &x,
+            &mut y,
+            4,
+            cols,
+            1,
+        );
         assert!(y.iter().all(|v| *v == 0.0), "{}: {y:?}", ty.name());
     }
 }
@@ -471,14 +483,23 @@ fn a_tokens_products_do_not_depend_on_its_batch() {
                     let x = activations(&mut rng, tokens * cols, layout(ty).block());
                     let mut batch = vec![f32::NAN; rows * tokens];
                     let shape = [rows, cols, tokens];
-                    linear_with(Tiles::On, isa, &mut scratch, ty, &w, &x, &mut batch, shape);
+                    linear_with(
+                        Tiles::On,
+                        isa,
+                        (&mut scratch, None),
+                        ty,
+                        &w,
+                        &x,
+                        &mut batch,
+                        shape,
+                    );
                     for t in 0..tokens {
                         let mut alone = vec![f32::NAN; rows];
                         let xt = &x[t * cols..][..cols];
                         linear_with(
                             Tiles::On,
                             isa,
-                            &mut scratch,
+                            (&mut scratch, None),
                             ty,
                             &w,
                             xt,
@@ -817,7 +838,7 @@ fn prefill_over_tiles_matches_the_scalar_kernel_on_the_models_shapes() {
                     linear_with(
                         mode,
                         isa,
-                        &mut scratch,
+                        (&mut scratch, None),
                         ty,
                         &w,
                         &x,

@@ -57,16 +57,8 @@ impl VecF32 {
             Isa::Simd128 => VecF32 {
                 dot: simd128::dot,
                 axpy: simd128::axpy,
-                dots: |q, rows, stride, out| {
-                    for (i, o) in out.iter_mut().enumerate() {
-                        *o = simd128::dot(q, &rows[i * stride..][..q.len()]);
-                    }
-                },
-                axpys: |y, w, rows, stride| {
-                    for (i, &a) in w.iter().enumerate() {
-                        simd128::axpy(y, a, &rows[i * stride..][..y.len()]);
-                    }
-                },
+                dots: simd128::dots,
+                axpys: simd128::axpys,
             },
             _ => VecF32 {
                 dot: crate::kernels::linear::dot,
@@ -312,6 +304,97 @@ mod simd128 {
             + f32x4_extract_lane::<2>(s)
             + f32x4_extract_lane::<3>(s)
             + a[i..].iter().zip(&b[i..]).map(|(x, y)| x * y).sum::<f32>()
+    }
+
+    /// [`dot`] of `q` with each of `out.len()` rows `stride` apart, four rows at a time: the
+    /// four rows' sums are independent chains (one row's chain of adds alone waits on each
+    /// add's latency), and `q` is loaded once for four. Each row's lanes and their final sum
+    /// are added in [`dot`]'s order, so the results are its bits.
+    pub(super) fn dots(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let d = q.len();
+        let vectors = d / 4;
+        let mut i = 0;
+        while i + 4 <= out.len() {
+            let r: [&[f32]; 4] = std::array::from_fn(|k| &rows[(i + k) * stride..][..d]);
+            let mut s = [f32x4_splat(0.0); 4];
+            for c in 0..vectors {
+                let qv = load(q, 4 * c);
+                for (s, r) in s.iter_mut().zip(r) {
+                    *s = f32x4_add(*s, f32x4_mul(qv, load(r, 4 * c)));
+                }
+            }
+            for (k, s) in s.into_iter().enumerate() {
+                out[i + k] = f32x4_extract_lane::<0>(s)
+                    + f32x4_extract_lane::<1>(s)
+                    + f32x4_extract_lane::<2>(s)
+                    + f32x4_extract_lane::<3>(s)
+                    + q[4 * vectors..]
+                        .iter()
+                        .zip(&r[k][4 * vectors..])
+                        .map(|(x, y)| x * y)
+                        .sum::<f32>();
+            }
+            i += 4;
+        }
+        for (j, o) in out.iter_mut().enumerate().skip(i) {
+            *o = dot(q, &rows[j * stride..][..d]);
+        }
+    }
+
+    /// `y += Σ_i w[i] · rows[i·stride..][..y.len()]`, 32 elements of `y` at a time held in
+    /// registers across every row (one row at a time loaded and stored all of `y` per row,
+    /// and each row's adds waited on the previous row's stores). Each element still adds the
+    /// rows' products in row order, as [`axpy`] row by row does, so the results are its bits.
+    pub(super) fn axpys(y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
+        const V: usize = 8;
+        let d = y.len();
+        if w.is_empty() {
+            return;
+        }
+        let rows = &rows[..(w.len() - 1) * stride + d];
+        let mut c = 0;
+        while c + 4 * V <= d {
+            let mut acc: [v128; V] = std::array::from_fn(|j| load(y, c + 4 * j));
+            for (i, &a) in w.iter().enumerate() {
+                let (av, r) = (f32x4_splat(a), &rows[i * stride + c..][..4 * V]);
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    *acc = f32x4_add(*acc, f32x4_mul(av, load(r, 4 * j)));
+                }
+            }
+            for (j, acc) in acc.into_iter().enumerate() {
+                store(y, c + 4 * j, acc);
+            }
+            c += 4 * V;
+        }
+        while c + 4 <= d {
+            let mut acc = load(y, c);
+            for (i, &a) in w.iter().enumerate() {
+                acc = f32x4_add(acc, f32x4_mul(f32x4_splat(a), load(rows, i * stride + c)));
+            }
+            store(y, c, acc);
+            c += 4;
+        }
+        for (i, &a) in w.iter().enumerate() {
+            for (y, x) in y[c..].iter_mut().zip(&rows[i * stride + c..][..d - c]) {
+                *y += a * x;
+            }
+        }
+    }
+
+    /// Four f32 of `x` from `at`.
+    #[inline(always)]
+    fn load(x: &[f32], at: usize) -> v128 {
+        let x = &x[at..at + 4];
+        // SAFETY: 4 readable f32 (sliced above), no alignment requirement.
+        unsafe { v128_load(x.as_ptr().cast()) }
+    }
+
+    /// Four f32 into `y` from `at`.
+    #[inline(always)]
+    fn store(y: &mut [f32], at: usize, v: v128) {
+        let y = &mut y[at..at + 4];
+        // SAFETY: 4 writable f32 (sliced above), no alignment requirement.
+        unsafe { v128_store(y.as_mut_ptr().cast(), v) }
     }
 
     pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {

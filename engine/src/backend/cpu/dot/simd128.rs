@@ -160,7 +160,7 @@ fn hsum4(p: [v128; 4]) -> v128 {
 }
 
 /// Four f16 (the low 16 bits of each u32 lane) to f32, as `scalar::f16_to_f32` does it.
-fn f16x4(h: v128) -> v128 {
+pub(super) fn f16x4(h: v128) -> v128 {
     let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
     let magnitude = i32x4_shl(v128_and(h, u32x4_splat(0x7fff)), 13);
     let normal = f32x4_mul(magnitude, f32x4_splat(f32::from_bits(0x7780_0000)));

@@ -15,13 +15,15 @@
 //!   token's four bytes broadcast to every lane against the tile's bytes (the weights are the
 //!   7-bit operand: every tiled format's unpacked quants are at most 63), several groups of
 //!   four summed in i16 before one widening (`SUM`, chosen so no lane can pass i16: Q4's
-//!   quants of at most 15 sum eight groups, Q5's four, 6-bit ones two).
+//!   quants of at most 15 sum eight groups, Q5's four, 6-bit ones two). Eight rows at a time
+//!   ([`half_relaxed`]), for what V8's register allocator can hold.
 //! - Without it (the single-thread package): the tile widened once to i16 pairs (elements
 //!   0,1 and 2,3 of four rows per vector) and `i32x4.dot_i16x8_s` against the token's pairs
 //!   broadcast.
 //!
 //! Both reduce each block's product to the same exact i32 per row before it meets a float,
-//! and the float part is this one function's, so the two packages stay bit-identical
+//! and the float steps are the same operations in the same order lane for lane ([`pass`] and
+//! [`half_relaxed`]), so the two packages stay bit-identical
 //! (tests/tests/browser.rs `threaded_cpu_fallback_matches_the_single_thread_one`). Q8_0 has
 //! no tile here (its unpacked bytes use all 8 bits).
 
@@ -29,7 +31,7 @@ use std::arch::wasm32::*;
 use std::ops::Range;
 
 use super::TileFn;
-use super::scalar::f16_at;
+use super::simd128::f16x4;
 use super::tile::{Acts, Format, TILE, Tile};
 use crate::quant::GgmlType;
 
@@ -66,29 +68,12 @@ fn store_f32(b: &mut [f32], v: v128) {
     unsafe { v128_store(b.as_mut_ptr().cast(), v) }
 }
 
-/// The tile's word `g` of piece `b` for rows `4v..4v + 4`.
-#[cfg(target_feature = "relaxed-simd")]
-#[inline(always)]
-fn words(q: &[u32], at: usize) -> v128 {
-    let q = &q[at..at + 4];
-    // SAFETY: 16 readable bytes (sliced above), no alignment requirement.
-    unsafe { v128_load(q.as_ptr().cast()) }
-}
-
-/// Four activation bytes broadcast to every 32-bit lane.
-#[cfg(target_feature = "relaxed-simd")]
-#[inline(always)]
-fn splat4(x: &[i8], at: usize) -> v128 {
-    let x = &x[at..at + 4];
-    // SAFETY: 4 readable bytes (sliced above), no alignment requirement.
-    unsafe { v128_load32_splat(x.as_ptr().cast()) }
-}
-
 /// Tokens per pass over the tile: each piece's quants (or widened pairs), steps and offsets
 /// are loaded once for this many tokens. Integer products and the float steps per token are
 /// the one-token pass's, so the results keep its bits (and the packages stay bit-identical).
 ///
-/// Four with relaxed SIMD (a piece's four words, one broadcast and the tokens' i16 sums), two
+/// Four with relaxed SIMD (over eight rows at a time, [`half_relaxed`]; five measured 14%
+/// slower on one thread in session 21, eight tokens over 16 rows 17% slower in session 21), two
 /// in the single-thread package, whose widened pairs take twice the registers: there four
 /// tokens spill V8's 16 vector registers on x86-64. Measured: the threaded package on one
 /// thread in Chromium at load 1.3-1.7, 128-token prefill 274 / 278 tok/s with four against 224
@@ -148,21 +133,101 @@ fn tokens<const G: usize, const SUM: usize>(
     });
     #[cfg(target_feature = "relaxed-simd")]
     {
+        let _ = len;
         let row = |tk: usize| &x.qs[tk * cols..][..cols];
         for p in 0..passes {
             let tk = first + p * PASS;
             let xs: [&[i8]; PASS] = std::array::from_fn(|k| row(tk + k));
-            pass::<G, PASS>(t, x, tk, &mut out[p * PASS..], |b| {
-                let qb = &t.q[b * G * TILE..][..G * TILE];
-                block_relaxed::<G, SUM, PASS>(qb, xs.map(|x| &x[b * len..][..len]))
-            });
+            half_relaxed::<G, SUM, PASS, 0>(t, x, xs, tk, &mut out[p * PASS..]);
+            half_relaxed::<G, SUM, PASS, 1>(t, x, xs, tk, &mut out[p * PASS..]);
         }
         for k in passes * PASS..n {
             let xs = [row(first + k)];
-            pass::<G, 1>(t, x, first + k, &mut out[k..], |b| {
-                let qb = &t.q[b * G * TILE..][..G * TILE];
-                block_relaxed::<G, SUM, 1>(qb, xs.map(|x| &x[b * len..][..len]))
-            });
+            half_relaxed::<G, SUM, 1, 0>(t, x, xs, first + k, &mut out[k..]);
+            half_relaxed::<G, SUM, 1, 1>(t, x, xs, first + k, &mut out[k..]);
+        }
+    }
+}
+
+/// Rows `8H..8H + 8` of the tile against tokens `tk..tk + N` (`xs`, their int8 rows), every
+/// piece, with relaxed SIMD: per piece the exact integer products, then the float steps of the
+/// plain package's [`pass`] lane for lane (so the same bits).
+///
+/// Why half the rows: the loop over a piece's words then holds N·2 i16 sums, two words, a
+/// broadcast and a product (12 vectors for four tokens), within the 15 vector registers V8
+/// allocates on x86-64. All 16 rows at once (sessions 19 and 20) held 22 and spilled 9 sums
+/// to the stack and back on every word; a quarter (4 rows) paid a word's loop overhead for 4
+/// products. The pointers are offset by hand: indexing slices put four bounds checks in
+/// every word. And the loop stays rolled: unrolled, LLVM hoists the later words' loads ahead
+/// (wasm has no register limit) and V8 spills them. In headless Chromium on this machine's
+/// EPYC, one thread, the default model's 128-token prefill: 357 tok/s against 312 with all
+/// 16 rows (docs/performance.md, session 21).
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+fn half_relaxed<const G: usize, const SUM: usize, const N: usize, const H: usize>(
+    t: &Tile,
+    x: &Acts<'_>,
+    xs: [&[i8]; N],
+    tk: usize,
+    out: &mut [[f32; TILE]],
+) {
+    let nb = t.blocks;
+    let q = &t.q[..nb * G * TILE];
+    let (dw, mw) = (&t.dw[..nb * TILE], &t.mw[..nb * TILE]);
+    let xd: [&[f32]; N] = std::array::from_fn(|k| &x.d[(tk + k) * nb..][..nb]);
+    let xsum: [&[f32]; N] = std::array::from_fn(|k| &x.s[(tk + k) * nb..][..nb]);
+    let xs: [&[i8]; N] = xs.map(|x| &x[..nb * 4 * G]);
+    let mut acc = [[f32x4_splat(0.0); 2]; N];
+    for b in 0..nb {
+        // The piece's words for these rows, and each token's bytes for the piece.
+        let wp = q[b * G * TILE + 8 * H..].as_ptr();
+        let xp: [*const i8; N] = xs.map(|x| x[b * 4 * G..].as_ptr());
+        let mut s = [[i32x4_splat(0); 2]; N];
+        for g0 in (0..G).step_by(SUM) {
+            let mut h = [[i16x8_splat(0); 2]; N];
+            let mut word = |g: usize| {
+                // SAFETY: g < G: the piece's group g holds TILE words, of which these rows'
+                // 8 start at 8H; each token's bytes 4g..4g + 4 are inside its piece (both
+                // sliced above).
+                let w = unsafe {
+                    [
+                        v128_load(wp.add(g * TILE).cast()),
+                        v128_load(wp.add(g * TILE + 4).cast()),
+                    ]
+                };
+                for (h, xp) in h.iter_mut().zip(xp) {
+                    // SAFETY: as above.
+                    let xw = unsafe { v128_load32_splat(xp.add(4 * g).cast()) };
+                    for (h, &w) in h.iter_mut().zip(&w) {
+                        // Each i16 lane two products of one row: at most 2·63·127, and
+                        // `SUM` of them stay within i16 (`tile`).
+                        *h = i16x8_add(*h, i16x8_relaxed_dot_i8x16_i7x16(xw, w));
+                    }
+                }
+            };
+            for g in g0..g0 + SUM {
+                word(g);
+            }
+            for (s, h) in s.iter_mut().zip(h) {
+                for (s, h) in s.iter_mut().zip(h) {
+                    *s = i32x4_add(*s, i32x4_extadd_pairwise_i16x8(h));
+                }
+            }
+        }
+        for j in 0..2 {
+            let at = b * TILE + 8 * H + 4 * j;
+            let (dwv, mwv) = (load_f32(&dw[at..]), load_f32(&mw[at..]));
+            for k in 0..N {
+                let step = f32x4_mul(dwv, f32x4_splat(xd[k][b]));
+                let offset = f32x4_mul(mwv, f32x4_splat(xsum[k][b]));
+                let p = f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s[k][j])), offset);
+                acc[k][j] = f32x4_add(acc[k][j], p);
+            }
+        }
+    }
+    for (out, acc) in out[..N].iter_mut().zip(acc) {
+        for (j, acc) in acc.into_iter().enumerate() {
+            store_f32(&mut out[8 * H + 4 * j..], acc);
         }
     }
 }
@@ -170,6 +235,7 @@ fn tokens<const G: usize, const SUM: usize>(
 /// Tokens `tk..tk + N`'s 16 results each: `sums(b)` gives piece `b`'s exact integer
 /// products per token (rows `4v..4v + 4` in vector `v`), scaled here by the rows' steps and
 /// the token's, plus the rows' offsets times the token's block sum.
+#[cfg(not(target_feature = "relaxed-simd"))]
 #[inline(always)]
 fn pass<const G: usize, const N: usize>(
     t: &Tile,
@@ -205,36 +271,6 @@ fn pass<const G: usize, const N: usize>(
             store_f32(&mut out[4 * v..], acc);
         }
     }
-}
-
-/// Piece `qb` (its `G` words for the 16 rows) against `N` tokens' `xb`, with relaxed SIMD.
-#[cfg(target_feature = "relaxed-simd")]
-#[inline(always)]
-fn block_relaxed<const G: usize, const SUM: usize, const N: usize>(
-    qb: &[u32],
-    xb: [&[i8]; N],
-) -> [[v128; 4]; N] {
-    let mut s = [[i32x4_splat(0); 4]; N];
-    for g0 in (0..G).step_by(SUM) {
-        let mut h = [[i16x8_splat(0); 4]; N];
-        for g in g0..g0 + SUM {
-            let w: [v128; 4] = std::array::from_fn(|v| words(qb, g * TILE + 4 * v));
-            for (h, xb) in h.iter_mut().zip(xb) {
-                let xw = splat4(xb, 4 * g);
-                for (h, &w) in h.iter_mut().zip(&w) {
-                    // Each i16 lane two products of one row: at most 2·63·127, and `SUM` of
-                    // them stay within i16 (`tile`).
-                    *h = i16x8_add(*h, i16x8_relaxed_dot_i8x16_i7x16(xw, w));
-                }
-            }
-        }
-        for (s, h) in s.iter_mut().zip(h) {
-            for (s, h) in s.iter_mut().zip(h) {
-                *s = i32x4_add(*s, i32x4_extadd_pairwise_i16x8(h));
-            }
-        }
-    }
-    s
 }
 
 /// The tile's `words` words of 16 rows as i16 pairs: for each word and rows `4v..4v + 4`,
@@ -320,6 +356,7 @@ pub(super) fn fill(
         for b in 0..nb {
             let mut lo = [low4; 4];
             let mut hi = [low4; 4];
+            let (mut d, mut m) = ([0u32; 4], [0u32; 4]);
             for i in 0..4 {
                 let block = &w[(r0 + i) * row_bytes + b * f.bytes..][..f.bytes];
                 let nibbles = &block[at..at + 16];
@@ -327,13 +364,18 @@ pub(super) fn fill(
                 let v = unsafe { v128_load(nibbles.as_ptr().cast()) };
                 lo[i] = v128_and(v, low4);
                 hi[i] = u8x16_shr(v, 4);
-                let d = f16_at(block, 0);
-                dw[b * TILE + r0 + i] = d;
-                mw[b * TILE + r0 + i] = match offset {
-                    Some(o) => o * d,
-                    None => f16_at(block, 2),
-                };
+                d[i] = u32::from(u16::from_le_bytes([block[0], block[1]]));
+                m[i] = u32::from(u16::from_le_bytes([block[2], block[3]]));
             }
+            // The four rows' scales (and Q4_1's minimums) converted at once; the conversion is
+            // exact, so these are `f16_at`'s values.
+            let d = f16x4(u32x4(d[0], d[1], d[2], d[3]));
+            let m = match offset {
+                Some(o) => f32x4_mul(f32x4_splat(o), d),
+                None => f16x4(u32x4(m[0], m[1], m[2], m[3])),
+            };
+            store_f32(&mut dw[b * TILE + r0..], d);
+            store_f32(&mut mw[b * TILE + r0..], m);
             for (half, words) in [transpose(lo), transpose(hi)].into_iter().enumerate() {
                 for (j, v) in words.into_iter().enumerate() {
                     let dst = &mut q[(b * 8 + 4 * half + j) * TILE + r0..][..4];
