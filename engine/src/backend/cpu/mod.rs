@@ -105,7 +105,6 @@ pub(crate) mod access {
     }
 }
 
-/// The instruction set the quantized dot products run here, for the device description.
 /// The feed-forward's `silu(gate)·up`, as the op's own `cpu` computes it but in pieces over
 /// the team: alone on the calling thread it was a serial stretch between the products (3.6% of
 /// a prompt's time in the browser's fallback on one thread, more on two).
@@ -129,6 +128,7 @@ fn next_streak() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The instruction set the quantized dot products run here, for the device description.
 pub(crate) fn isa_name() -> &'static str {
     dot::Isa::detect().name()
 }

@@ -128,7 +128,6 @@ pub(crate) struct Q8Row<'a> {
 }
 
 impl Q8 {
-    /// Quantizes `tokens` rows of `cols` elements (`cols` a multiple of the layout's block).
     /// [`Q8::quantize`], unless these values already hold `source` in `layout` (a product
     /// right after another one from the same activations: Q, K and V, gate and up).
     pub(crate) fn quantize_from(
@@ -158,6 +157,7 @@ impl Q8 {
         }
     }
 
+    /// Quantizes `tokens` rows of `cols` elements (`cols` a multiple of the layout's block).
     pub(crate) fn quantize(&mut self, layout: Layout, x: &[f32], cols: usize, tokens: usize) {
         self.source = None;
         let block = layout.block();
