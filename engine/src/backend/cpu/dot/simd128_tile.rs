@@ -22,8 +22,8 @@
 //!   broadcast.
 //!
 //! Both reduce each block's product to the same exact i32 per row before it meets a float,
-//! and the float steps are the same operations in the same order lane for lane
-//! ([`half_relaxed`] and `half_wide`), so the two packages stay bit-identical
+//! and the float steps are the same operations in the same order lane for lane ([`pass`] and
+//! [`half_relaxed`]), so the two packages stay bit-identical
 //! (tests/tests/browser.rs `threaded_cpu_fallback_matches_the_single_thread_one`). Q8_0 has
 //! no tile here (its unpacked bytes use all 8 bits).
 
@@ -74,9 +74,8 @@ fn store_f32(b: &mut [f32], v: v128) {
 ///
 /// Four with relaxed SIMD (over eight rows at a time, [`half_relaxed`]; five measured 14%
 /// slower on one thread in session 21, eight tokens over 16 rows 17% slower in session 21), two
-/// in the single-thread package, whose widened pairs take twice the registers (over eight
-/// rows at a time too: 202 tok/s of process CPU time under Node against 194 with all 16 rows
-/// at once, and 191 and 195 with three and four tokens; session 21). Measured: the threaded package on one
+/// in the single-thread package, whose widened pairs take twice the registers: there four
+/// tokens spill V8's 16 vector registers on x86-64. Measured: the threaded package on one
 /// thread in Chromium at load 1.3-1.7, 128-token prefill 274 / 278 tok/s with four against 224
 /// / 223 with two; the single-thread package under Node, process CPU time, 162 with two, 138
 /// with four, 105 with one (docs/performance.md, session 20).
@@ -120,14 +119,16 @@ fn tokens<const G: usize, const SUM: usize>(
                 widen_x(xw, k, tk + k);
             }
             let xs: [&[i16]; PASS] = std::array::from_fn(|k| &xw[k * cols..][..cols]);
-            half_wide::<G, PASS, 0>(t, x, wide, xs, tk, &mut out[p * PASS..]);
-            half_wide::<G, PASS, 1>(t, x, wide, xs, tk, &mut out[p * PASS..]);
+            pass::<G, PASS>(t, x, tk, &mut out[p * PASS..], |b| {
+                block_wide::<G, PASS>(wide, xs, b)
+            });
         }
         for k in passes * PASS..n {
             widen_x(xw, 0, first + k);
             let xs = [&xw[..cols]];
-            half_wide::<G, 1, 0>(t, x, wide, xs, first + k, &mut out[k..]);
-            half_wide::<G, 1, 1>(t, x, wide, xs, first + k, &mut out[k..]);
+            pass::<G, 1>(t, x, first + k, &mut out[k..], |b| {
+                block_wide::<G, 1>(wide, xs, b)
+            });
         }
     });
     #[cfg(target_feature = "relaxed-simd")]
@@ -150,7 +151,7 @@ fn tokens<const G: usize, const SUM: usize>(
 
 /// Rows `8H..8H + 8` of the tile against tokens `tk..tk + N` (`xs`, their int8 rows), every
 /// piece, with relaxed SIMD: per piece the exact integer products, then the float steps of the
-/// plain package's `half_wide` lane for lane (so the same bits).
+/// plain package's [`pass`] lane for lane (so the same bits).
 ///
 /// Why half the rows: the loop over a piece's words then holds N·2 i16 sums, two words, a
 /// broadcast and a product (12 vectors for four tokens), within the 15 vector registers V8
@@ -231,6 +232,47 @@ fn half_relaxed<const G: usize, const SUM: usize, const N: usize, const H: usize
     }
 }
 
+/// Tokens `tk..tk + N`'s 16 results each: `sums(b)` gives piece `b`'s exact integer
+/// products per token (rows `4v..4v + 4` in vector `v`), scaled here by the rows' steps and
+/// the token's, plus the rows' offsets times the token's block sum.
+#[cfg(not(target_feature = "relaxed-simd"))]
+#[inline(always)]
+fn pass<const G: usize, const N: usize>(
+    t: &Tile,
+    x: &Acts<'_>,
+    tk: usize,
+    out: &mut [[f32; TILE]],
+    sums: impl Fn(usize) -> [[v128; 4]; N],
+) {
+    let nb = t.blocks;
+    let xd: [&[f32]; N] = std::array::from_fn(|k| &x.d[(tk + k) * nb..][..nb]);
+    let xs: [&[f32]; N] = std::array::from_fn(|k| &x.s[(tk + k) * nb..][..nb]);
+    let (dw, mw) = (&t.dw[..nb * TILE], &t.mw[..nb * TILE]);
+    let mut acc = [[f32x4_splat(0.0); 4]; N];
+    for b in 0..nb {
+        let s = sums(b);
+        let dx: [v128; N] = std::array::from_fn(|k| f32x4_splat(xd[k][b]));
+        let sx: [v128; N] = std::array::from_fn(|k| f32x4_splat(xs[k][b]));
+        for v in 0..4 {
+            let (dwv, mwv) = (
+                load_f32(&dw[b * TILE + 4 * v..]),
+                load_f32(&mw[b * TILE + 4 * v..]),
+            );
+            for k in 0..N {
+                let step = f32x4_mul(dwv, dx[k]);
+                let offset = f32x4_mul(mwv, sx[k]);
+                let p = f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s[k][v])), offset);
+                acc[k][v] = f32x4_add(acc[k][v], p);
+            }
+        }
+    }
+    for (out, acc) in out[..N].iter_mut().zip(acc) {
+        for (v, acc) in acc.into_iter().enumerate() {
+            store_f32(&mut out[4 * v..], acc);
+        }
+    }
+}
+
 /// The tile's `words` words of 16 rows as i16 pairs: for each word and rows `4v..4v + 4`,
 /// elements 0 and 1 of the four rows, then elements 2 and 3.
 #[cfg(not(target_feature = "relaxed-simd"))]
@@ -250,69 +292,36 @@ fn widen(t: &Tile, words: usize, wide: &mut Vec<v128>) {
     }
 }
 
-/// [`half_relaxed`] in plain simd128: rows `8H..8H + 8` of the widened tile against tokens
-/// `tk..tk + N` (`xw`, their activations widened to i16), `i32x4.dot_i16x8_s` over pairs, then
-/// the same float steps.
+/// Piece `b` of the widened tile against `N` tokens' widened activations, plain simd128.
 #[cfg(not(target_feature = "relaxed-simd"))]
 #[inline(always)]
-fn half_wide<const G: usize, const N: usize, const H: usize>(
-    t: &Tile,
-    x: &Acts<'_>,
+fn block_wide<const G: usize, const N: usize>(
     wide: &[v128],
     xw: [&[i16]; N],
-    tk: usize,
-    out: &mut [[f32; TILE]],
-) {
-    let nb = t.blocks;
-    let wide = &wide[..nb * G * 8];
-    let (dw, mw) = (&t.dw[..nb * TILE], &t.mw[..nb * TILE]);
-    let xd: [&[f32]; N] = std::array::from_fn(|k| &x.d[(tk + k) * nb..][..nb]);
-    let xsum: [&[f32]; N] = std::array::from_fn(|k| &x.s[(tk + k) * nb..][..nb]);
-    let xw: [&[i16]; N] = xw.map(|x| &x[..nb * 4 * G]);
-    let mut acc = [[f32x4_splat(0.0); 2]; N];
-    for b in 0..nb {
-        // The piece's widened words for these rows (4H.. of each group's 8), and each
-        // token's values for the piece.
-        let wp = wide[b * G * 8 + 4 * H..].as_ptr();
-        let xp: [*const i16; N] = xw.map(|x| x[b * 4 * G..].as_ptr());
-        let mut s = [[i32x4_splat(0); 2]; N];
-        for g in 0..G {
-            // SAFETY: g < G: group g's 8 vectors are inside the piece, these rows' 4 start at
-            // 4H; each token's values 4g..4g + 4 are inside its piece (both sliced above).
-            let w = unsafe { [0, 1, 2, 3].map(|i| *wp.add(g * 8 + i)) };
-            for (s, xp) in s.iter_mut().zip(xp) {
-                // SAFETY: as above.
-                let (x01, x23) = unsafe {
-                    (
-                        v128_load32_splat(xp.add(4 * g).cast()),
-                        v128_load32_splat(xp.add(4 * g + 2).cast()),
-                    )
-                };
-                for (j, s) in s.iter_mut().enumerate() {
-                    let p = i32x4_add(
-                        i32x4_dot_i16x8(w[2 * j], x01),
-                        i32x4_dot_i16x8(w[2 * j + 1], x23),
-                    );
-                    *s = i32x4_add(*s, p);
-                }
-            }
-        }
-        for j in 0..2 {
-            let at = b * TILE + 8 * H + 4 * j;
-            let (dwv, mwv) = (load_f32(&dw[at..]), load_f32(&mw[at..]));
-            for k in 0..N {
-                let step = f32x4_mul(dwv, f32x4_splat(xd[k][b]));
-                let offset = f32x4_mul(mwv, f32x4_splat(xsum[k][b]));
-                let p = f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s[k][j])), offset);
-                acc[k][j] = f32x4_add(acc[k][j], p);
+    b: usize,
+) -> [[v128; 4]; N] {
+    let wb = &wide[b * G * 8..][..G * 8];
+    let xb: [&[i16]; N] = xw.map(|x| &x[b * 4 * G..][..4 * G]);
+    let mut s = [[i32x4_splat(0); 4]; N];
+    for g in 0..G {
+        let w = &wb[g * 8..][..8];
+        for (s, xb) in s.iter_mut().zip(xb) {
+            let pair = |at: usize| {
+                let p = &xb[at..at + 2];
+                // SAFETY: 4 readable bytes (two i16, sliced above), no alignment requirement.
+                unsafe { v128_load32_splat(p.as_ptr().cast()) }
+            };
+            let (x01, x23) = (pair(4 * g), pair(4 * g + 2));
+            for (v, s) in s.iter_mut().enumerate() {
+                let p = i32x4_add(
+                    i32x4_dot_i16x8(w[2 * v], x01),
+                    i32x4_dot_i16x8(w[2 * v + 1], x23),
+                );
+                *s = i32x4_add(*s, p);
             }
         }
     }
-    for (out, acc) in out[..N].iter_mut().zip(acc) {
-        for (j, acc) in acc.into_iter().enumerate() {
-            store_f32(&mut out[8 * H + 4 * j..], acc);
-        }
-    }
+    s
 }
 
 /// Unpacks a full tile of a Q4_0 or Q4_1 matrix (`Tile::fill`'s result, bit for bit) four
