@@ -22,8 +22,8 @@
 //!   broadcast.
 //!
 //! Both reduce each block's product to the same exact i32 per row before it meets a float,
-//! and the float steps are the same operations in the same order lane for lane ([`pass`] and
-//! [`half_relaxed`]), so the two packages stay bit-identical
+//! and both end in the same float steps ([`scale_into`]), so the two packages stay
+//! bit-identical
 //! (tests/tests/browser.rs `threaded_cpu_fallback_matches_the_single_thread_one`). Q8_0 has
 //! no tile here (its unpacked bytes use all 8 bits).
 
@@ -83,6 +83,20 @@ fn store_f32(b: &mut [f32], v: v128) {
 const PASS: usize = 4;
 #[cfg(not(target_feature = "relaxed-simd"))]
 const PASS: usize = 2;
+
+/// `acc` plus one piece's products for four rows and one token: the exact integer sums `s`
+/// scaled by the rows' steps `dw` and the token's `dx`, plus the rows' offsets `mw` times the
+/// token's block sum `sx`. Both packages' kernels end in this one function, so they give the
+/// same bits (bit-identity between them rests on it).
+#[inline(always)]
+fn scale_into(acc: v128, s: v128, [dw, mw]: [v128; 2], [dx, sx]: [v128; 2]) -> v128 {
+    let step = f32x4_mul(dw, dx);
+    let offset = f32x4_mul(mw, sx);
+    f32x4_add(
+        acc,
+        f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s)), offset),
+    )
+}
 
 /// The tile (pieces of `G` words of four quants) against `tokens` of `x`, [`PASS`] tokens per
 /// pass and the rest one at a time. `SUM`: words whose products are summed in i16 before
@@ -150,8 +164,8 @@ fn tokens<const G: usize, const SUM: usize>(
 }
 
 /// Rows `8H..8H + 8` of the tile against tokens `tk..tk + N` (`xs`, their int8 rows), every
-/// piece, with relaxed SIMD: per piece the exact integer products, then the float steps of the
-/// plain package's [`pass`] lane for lane (so the same bits).
+/// piece, with relaxed SIMD: per piece the exact integer products, then [`scale_into`] as the
+/// plain package's [`pass`] (so the same bits).
 ///
 /// Why half the rows: the loop over a piece's words then holds N·2 i16 sums, two words, a
 /// broadcast and a product (12 vectors for four tokens), within the 15 vector registers V8
@@ -218,10 +232,8 @@ fn half_relaxed<const G: usize, const SUM: usize, const N: usize, const H: usize
             let at = b * TILE + 8 * H + 4 * j;
             let (dwv, mwv) = (load_f32(&dw[at..]), load_f32(&mw[at..]));
             for k in 0..N {
-                let step = f32x4_mul(dwv, f32x4_splat(xd[k][b]));
-                let offset = f32x4_mul(mwv, f32x4_splat(xsum[k][b]));
-                let p = f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s[k][j])), offset);
-                acc[k][j] = f32x4_add(acc[k][j], p);
+                let (dx, sx) = (f32x4_splat(xd[k][b]), f32x4_splat(xsum[k][b]));
+                acc[k][j] = scale_into(acc[k][j], s[k][j], [dwv, mwv], [dx, sx]);
             }
         }
     }
@@ -259,10 +271,7 @@ fn pass<const G: usize, const N: usize>(
                 load_f32(&mw[b * TILE + 4 * v..]),
             );
             for k in 0..N {
-                let step = f32x4_mul(dwv, dx[k]);
-                let offset = f32x4_mul(mwv, sx[k]);
-                let p = f32x4_add(f32x4_mul(step, f32x4_convert_i32x4(s[k][v])), offset);
-                acc[k][v] = f32x4_add(acc[k][v], p);
+                acc[k][v] = scale_into(acc[k][v], s[k][v], [dwv, mwv], [dx[k], sx[k]]);
             }
         }
     }
