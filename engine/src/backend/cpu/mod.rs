@@ -114,10 +114,7 @@ fn silu_mul(s: &crate::kernels::SiluMul<'_>) -> Result<()> {
     let (g, u) = (&f(&g)[..n], &f(&u)[..n]);
     linear::par_chunks(&mut fm(&mut o)[..n], 4096, 16 * n, |first, out| {
         let (g, u) = (&g[first..][..out.len()], &u[first..][..out.len()]);
-        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        exp_simd128::silu_mul(g, u, out);
-        #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
-        crate::kernels::elementwise::silu_mul(g, u, out);
+        crate::kernels::elementwise::silu_mul_here(g, u, out);
     });
     Ok(())
 }
@@ -252,7 +249,6 @@ impl CpuBackend {
         let source = q8::Source {
             streak,
             addr: x.as_ptr() as usize,
-            len: x.len(),
             cols,
             tokens,
         };

@@ -75,12 +75,11 @@ pub(crate) struct Q8 {
 
 /// The activations a [`Q8`] holds, as the cpu backend names them: its run of consecutive
 /// products (`streak`: no other op ran in between, so the buffer is unchanged), the buffer's
-/// address and length, and the shape.
+/// address, and the shape (`tokens × cols` values from there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Source {
     pub streak: u64,
     pub addr: usize,
-    pub len: usize,
     pub cols: usize,
     pub tokens: usize,
 }
@@ -151,7 +150,7 @@ impl Q8 {
         let (start, end) = (y.as_ptr() as usize, y.as_ptr() as usize + 4 * y.len());
         if self
             .source
-            .is_some_and(|s| s.addr < end && start < s.addr + 4 * s.len)
+            .is_some_and(|s| s.addr < end && start < s.addr + 4 * s.cols * s.tokens)
         {
             self.source = None;
         }
@@ -181,9 +180,10 @@ impl Q8 {
         self.outliers.clear();
         self.outliers_at.clear();
         self.outliers_at.push(0);
-        if layout == Layout::Blocks32 && tokens > 1 {
+        if layout == Layout::Blocks32 {
             // No outliers in this layout: every token is independent, so the team takes
-            // them (a serial stretch between the products otherwise: 7% of a wasm prefill).
+            // them where there are enough (a serial stretch between the products otherwise:
+            // 7% of a wasm prefill).
             self.outliers_at.resize(tokens + 1, 0);
             let parts = Parts {
                 qs: self.qs.as_mut_ptr(),
@@ -208,6 +208,7 @@ impl Q8 {
             });
             return;
         }
+        // The K-quants' layout, on this thread: each token's outliers are appended in order.
         let per_token = cols / block;
         for (b, (xb, qb)) in x
             .chunks_exact(block)
@@ -215,23 +216,14 @@ impl Q8 {
             .enumerate()
         {
             let first_col = (b % per_token) * block;
-            let outliers = (layout == Layout::Super256).then_some(&mut self.outliers);
-            let d = quantize_block(xb, qb, first_col, outliers);
-            self.d[b] = d;
+            self.d[b] = quantize_block(xb, qb, first_col, Some(&mut self.outliers));
             if (b + 1) % per_token == 0 {
                 self.outliers_at.push(self.outliers.len());
             }
-            match layout {
-                Layout::Blocks32 => {
-                    self.sum[b] = d * qb.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
-                }
-                Layout::Super256 => {
-                    let sums = &mut self.bsums[b * (QK_K / GROUP)..][..QK_K / GROUP];
-                    for (s, g) in sums.iter_mut().zip(qb.chunks_exact(GROUP)) {
-                        // 16 values of at most 127 in magnitude: fits an i16.
-                        *s = g.iter().map(|&q| i16::from(q)).sum();
-                    }
-                }
+            let sums = &mut self.bsums[b * (QK_K / GROUP)..][..QK_K / GROUP];
+            for (s, g) in sums.iter_mut().zip(qb.chunks_exact(GROUP)) {
+                // 16 values of at most 127 in magnitude: fits an i16.
+                *s = g.iter().map(|&q| i16::from(q)).sum();
             }
         }
     }
